@@ -1,0 +1,46 @@
+//! Builds the kernels crate into PTX (see `ptx-build`) and hands its path to the library, which
+//! embeds it with `include_str!`. A plain `cargo build` or `cargo test` needs nothing else.
+//!
+//! `FLASH_ATTN_PTX_ARCH` (sm_80, sm_90 or sm_90a; default sm_90) picks the target.
+
+use std::path::PathBuf;
+
+fn main() {
+    let manifest_dir = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
+    let kernels_dir = manifest_dir.join("../kernels");
+    for path in ["src", "Cargo.toml"] {
+        println!(
+            "cargo:rerun-if-changed={}",
+            kernels_dir.join(path).display()
+        );
+    }
+    println!("cargo:rerun-if-env-changed=FLASH_ATTN_PTX_ARCH");
+    let arch = match std::env::var("FLASH_ATTN_PTX_ARCH") {
+        Ok(name) => name.parse().unwrap_or_else(|e: String| fail(&e)),
+        Err(_) => ptx_build::Arch::Sm90,
+    };
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let build = ptx_build::PtxBuild {
+        kernels_dir,
+        target_dir: out_dir.join("kernels-target"),
+        cargo: std::env::var_os("CARGO")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "cargo".into()),
+        arch,
+    };
+    match build.run() {
+        Ok(ptx) => {
+            println!("cargo:rustc-env=FLASH_ATTN_PTX_PATH={}", ptx.path.display());
+            println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={arch}");
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(message: &str) -> ! {
+    // Cargo prints a build script's stderr when it fails; keep rustc's own messages readable.
+    eprintln!("{message}");
+    std::process::exit(1);
+}

@@ -1,0 +1,229 @@
+//! Checking kernels against the f64 reference, with the tolerance rule of FlashAttention's own
+//! test suite.
+//!
+//! - f32: relative error (max |O − O_ref| / max |O_ref|) ≤ 1e-5.
+//! - f16, bf16: max |O − O_ref| ≤ 2 × (the same error of standard attention computed in that dtype,
+//!   inputs and P rounded to it) + 1e-5.
+//! - L within 1e-4 absolute where the reference is finite, and −∞ where it is −∞.
+//!
+//! Inputs are fresh N(0, 1) draws; outputs are poisoned (NaN) before the launch, so an element the
+//! kernel did not write fails the check.
+
+use half::{bf16, f16};
+use ndarray::{Array4, ArrayView4};
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::attention::{
+    Algorithm, AttentionOptions, AttentionOutput, Problem, attention_into, new_statistics,
+};
+use crate::device::Gpu;
+use crate::dtype::{DType, Element};
+use crate::error::Result;
+use crate::reference::{attention_in_dtype, attention_reference};
+use crate::tensor::{DeviceTensor, Layout};
+
+/// Relative-error bound for f32.
+pub const F32_RELATIVE_TOLERANCE: f64 = 1e-5;
+/// Absolute slack added to the f16/bf16 bound.
+pub const HALF_ABSOLUTE_SLACK: f64 = 1e-5;
+/// Bound on |L − L_ref| where L_ref is finite.
+pub const LOGSUMEXP_TOLERANCE: f64 = 1e-4;
+
+/// One problem to check: shapes, dtype, mask.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct CheckProblem {
+    pub batch: usize,
+    pub heads: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub dtype: DType,
+}
+
+/// The outcome of one (problem, algorithm, layout).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CheckResult {
+    pub problem: CheckProblem,
+    pub algorithm: Algorithm,
+    pub layout: Layout,
+    pub max_abs_error: f64,
+    /// max |O − O_ref| / max |O_ref|.
+    pub relative_error: f64,
+    /// For f16/bf16: the error of standard attention in that dtype (the tolerance's base).
+    pub baseline_error: Option<f64>,
+    /// The bound max_abs_error must meet.
+    pub bound: f64,
+    pub logsumexp_error: f64,
+    /// Outputs that are NaN (or left poisoned) where the reference is a number.
+    pub nan_outputs: usize,
+    pub passed: bool,
+}
+
+impl CheckResult {
+    /// error / bound: ≤ 1 passes.
+    pub fn ratio(&self) -> f64 {
+        if self.bound > 0.0 {
+            self.max_abs_error / self.bound
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// Draws fresh inputs for `problem`, computes the reference once, and checks every algorithm in
+/// every layout against it.
+pub fn check_problem(
+    gpu: &Gpu,
+    problem: CheckProblem,
+    algorithms: &[Algorithm],
+    layouts: &[Layout],
+    rng: &mut impl Rng,
+) -> Result<Vec<CheckResult>> {
+    match problem.dtype {
+        DType::F32 => check_typed::<f32>(gpu, problem, algorithms, layouts, rng),
+        DType::F16 => check_typed::<f16>(gpu, problem, algorithms, layouts, rng),
+        DType::Bf16 => check_typed::<bf16>(gpu, problem, algorithms, layouts, rng),
+    }
+}
+
+/// N(0, 1) values rounded to `T`, shape (batch, heads, seqlen, head_dim).
+pub fn random_tensor<T: Element>(dims: [usize; 4], rng: &mut impl Rng) -> Array4<T> {
+    Array4::from_shape_simple_fn(dims, || T::from_f64(StandardNormal.sample(rng)))
+}
+
+fn to_f64<T: Element>(a: &Array4<T>) -> Array4<f64> {
+    a.mapv(T::to_f64)
+}
+
+fn check_typed<T: Element>(
+    gpu: &Gpu,
+    p: CheckProblem,
+    algorithms: &[Algorithm],
+    layouts: &[Layout],
+    rng: &mut impl Rng,
+) -> Result<Vec<CheckResult>> {
+    let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
+    let kv_dims = [p.batch, p.heads, p.seqlen_k, p.head_dim];
+    let (q, k, v) = (
+        random_tensor::<T>(q_dims, rng),
+        random_tensor::<T>(kv_dims, rng),
+        random_tensor::<T>(kv_dims, rng),
+    );
+    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
+    let options = AttentionOptions {
+        causal: p.causal,
+        ..Default::default()
+    };
+    let problem = Problem::new(q_dims, kv_dims, kv_dims, &options)?;
+    let scale = problem.softmax_scale as f64;
+    let reference = attention_reference(q64.view(), k64.view(), v64.view(), p.causal, scale);
+    let baseline_error = (T::DTYPE != DType::F32).then(|| {
+        let in_dtype = attention_in_dtype::<T>(q64.view(), k64.view(), v64.view(), p.causal, scale);
+        max_abs_difference(in_dtype.view(), reference.o.view()).0
+    });
+    let max_ref = reference.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let bound = match baseline_error {
+        Some(base) => 2.0 * base + HALF_ABSOLUTE_SLACK,
+        None => F32_RELATIVE_TOLERANCE * max_ref.max(f64::MIN_POSITIVE),
+    };
+
+    let mut results = Vec::new();
+    for &layout in layouts {
+        let (dq, dk, dv) = (
+            DeviceTensor::from_array(gpu, q.view(), layout)?,
+            DeviceTensor::from_array(gpu, k.view(), layout)?,
+            DeviceTensor::from_array(gpu, v.view(), layout)?,
+        );
+        for &algorithm in algorithms {
+            let mut output = AttentionOutput {
+                o: DeviceTensor::filled(gpu, q_dims, layout, T::poison())?,
+                stats: new_statistics(gpu, algorithm, &problem)?,
+            };
+            attention_into(gpu, algorithm, &dq, &dk, &dv, &mut output, &options)?;
+            gpu.synchronize()?;
+            let o = to_f64(&output.o.to_array(gpu)?);
+            let (max_abs_error, nan_outputs) = max_abs_difference(o.view(), reference.o.view());
+            let lse = output
+                .stats
+                .logsumexp(gpu, [p.batch, p.heads, p.seqlen_q])?;
+            let logsumexp_error =
+                reference
+                    .logsumexp
+                    .iter()
+                    .zip(lse.iter())
+                    .fold(0.0f64, |worst, (&r, &g)| {
+                        let err = if r.is_finite() {
+                            (r - g as f64).abs()
+                        } else if g as f64 == r {
+                            0.0
+                        } else {
+                            f64::INFINITY
+                        };
+                        if err.is_nan() {
+                            f64::INFINITY
+                        } else {
+                            worst.max(err)
+                        }
+                    });
+            let passed = nan_outputs == 0
+                && max_abs_error <= bound
+                && logsumexp_error <= LOGSUMEXP_TOLERANCE;
+            results.push(CheckResult {
+                problem: p,
+                algorithm,
+                layout,
+                max_abs_error,
+                relative_error: max_abs_error / max_ref.max(f64::MIN_POSITIVE),
+                baseline_error,
+                bound,
+                logsumexp_error,
+                nan_outputs,
+                passed,
+            });
+        }
+    }
+    Ok(results)
+}
+
+/// max |a − b| over elements where both are numbers, and the count of elements where `a` is NaN
+/// but `b` is not.
+fn max_abs_difference(a: ArrayView4<f64>, b: ArrayView4<f64>) -> (f64, usize) {
+    a.iter()
+        .zip(b.iter())
+        .fold((0.0f64, 0usize), |(worst, nans), (&x, &y)| {
+            if x.is_nan() && !y.is_nan() {
+                (worst, nans + 1)
+            } else {
+                (worst.max((x - y).abs()), nans)
+            }
+        })
+}
+
+/// One line for a result, for the CLI and tests.
+pub fn describe(r: &CheckResult) -> String {
+    let p = &r.problem;
+    format!(
+        "{:<8} {:<4} {:<4} b={} h={} sq={:<5} sk={:<5} d={:<3} causal={:<5} max_abs={:.3e} rel={:.3e} bound={:.3e} L_err={:.2e}{} {}",
+        r.algorithm.name(),
+        p.dtype.name(),
+        r.layout.name(),
+        p.batch,
+        p.heads,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.head_dim,
+        p.causal,
+        r.max_abs_error,
+        r.relative_error,
+        r.bound,
+        r.logsumexp_error,
+        if r.nan_outputs > 0 {
+            format!(" NaN/unwritten={}", r.nan_outputs)
+        } else {
+            String::new()
+        },
+        if r.passed { "ok" } else { "FAIL" }
+    )
+}

@@ -1,0 +1,310 @@
+//! One GPU: its context, a stream, the embedded kernel module, and typed launches.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::dtype::Element;
+use crate::error::{CudaContextExt, Error, Result};
+
+/// The PTX module with every kernel, built by `host/build.rs` and embedded in the library.
+pub const PTX: &str = include_str!(env!("FLASH_ATTN_PTX_PATH"));
+/// The architecture the embedded PTX targets.
+pub const PTX_ARCH: &str = env!("FLASH_ATTN_PTX_ARCH");
+
+/// Shared memory a kernel gets without opting in (CUDA's rule).
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+
+/// What the host needs to know about the device.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub multiprocessors: u32,
+    /// Shared memory one block may use after opting in, in bytes.
+    pub shared_memory_per_block: u32,
+    pub total_memory: usize,
+    /// CUDA driver version, e.g. 13000 for 13.0.
+    pub driver_version: i32,
+}
+
+/// An open GPU with the kernel module loaded. All launches go to one stream, in order.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    info: DeviceInfo,
+}
+
+/// A kernel parameter block from `flash_kernels::params`, passed to the kernel by value.
+pub(crate) trait ParamBlock: Copy {}
+impl ParamBlock for flash_kernels::params::StandardParams {}
+impl ParamBlock for flash_kernels::params::Fa1Params {}
+impl ParamBlock for flash_kernels::params::Fa2Params {}
+
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct ByValue<P>(P);
+// SAFETY: every ParamBlock is `#[repr(C)]` plain data whose layout the kernels share.
+unsafe impl<P: ParamBlock> DeviceRepr for ByValue<P> {}
+
+/// A kernel launch: grid, block and dynamic shared memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Launch {
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub shared_bytes: u32,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads the kernels. Fails with a typed error (never a panic) when
+    /// there is no driver, no such device, a device older than the PTX's target, or the module
+    /// does not load.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        // SAFETY: only probes whether the driver library can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDevice {
+            ordinal,
+            detail: e.to_string(),
+        })?;
+        let info = device_info(&ctx, ordinal)?;
+        let (required_major, required_minor) = required_capability(PTX_ARCH);
+        if info.compute_capability < (required_major, required_minor) {
+            return Err(Error::DeviceTooOld {
+                ordinal,
+                name: info.name.clone(),
+                major: info.compute_capability.0,
+                minor: info.compute_capability.1,
+                arch: PTX_ARCH,
+                required_major,
+                required_minor,
+            });
+        }
+        let module = ctx
+            .load_module(Ptx::from_src(PTX))
+            .map_err(|e| Error::ModuleLoad {
+                ordinal,
+                arch: PTX_ARCH,
+                detail: e.to_string(),
+            })?;
+        // One stream, in-order: cudarc's cross-stream event tracking would only add work.
+        // SAFETY: nothing in this crate uses a second stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        Ok(Self {
+            ctx,
+            stream,
+            module,
+            functions: Mutex::new(HashMap::new()),
+            info,
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Free and total device memory, in bytes.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().context(|| "cuMemGetInfo".into())
+    }
+
+    /// A kernel of the module by name.
+    pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        let mut functions = self
+            .functions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(f) = functions.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(name)
+            .context(|| format!("loading kernel `{name}`"))?;
+        functions.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Names of the module's kernels, from the PTX's `.entry` directives.
+    pub fn kernel_names() -> Vec<&'static str> {
+        PTX.lines()
+            .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+            .map(|l| l.split('(').next().unwrap_or(l).trim())
+            .collect()
+    }
+
+    /// Allocates `len` elements of device memory; an out-of-memory failure says how much was asked
+    /// and how much is free, and leaves the context usable.
+    pub fn alloc<T: Element>(&self, len: usize, what: &'static str) -> Result<CudaSlice<T>> {
+        let requested = len.saturating_mul(std::mem::size_of::<T>());
+        let (free, total) = self.memory()?;
+        if requested > free {
+            return Err(Error::OutOfMemory {
+                what,
+                requested,
+                free,
+                total,
+            });
+        }
+        // SAFETY: the memory is written (uploaded, poisoned or computed) before it is read.
+        match unsafe { self.stream.alloc::<T>(len.max(1)) } {
+            Ok(slice) => Ok(slice),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let (free, total) = self.memory()?;
+                Err(Error::OutOfMemory {
+                    what,
+                    requested,
+                    free,
+                    total,
+                })
+            }
+            Err(e) => Err(e).context(|| format!("allocating {requested} bytes for {what}")),
+        }
+    }
+
+    /// Device address of a buffer, for a parameter block.
+    pub(crate) fn address<T>(&self, slice: &CudaSlice<T>) -> u64 {
+        use cudarc::driver::DevicePtr;
+        slice.device_ptr(&self.stream).0
+    }
+
+    /// Launches `kernel` with one parameter block, raising its dynamic shared-memory limit first
+    /// when it needs more than the default 48 KiB.
+    pub(crate) fn launch<P: ParamBlock>(
+        &self,
+        kernel: &str,
+        launch: Launch,
+        params: P,
+    ) -> Result<()> {
+        let f = self.function(kernel)?;
+        if launch.shared_bytes > DEFAULT_SHARED_LIMIT {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                launch.shared_bytes as i32,
+            )
+            .context(|| {
+                format!(
+                    "raising `{kernel}`'s shared memory to {} bytes",
+                    launch.shared_bytes
+                )
+            })?;
+        }
+        let config = LaunchConfig {
+            grid_dim: launch.grid,
+            block_dim: (launch.threads, 1, 1),
+            shared_mem_bytes: launch.shared_bytes,
+        };
+        let arg = ByValue(params);
+        let mut builder = self.stream.launch_builder(&f);
+        builder.arg(&arg);
+        // SAFETY: the parameter block describes buffers the caller allocated with the shapes it
+        // names, and `launch` is the configuration the kernel documents for it.
+        unsafe { builder.launch(config) }
+            .context(|| format!("launching `{kernel}` with {launch:?}"))?;
+        Ok(())
+    }
+
+    /// Waits for every launch so far; a kernel fault surfaces here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .context(|| "waiting for the GPU".into())
+    }
+
+    /// Runs `work` between two CUDA events and returns the milliseconds between them.
+    pub fn time_ms(&self, work: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self
+            .ctx
+            .new_event(flags)
+            .context(|| "creating an event".into())?;
+        let end = self
+            .ctx
+            .new_event(flags)
+            .context(|| "creating an event".into())?;
+        start
+            .record(&self.stream)
+            .context(|| "recording an event".into())?;
+        work()?;
+        end.record(&self.stream)
+            .context(|| "recording an event".into())?;
+        end.synchronize()
+            .context(|| "waiting for the timed work".into())?;
+        start
+            .elapsed_ms(&end)
+            .context(|| "reading event times".into())
+    }
+
+    /// Copies host data to a new device buffer.
+    pub fn upload<T: Element>(&self, data: &[T], what: &'static str) -> Result<CudaSlice<T>> {
+        let mut slice = self.alloc::<T>(data.len(), what)?;
+        if !data.is_empty() {
+            self.stream
+                .memcpy_htod(data, &mut slice)
+                .context(|| format!("uploading {what}"))?;
+        }
+        Ok(slice)
+    }
+
+    /// Copies a device buffer back.
+    pub fn download<T: Element>(&self, slice: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream
+            .clone_dtoh(slice)
+            .context(|| "downloading a result".into())
+    }
+
+    /// Fills a buffer with `value` (from the host).
+    pub fn fill<T: Element>(&self, slice: &mut CudaSlice<T>, value: T) -> Result<()> {
+        let data = vec![value; slice.len()];
+        self.stream
+            .memcpy_htod(&data, slice)
+            .context(|| "filling a buffer".into())
+    }
+}
+
+fn required_capability(arch: &str) -> (i32, i32) {
+    match arch {
+        "sm_80" => (8, 0),
+        _ => (9, 0),
+    }
+}
+
+fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
+    let attribute = |a: CUdevice_attribute| ctx.attribute(a).context(|| format!("reading {a:?}"));
+    let mut driver_version = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .context(|| "cuDriverGetVersion".into())?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name().context(|| "reading the device name".into())?,
+        compute_capability: ctx
+            .compute_capability()
+            .context(|| "reading the compute capability".into())?,
+        multiprocessors: attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32,
+        shared_memory_per_block: attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32,
+        total_memory: ctx
+            .total_mem()
+            .context(|| "reading the memory size".into())?,
+        driver_version,
+    })
+}

@@ -1,0 +1,98 @@
+//! The element types a user's tensors can have.
+
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
+
+/// Element type of Q, K, V and O (all four share one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
+
+    /// The name used in kernel names, on the command line and in files.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| crate::Error::invalid("dtype", s, "allowed: f32, f16, bf16"))
+    }
+}
+
+/// A Rust type that is one of the [`DType`]s.
+pub trait Element:
+    DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+{
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    /// Rounds to this type (to nearest even).
+    fn from_f64(value: f64) -> Self;
+    /// A value no kernel produces from finite inputs, written into outputs before a launch so that
+    /// an element the kernel forgot to write shows up.
+    fn poison() -> Self {
+        Self::from_f64(f64::NAN)
+    }
+    /// `value` rounded to this type and back.
+    fn round(value: f64) -> f64 {
+        Self::from_f64(value).to_f64()
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(value: f64) -> Self {
+        value as f32
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(value: f64) -> Self {
+        f16::from_f64(value)
+    }
+}
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::Bf16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(value: f64) -> Self {
+        bf16::from_f64(value)
+    }
+}

@@ -1,0 +1,31 @@
+//! Host side of FlashAttention in Rust: open a GPU, move tensors, launch the kernels of the
+//! `flash-kernels` crate through one safe entry point, and check them against an f64 CPU reference.
+//!
+//! ```no_run
+//! use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Gpu, Layout, attention};
+//! # fn main() -> flash_attn::Result<()> {
+//! let gpu = Gpu::open(0)?;
+//! let mut rng = rand::rng();
+//! let q = flash_attn::check::random_tensor::<half::bf16>([2, 8, 1024, 64], &mut rng);
+//! let dq = DeviceTensor::from_array(&gpu, q.view(), Layout::BatchHeadSeqDim)?;
+//! let out = attention(&gpu, Algorithm::Fa2, &dq, &dq, &dq, &AttentionOptions { causal: true, ..Default::default() })?;
+//! let o = out.o.to_array(&gpu)?;
+//! # let _ = o; Ok(()) }
+//! ```
+
+pub mod attention;
+pub mod check;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod reference;
+pub mod tensor;
+
+pub use attention::{
+    Algorithm, AttentionOptions, AttentionOutput, Problem, RowStatistics, attention,
+    attention_into, new_output,
+};
+pub use device::{DeviceInfo, Gpu};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use tensor::{DeviceTensor, Layout};

@@ -1,0 +1,93 @@
+//! Exact attention on the CPU, in f64: the reference every kernel is checked against.
+
+use ndarray::{Array3, Array4, ArrayView4, s};
+use rayon::prelude::*;
+
+use crate::dtype::Element;
+
+/// O and the per-row logsumexp L.
+pub struct Reference {
+    /// (batch, heads, seqlen_q, head_dim).
+    pub o: Array4<f64>,
+    /// (batch, heads, seqlen_q); −∞ for rows with no visible key.
+    pub logsumexp: Array3<f64>,
+}
+
+/// softmax(scale·Q·Kᵀ [causal])·V in f64, with the causal mask aligned to the bottom-right
+/// (query q sees key k iff k ≤ q + seqlen_k − seqlen_q). Rows with no visible key give O = 0 and
+/// L = −∞.
+pub fn attention_reference(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    causal: bool,
+    scale: f64,
+) -> Reference {
+    attention_with_rounding(q, k, v, causal, scale, |p| p, |o| o)
+}
+
+/// Standard attention as it would run in `T`: the inputs are `T` values, P is rounded to `T`
+/// before P·V and O to `T` at the end (FlashAttention's test suite's baseline for its tolerance).
+pub fn attention_in_dtype<T: Element>(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    causal: bool,
+    scale: f64,
+) -> Array4<f64> {
+    attention_with_rounding(q, k, v, causal, scale, T::round, T::round).o
+}
+
+fn attention_with_rounding(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    causal: bool,
+    scale: f64,
+    round_prob: impl Fn(f64) -> f64 + Sync,
+    round_out: impl Fn(f64) -> f64 + Sync,
+) -> Reference {
+    let (batch, heads, seqlen_q, head_dim) = q.dim();
+    let seqlen_k = k.dim().2;
+    let offset = seqlen_k as i64 - seqlen_q as i64;
+    // One task per query row, spread over the machine's cores.
+    let rows: Vec<(Vec<f64>, f64)> = (0..batch * heads * seqlen_q)
+        .into_par_iter()
+        .map(|flat| {
+            let (b, h, i) = (
+                flat / (heads * seqlen_q),
+                flat / seqlen_q % heads,
+                flat % seqlen_q,
+            );
+            let visible = if causal {
+                (i as i64 + offset + 1).clamp(0, seqlen_k as i64) as usize
+            } else {
+                seqlen_k
+            };
+            if visible == 0 {
+                return (vec![round_out(0.0); head_dim], f64::NEG_INFINITY);
+            }
+            let qi = q.slice(s![b, h, i, ..]);
+            let scores: Vec<f64> = (0..visible)
+                .map(|j| scale * qi.dot(&k.slice(s![b, h, j, ..])))
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            let mut acc = vec![0.0f64; head_dim];
+            for (j, s) in scores.iter().enumerate() {
+                let p = round_prob((s - max).exp() / sum);
+                for (a, x) in acc.iter_mut().zip(v.slice(s![b, h, j, ..])) {
+                    *a += p * x;
+                }
+            }
+            (acc.into_iter().map(&round_out).collect(), max + sum.ln())
+        })
+        .collect();
+    let o = Array4::from_shape_fn((batch, heads, seqlen_q, head_dim), |(b, h, i, x)| {
+        rows[(b * heads + h) * seqlen_q + i].0[x]
+    });
+    let logsumexp = Array3::from_shape_fn((batch, heads, seqlen_q), |(b, h, i)| {
+        rows[(b * heads + h) * seqlen_q + i].1
+    });
+    Reference { o, logsumexp }
+}

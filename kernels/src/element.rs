@@ -1,0 +1,53 @@
+//! Element types of Q, K, V and O. Kernels load them into f32, compute in f32, and round once when
+//! they store.
+
+use crate::gpu;
+
+/// A tensor element the kernels read and write; arithmetic is always in f32.
+pub trait Element: Copy {
+    fn to_f32(self) -> f32;
+    fn from_f32(value: f32) -> Self;
+}
+
+/// IEEE 754 binary16, as its bits (Rust's `f16` type is not used: its support on nvptx is young).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct F16(pub u16);
+
+/// bfloat16, as its bits.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct Bf16(pub u16);
+
+impl Element for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+}
+
+impl Element for F16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        gpu::f16_to_f32(self.0)
+    }
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        F16(gpu::f32_to_f16(value))
+    }
+}
+
+impl Element for Bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        gpu::bf16_to_f32(self.0)
+    }
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        Bf16(gpu::f32_to_bf16(value))
+    }
+}

@@ -1,0 +1,68 @@
+//! The module's kernels: one `extern "ptx-kernel"` entry point per (algorithm, dtype[, head-dim
+//! capacity, B_c]), each taking its parameter block by value. The host builds the same names
+//! (`host::kernels`).
+//!
+//! # Safety
+//! Every entry point dereferences the device addresses in its parameters: the host must pass
+//! tensors of the shapes and strides it describes, and launch with the grid, block and dynamic
+//! shared memory that the kernel's docs give.
+
+use crate::element::{Bf16, F16};
+use crate::params::{Fa1Params, Fa2Params, StandardParams};
+use crate::{fa1, fa2, standard};
+
+/// `standard_{scores,softmax,output}_<dtype>`.
+macro_rules! standard_kernels {
+    ($($dtype:ident => $t:ty),*) => {$(
+        const _: () = {
+            #[unsafe(export_name = concat!("standard_scores_", stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn scores(params: StandardParams) {
+                standard::scores::<$t>(&params)
+            }
+            #[unsafe(export_name = concat!("standard_softmax_", stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn softmax(params: StandardParams) {
+                standard::softmax::<$t>(&params)
+            }
+            #[unsafe(export_name = concat!("standard_output_", stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn output(params: StandardParams) {
+                standard::output::<$t>(&params)
+            }
+        };
+    )*};
+}
+
+/// `fa1_forward_<dtype>`.
+macro_rules! fa1_kernels {
+    ($($dtype:ident => $t:ty),*) => {$(
+        const _: () = {
+            #[unsafe(export_name = concat!("fa1_forward_", stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn forward(params: Fa1Params) {
+                fa1::forward::<$t>(&params)
+            }
+        };
+    )*};
+}
+
+/// `fa2_forward_<dtype>_d<capacity>_bc<B_c>` for every capacity in
+/// `layout::FA2_HEAD_DIM_CAPACITIES` and B_c in `layout::FA2_BLOCK_CHOICES`.
+macro_rules! fa2_kernels {
+    ($($dtype:ident => $t:ty),*) => {$(
+        fa2_kernels!(@one $dtype, $t; 32 64 128 256; 64 128);
+    )*};
+    (@one $dtype:ident, $t:ty; $($cap:literal)*; $bc0:literal $bc1:literal) => {$(
+        fa2_kernels!(@entry $dtype, $t, $cap, $bc0);
+        fa2_kernels!(@entry $dtype, $t, $cap, $bc1);
+    )*};
+    (@entry $dtype:ident, $t:ty, $cap:literal, $bc:literal) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("fa2_forward_", stringify!($dtype), "_d", $cap, "_bc", $bc))]
+            unsafe extern "ptx-kernel" fn forward(params: Fa2Params) {
+                fa2::forward::<$t, { $cap / 32 }, { $bc / 32 }>(&params)
+            }
+        };
+    };
+}
+
+standard_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);
+fa1_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);
+fa2_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);

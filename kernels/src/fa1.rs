@@ -1,0 +1,274 @@
+//! FlashAttention-1 forward (Dao et al. 2022, Algorithm 1), as the article lays it out.
+//!
+//! One thread block per (batch, head). The outer loop walks the K/V blocks j, staging K_j and V_j in
+//! shared memory; the inner loop walks every Q block i and, for each, reads O_i, ℓ_i and m_i from
+//! HBM, folds in block (i, j) and writes them back. O_i is kept normalised in HBM between steps.
+//!
+//! Block sizes: B_c = ⌈M/4d⌉, B_r = min(⌈M/4d⌉, d) (`layout::Fa1Blocks`), chosen by the host.
+//! Scores are kept in log2 units (scale·log2 e folded in), so each e^x is one `exp2`; m is stored
+//! in HBM in natural-log units, as the article defines it.
+//!
+//! O_i between steps lives in an f32 buffer (`o_accumulator`): accumulation is in f32 whatever the
+//! input dtype. The last step that touches a row block writes O in the output dtype instead.
+
+use crate::element::Element;
+use crate::gpu;
+use crate::layout::FA1_ROW_VECTORS;
+use crate::mask::CausalMask;
+use crate::params::Fa1Params;
+use crate::softmax::{LN_2, LOG2_E, RowStats, fa1_merge};
+use crate::tile::{
+    HeadRows, HeadVector, SharedTile, SharedVector, for_each_element, load_tile, warp_max, warp_sum,
+};
+
+/// What one block needs to know about its head.
+struct Fa1Head<T> {
+    q: HeadRows<T>,
+    k: HeadRows<T>,
+    v: HeadRows<T>,
+    o: HeadRows<T>,
+    o_accumulator: HeadRows<f32>,
+    row_max: HeadVector,
+    row_sum: HeadVector,
+    mask: CausalMask,
+    seqlen_q: u32,
+    seqlen_k: u32,
+    head_dim: u32,
+    /// scale·log2 e: turns Q·Kᵀ into log2-domain scores.
+    score_scale: f32,
+    block_rows: u32,
+    block_cols: u32,
+}
+
+/// The SRAM tiles of Algorithm 1: Q_i, O_i, K_j, V_j, S_ij, and per-row m_i, ℓ_i and the two
+/// coefficients of the O update.
+struct Fa1Sram {
+    q: SharedTile,
+    o: SharedTile,
+    k: SharedTile,
+    v: SharedTile,
+    /// S_ij, overwritten in place by P̃_ij.
+    s: SharedTile,
+    m: SharedVector,
+    l: SharedVector,
+    /// ℓ_i·α/ℓ_new: multiplies the stored (normalised) O_i.
+    old_weight: SharedVector,
+    /// β/ℓ_new: multiplies P̃_ij·V_j.
+    new_weight: SharedVector,
+}
+
+impl Fa1Sram {
+    fn carve(block_rows: u32, block_cols: u32, head_dim: u32) -> Self {
+        let mut carver = gpu::SharedCarver::from_start();
+        let sram = Self {
+            q: SharedTile::carve(&mut carver, block_rows, head_dim),
+            o: SharedTile::carve(&mut carver, block_rows, head_dim),
+            k: SharedTile::carve(&mut carver, block_cols, head_dim),
+            v: SharedTile::carve(&mut carver, block_cols, head_dim),
+            s: SharedTile::carve_dense(&mut carver, block_rows, block_cols),
+            m: SharedVector::carve(&mut carver, block_rows),
+            l: SharedVector::carve(&mut carver, block_rows),
+            old_weight: SharedVector::carve(&mut carver, block_rows),
+            new_weight: SharedVector::carve(&mut carver, block_rows),
+        };
+        // Keep `layout::Fa1Blocks::shared_bytes` honest: it counts exactly these four vectors.
+        const _: () = assert!(FA1_ROW_VECTORS == 4);
+        sram
+    }
+}
+
+/// The kernel body. Grid (batch·heads), `layout::THREADS_PER_BLOCK` threads,
+/// `Fa1Blocks::shared_bytes` of dynamic shared memory.
+#[inline(always)]
+pub fn forward<T: Element>(p: &Fa1Params) {
+    let shape = &p.shape;
+    let batch_head = gpu::block_idx_x();
+    let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
+    let h = Fa1Head::<T> {
+        q: HeadRows::new(&p.operands.q, batch, head, shape.seqlen_q),
+        k: HeadRows::new(&p.operands.k, batch, head, shape.seqlen_k),
+        v: HeadRows::new(&p.operands.v, batch, head, shape.seqlen_k),
+        o: HeadRows::new(&p.operands.o, batch, head, shape.seqlen_q),
+        o_accumulator: HeadRows::contiguous(
+            p.o_accumulator,
+            batch_head,
+            shape.seqlen_q,
+            shape.head_dim,
+        ),
+        row_max: HeadVector::new(p.row_max, batch_head, shape.seqlen_q),
+        row_sum: HeadVector::new(p.row_sum, batch_head, shape.seqlen_q),
+        mask: CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k),
+        seqlen_q: shape.seqlen_q,
+        seqlen_k: shape.seqlen_k,
+        head_dim: shape.head_dim,
+        score_scale: shape.softmax_scale * LOG2_E,
+        block_rows: p.block_rows,
+        block_cols: p.block_cols,
+    };
+    let sram = Fa1Sram::carve(h.block_rows, h.block_cols, h.head_dim);
+    let row_blocks = h.seqlen_q.div_ceil(h.block_rows); // T_r
+    let col_blocks = h.seqlen_k.div_ceil(h.block_cols); // T_c
+
+    // Line 2: O = 0, ℓ = 0, m = −∞ in HBM.
+    initialize(&h);
+    gpu::sync_threads();
+
+    // Line 5: for 1 ≤ j ≤ T_c.
+    for j in 0..col_blocks {
+        // Line 6: load K_j, V_j from HBM to SRAM.
+        let key_start = j * h.block_cols;
+        load_tile(&h.k, key_start, h.block_cols, h.head_dim, &sram.k);
+        load_tile(&h.v, key_start, h.block_cols, h.head_dim, &sram.v);
+        gpu::sync_threads();
+        // Line 7: for 1 ≤ i ≤ T_r.
+        for i in 0..row_blocks {
+            let row_start = i * h.block_rows;
+            let key_blocks =
+                h.mask
+                    .key_blocks_needed(row_start + h.block_rows, h.seqlen_k, h.block_cols);
+            if j >= key_blocks.min(col_blocks) {
+                continue; // Causal: block (i, j) is masked for every row; nothing to fold in.
+            }
+            let last_step_for_rows = j + 1 == key_blocks.min(col_blocks);
+            update_row_block(&h, &sram, row_start, key_start, last_step_for_rows);
+        }
+        gpu::sync_threads();
+    }
+}
+
+/// Algorithm 1, line 2, plus the rows that no step will touch: causal rows with no visible key
+/// (seqlen_q > seqlen_k) get their final O = 0 here.
+#[inline(always)]
+fn initialize<T: Element>(h: &Fa1Head<T>) {
+    for_each_element(h.seqlen_q, h.head_dim, |row, col| {
+        h.o_accumulator.write(row, col, 0.0);
+        if h.mask.visible_key_end(row, h.seqlen_k) == 0 && row_block_is_never_visited(h, row) {
+            h.o.write(row, col, 0.0);
+        }
+    });
+    for_each_element(1, h.seqlen_q, |_, row| {
+        h.row_max.write(row, f32::NEG_INFINITY);
+        h.row_sum.write(row, 0.0);
+    });
+}
+
+/// Whether the row block holding `row` sees no key at all (so the K/V loop skips it entirely).
+#[inline(always)]
+fn row_block_is_never_visited<T>(h: &Fa1Head<T>, row: u32) -> bool {
+    let block_end = (row / h.block_rows + 1) * h.block_rows;
+    h.mask
+        .key_blocks_needed(block_end, h.seqlen_k, h.block_cols)
+        == 0
+}
+
+/// Lines 8–13 for one (i, j): load Q_i, O_i, ℓ_i, m_i; S_ij = Q_i·K_jᵀ; block statistics; merge;
+/// O_i ← diag(ℓ_new)⁻¹(diag(ℓ_i)·α·O_i + β·P̃_ij·V_j); write O_i, ℓ_i, m_i back.
+#[inline(always)]
+fn update_row_block<T: Element>(
+    h: &Fa1Head<T>,
+    sram: &Fa1Sram,
+    row_start: u32,
+    key_start: u32,
+    last_step: bool,
+) {
+    let (rows, cols, d) = (h.block_rows, h.block_cols, h.head_dim);
+    // Line 8: load Q_i, O_i, ℓ_i, m_i from HBM to SRAM.
+    load_tile(&h.q, row_start, rows, d, &sram.q);
+    load_tile(&h.o_accumulator, row_start, rows, d, &sram.o);
+    for_each_element(1, rows, |_, r| {
+        let row = row_start + r;
+        let (m, l) = if row < h.seqlen_q {
+            (h.row_max.read(row), h.row_sum.read(row))
+        } else {
+            (f32::NEG_INFINITY, 0.0)
+        };
+        sram.m.set(r, m * LOG2_E);
+        sram.l.set(r, l);
+    });
+    gpu::sync_threads();
+
+    // Line 9: S_ij = Q_i·K_jᵀ (scaled, log2 units); masked and out-of-range keys are −∞.
+    let keys_in_block = (h.seqlen_k - key_start).min(cols);
+    for_each_element(rows, cols, |r, c| {
+        let (row, key) = (row_start + r, key_start + c);
+        let score = if c < keys_in_block && h.mask.visible(row, key) {
+            let mut dot = 0.0f32;
+            for x in 0..d {
+                dot += sram.q.get(r, x) * sram.k.get(c, x);
+            }
+            dot * h.score_scale
+        } else {
+            f32::NEG_INFINITY
+        };
+        sram.s.set(r, c, score);
+    });
+    gpu::sync_threads();
+
+    // Lines 10–11, one warp per row: m̃_ij, P̃_ij = e^(S_ij − m̃_ij), ℓ̃_ij; then m_new, ℓ_new, α, β.
+    let mut r = gpu::warp_idx();
+    while r < rows {
+        let block = block_row_statistics(sram, r, cols);
+        let stored = RowStats {
+            max: sram.m.get(r),
+            sum: sram.l.get(r),
+        };
+        let merge = fa1_merge(stored, block, gpu::exp2);
+        if gpu::lane_idx() == 0 {
+            let new = merge.merged;
+            let inverse_new_sum = new.inverse_sum();
+            sram.old_weight
+                .set(r, stored.sum * merge.alpha * inverse_new_sum);
+            sram.new_weight.set(r, merge.beta * inverse_new_sum);
+            // Line 13: write ℓ_i ← ℓ_new, m_i ← m_new to HBM.
+            let row = row_start + r;
+            if row < h.seqlen_q {
+                h.row_max.write(row, new.max * LN_2);
+                h.row_sum.write(row, new.sum);
+            }
+        }
+        r += gpu::warps_per_block();
+    }
+    gpu::sync_threads();
+
+    // Line 12: O_i ← diag(ℓ_new)⁻¹(diag(ℓ_i)·α·O_i + β·P̃_ij·V_j), written to HBM.
+    for_each_element(rows, d, |r, x| {
+        let mut pv = 0.0f32;
+        for c in 0..keys_in_block {
+            pv += sram.s.get(r, c) * sram.v.get(c, x);
+        }
+        let o = sram.old_weight.get(r) * sram.o.get(r, x) + sram.new_weight.get(r) * pv;
+        if last_step {
+            h.o.write(row_start + r, x, o);
+        } else {
+            h.o_accumulator.write(row_start + r, x, o);
+        }
+    });
+    gpu::sync_threads();
+}
+
+/// m̃_ij = rowmax(S_ij), P̃_ij = e^(S_ij − m̃_ij) (written over S_ij), ℓ̃_ij = rowsum(P̃_ij), for row
+/// `r` of the block, by one warp.
+#[inline(always)]
+fn block_row_statistics(sram: &Fa1Sram, r: u32, cols: u32) -> RowStats {
+    let lane = gpu::lane_idx();
+    let mut max = f32::NEG_INFINITY;
+    let mut c = lane;
+    while c < cols {
+        max = max.max(sram.s.get(r, c));
+        c += gpu::WARP_SIZE;
+    }
+    let max = warp_max(max);
+    let base = RowStats::exp_base(max);
+    let mut sum = 0.0f32;
+    let mut c = lane;
+    while c < cols {
+        let p = gpu::exp2(sram.s.get(r, c) - base);
+        sram.s.set(r, c, p);
+        sum += p;
+        c += gpu::WARP_SIZE;
+    }
+    RowStats {
+        max,
+        sum: warp_sum(sum),
+    }
+}

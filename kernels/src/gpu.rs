@@ -1,0 +1,202 @@
+//! Every nightly GPU intrinsic the kernels use, and nothing else.
+//!
+//! Kernels call only these functions, so the unsafe, unstable surface of the project lives in this
+//! one file: thread and block indices, barriers, dynamic shared memory, warp shuffles, fast
+//! `exp2`/`log2`, and conversions between f32 and the 16-bit float formats. Swapping the backend
+//! (another intrinsic set, another compiler) means rewriting this file only.
+
+use core::arch::{asm, nvptx};
+
+/// Lanes in a warp on every NVIDIA GPU.
+pub const WARP_SIZE: u32 = 32;
+/// Shuffle mask naming every lane of a warp.
+const FULL_WARP: u32 = 0xffff_ffff;
+/// `shfl.sync`'s clamp operand for whole-warp shuffles (`c = 0x1f`: segment mask 0, clamp 31).
+const SHUFFLE_CLAMP: u32 = 0x1f;
+
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
+    fn nvvm_shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.f32"]
+    fn nvvm_shfl_sync_idx_f32(mask: u32, value: f32, source_lane: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn nvvm_bar_warp_sync(mask: u32);
+    #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
+    fn nvvm_ex2_approx_ftz(x: f32) -> f32;
+    #[link_name = "llvm.nvvm.lg2.approx.ftz.f"]
+    fn nvvm_lg2_approx_ftz(x: f32) -> f32;
+}
+
+/// `threadIdx.x`.
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    // SAFETY: reads a special register; valid in any kernel.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+
+/// `blockDim.x`.
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+
+/// `blockIdx.x`.
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+
+/// `blockIdx.y`.
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+
+/// `blockIdx.z`.
+#[inline(always)]
+pub fn block_idx_z() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+
+/// This thread's warp within the block (`threadIdx.x / 32`).
+#[inline(always)]
+pub fn warp_idx() -> u32 {
+    thread_idx_x() / WARP_SIZE
+}
+
+/// This thread's lane within its warp.
+#[inline(always)]
+pub fn lane_idx() -> u32 {
+    thread_idx_x() % WARP_SIZE
+}
+
+/// Warps in the block.
+#[inline(always)]
+pub fn warps_per_block() -> u32 {
+    block_dim_x() / WARP_SIZE
+}
+
+/// `__syncthreads()`: every thread of the block arrives, and shared-memory writes before it are
+/// visible to every thread after it.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: a block-wide barrier; kernels call it from uniform control flow.
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `__syncwarp()`: orders shared-memory accesses among the lanes of one warp.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: a warp-wide barrier over all lanes; kernels call it from warp-uniform control flow.
+    unsafe { nvvm_bar_warp_sync(FULL_WARP) }
+}
+
+/// The block's dynamic shared memory (`extern __shared__`), sized at launch.
+///
+/// Every call returns the same address. Kernels carve it into tiles with [`SharedCarver`].
+#[inline(always)]
+pub fn dynamic_shared_f32() -> *mut f32 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
+}
+
+/// Butterfly shuffle: the value held by lane `lane ^ lane_mask`.
+#[inline(always)]
+pub fn shuffle_xor(value: f32, lane_mask: u32) -> f32 {
+    // SAFETY: all 32 lanes take part; callers keep the whole warp converged.
+    unsafe { nvvm_shfl_sync_bfly_f32(FULL_WARP, value, lane_mask, SHUFFLE_CLAMP) }
+}
+
+/// The value held by lane `source_lane`.
+#[inline(always)]
+pub fn shuffle_broadcast(value: f32, source_lane: u32) -> f32 {
+    // SAFETY: as for `shuffle_xor`.
+    unsafe { nvvm_shfl_sync_idx_f32(FULL_WARP, value, source_lane, SHUFFLE_CLAMP) }
+}
+
+/// `2^x` on the special-function unit (`ex2.approx.ftz.f32`, relative error about 2^-22).
+/// `exp2(-inf) = 0`.
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic instruction.
+    unsafe { nvvm_ex2_approx_ftz(x) }
+}
+
+/// `log2(x)` on the special-function unit (`lg2.approx.ftz.f32`). `log2(0) = -inf`.
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic instruction.
+    unsafe { nvvm_lg2_approx_ftz(x) }
+}
+
+/// IEEE half (bits) to f32, exact (`cvt.f32.f16`).
+#[inline(always)]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let out: f32;
+    // SAFETY: a pure conversion instruction on registers.
+    unsafe {
+        asm!("cvt.f32.f16 {out}, {bits};", out = out(reg32) out, bits = in(reg16) bits,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// f32 to IEEE half (bits), rounding to nearest even (`cvt.rn.f16.f32`).
+#[inline(always)]
+pub fn f32_to_f16(value: f32) -> u16 {
+    let bits: u16;
+    // SAFETY: a pure conversion instruction on registers.
+    unsafe {
+        asm!("cvt.rn.f16.f32 {bits}, {value};", bits = out(reg16) bits, value = in(reg32) value,
+             options(pure, nomem, nostack));
+    }
+    bits
+}
+
+/// bfloat16 (bits) to f32, exact: bf16 is the upper half of an f32.
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// f32 to bfloat16 (bits), rounding to nearest even (`cvt.rn.bf16.f32`, sm_80 and later).
+#[inline(always)]
+pub fn f32_to_bf16(value: f32) -> u16 {
+    let bits: u16;
+    // SAFETY: a pure conversion instruction on registers.
+    unsafe {
+        asm!("cvt.rn.bf16.f32 {bits}, {value};", bits = out(reg16) bits, value = in(reg32) value,
+             options(pure, nomem, nostack));
+    }
+    bits
+}
+
+/// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
+///
+/// The host sizes the launch with the same arithmetic (`crate::layout`), so a kernel that carves
+/// the tiles its layout names stays inside the allocation.
+pub struct SharedCarver {
+    next: *mut f32,
+}
+
+impl SharedCarver {
+    /// Starts at the beginning of dynamic shared memory.
+    #[inline(always)]
+    pub fn from_start() -> Self {
+        Self {
+            next: dynamic_shared_f32(),
+        }
+    }
+
+    /// The next `len` floats.
+    #[inline(always)]
+    pub fn take(&mut self, len: usize) -> *mut f32 {
+        let tile = self.next;
+        // SAFETY: pointer arithmetic inside the launch-sized allocation; see the type's docs.
+        self.next = unsafe { self.next.add(len) };
+        tile
+    }
+}

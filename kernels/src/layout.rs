@@ -1,0 +1,143 @@
+//! Tile sizes and shared-memory layouts, shared by the kernels (which carve shared memory) and the
+//! host (which sizes the launch). One source of truth, so the two cannot disagree.
+
+/// Row stride, in floats, of a shared-memory tile whose rows hold `head_dim` values.
+///
+/// Kernels read a column of such a tile with one row per lane; an odd stride puts the 32 lanes in
+/// 32 different banks (4-byte banks, 32 of them), so an even `head_dim` gets one float of padding.
+#[inline(always)]
+pub const fn conflict_free_stride(head_dim: u32) -> u32 {
+    head_dim | 1
+}
+
+/// Threads per block of the standard-attention and FA1 kernels.
+pub const THREADS_PER_BLOCK: u32 = 256;
+
+/// Side of the square output tile of the standard attention's two matrix products.
+pub const MATMUL_TILE: u32 = 16;
+/// Depth of one shared-memory step of those products.
+pub const MATMUL_DEPTH: u32 = 16;
+
+/// FA1's block sizes from the article: B_c = ⌈M/4d⌉ and B_r = min(⌈M/4d⌉, d), where M is the
+/// on-chip memory, in f32 elements, given to the four blocks Q_i, K_j, V_j, O_i.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fa1Blocks {
+    pub block_rows: u32,
+    pub block_cols: u32,
+}
+
+impl Fa1Blocks {
+    /// The article's formula for an SRAM budget of `sram_floats` (M) and head dim `head_dim` (d).
+    pub const fn from_sram(sram_floats: u32, head_dim: u32) -> Self {
+        let block_cols = sram_floats.div_ceil(4 * head_dim);
+        let block_rows = if block_cols < head_dim {
+            block_cols
+        } else {
+            head_dim
+        };
+        Self {
+            block_rows,
+            block_cols,
+        }
+    }
+
+    /// Shared memory the FA1 kernel needs with these blocks: Q_i, O_i (B_r × d), K_j, V_j
+    /// (B_c × d), S_ij (B_r × B_c), and four per-row vectors (m_i, ℓ_i, α, β), all f32.
+    pub const fn shared_bytes(&self, head_dim: u32) -> u64 {
+        let stride = conflict_free_stride(head_dim) as u64;
+        let (rows, cols) = (self.block_rows as u64, self.block_cols as u64);
+        let floats = 2 * rows * stride + 2 * cols * stride + rows * cols + FA1_ROW_VECTORS * rows;
+        floats * 4
+    }
+}
+
+/// Per-row vectors the FA1 kernel keeps in shared memory: m_i, ℓ_i, α and β (ℓ_new/ℓ_i folded).
+pub const FA1_ROW_VECTORS: u64 = 4;
+
+/// FA2's candidate block sizes (the article: tuned from {64, 128} × {64, 128}).
+pub const FA2_BLOCK_CHOICES: [u32; 2] = [64, 128];
+/// Rows of Q owned by one warp in the FA2 kernel (split-Q: warps never exchange partial results).
+pub const FA2_ROWS_PER_WARP: u32 = 8;
+/// Head-dim capacities the FA2 kernel is compiled for: each thread keeps `capacity / 32` columns of
+/// its rows of Õ in registers, so the capacity must be known at compile time.
+pub const FA2_HEAD_DIM_CAPACITIES: [u32; 4] = [32, 64, 128, 256];
+
+/// Smallest compiled head-dim capacity that holds `head_dim`, if any.
+pub const fn fa2_head_dim_capacity(head_dim: u32) -> Option<u32> {
+    let mut i = 0;
+    while i < FA2_HEAD_DIM_CAPACITIES.len() {
+        if head_dim <= FA2_HEAD_DIM_CAPACITIES[i] {
+            return Some(FA2_HEAD_DIM_CAPACITIES[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Shared memory the FA2 kernel needs: Q_i (B_r × d), K_j and V_j (B_c × d), and P̃ (B_r × B_c),
+/// all f32.
+pub const fn fa2_shared_bytes(block_rows: u32, block_cols: u32, head_dim: u32) -> u64 {
+    let stride = conflict_free_stride(head_dim) as u64;
+    let (rows, cols) = (block_rows as u64, block_cols as u64);
+    (rows * stride + 2 * cols * stride + rows * cols) * 4
+}
+
+/// FA2 threads per block for `block_rows`: one warp per [`FA2_ROWS_PER_WARP`] rows.
+pub const fn fa2_threads(block_rows: u32) -> u32 {
+    block_rows / FA2_ROWS_PER_WARP * 32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fa1_formula_matches_the_article() {
+        // M = 16384 floats, d = 64: B_c = ⌈16384/256⌉ = 64, B_r = min(64, 64) = 64.
+        assert_eq!(
+            Fa1Blocks::from_sram(16384, 64),
+            Fa1Blocks {
+                block_rows: 64,
+                block_cols: 64
+            }
+        );
+        // d = 128: B_c = 32, B_r = min(32, 128) = 32.
+        assert_eq!(
+            Fa1Blocks::from_sram(16384, 128),
+            Fa1Blocks {
+                block_rows: 32,
+                block_cols: 32
+            }
+        );
+        // d = 16: B_c = 256, B_r = min(256, 16) = 16; a ceiling, not a floor.
+        assert_eq!(
+            Fa1Blocks::from_sram(16385, 16),
+            Fa1Blocks {
+                block_rows: 16,
+                block_cols: 257
+            }
+        );
+    }
+
+    #[test]
+    fn fa2_capacity_is_the_smallest_that_fits() {
+        assert_eq!(fa2_head_dim_capacity(1), Some(32));
+        assert_eq!(fa2_head_dim_capacity(59), Some(64));
+        assert_eq!(fa2_head_dim_capacity(128), Some(128));
+        assert_eq!(fa2_head_dim_capacity(129), Some(256));
+        assert_eq!(fa2_head_dim_capacity(257), None);
+    }
+}
+
+/// The most threads a block of kernel `name` is launched with. `ptx-build` writes it into the PTX
+/// as `.maxntid`, so ptxas budgets registers for that many threads (at 512 threads, 128 registers
+/// each) instead of assuming the worst, and the host checks launches against it.
+pub fn kernel_max_threads(name: &str) -> u32 {
+    if let Some(rest) = name.strip_prefix("fa2_forward_") {
+        // At head dim 256 only B_r = 64 fits in shared memory; smaller dims may use B_r = 128.
+        let largest_rows = if rest.contains("_d256_") { 64 } else { 128 };
+        fa2_threads(largest_rows)
+    } else {
+        THREADS_PER_BLOCK
+    }
+}

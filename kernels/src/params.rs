@@ -1,0 +1,96 @@
+//! Kernel parameter blocks, `#[repr(C)]` and shared by the kernels and the host, which passes each
+//! kernel exactly one of them by value.
+
+/// One (batch, heads, seqlen, head_dim) operand in device memory: its address and its strides in
+/// elements. The last dimension is contiguous (stride 1), so both FlashAttention's layout
+/// (batch, seqlen, heads, head_dim) and PyTorch SDPA's (batch, heads, seqlen, head_dim) are views.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorView {
+    /// Device address of element (0, 0, 0, 0).
+    pub addr: u64,
+    pub batch_stride: u64,
+    pub head_stride: u64,
+    pub row_stride: u64,
+}
+
+impl TensorView {
+    /// Element offset of the first row of (`batch`, `head`).
+    #[inline(always)]
+    pub fn head_offset(&self, batch: u32, head: u32) -> u64 {
+        batch as u64 * self.batch_stride + head as u64 * self.head_stride
+    }
+}
+
+/// The problem every attention kernel solves: O = softmax(scale·Q·Kᵀ [+ causal mask])·V for each of
+/// `batch × heads` heads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionShape {
+    pub batch: u32,
+    pub heads: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub head_dim: u32,
+    /// Multiplies Q·Kᵀ before the softmax (usually 1/√head_dim).
+    pub softmax_scale: f32,
+    /// 1: key k is visible to query q only if k ≤ q + seqlen_k − seqlen_q (bottom-right aligned).
+    pub causal: u32,
+    pub _pad: u32,
+}
+
+/// Q, K, V in, O out: the four operands of every algorithm.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Operands {
+    pub q: TensorView,
+    pub k: TensorView,
+    pub v: TensorView,
+    pub o: TensorView,
+}
+
+/// Standard attention: three kernels that communicate through S and P in device memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StandardParams {
+    pub operands: Operands,
+    pub shape: AttentionShape,
+    /// S, f32, (batch·heads, seqlen_q, seqlen_k) contiguous: scale·Q·Kᵀ.
+    pub scores: u64,
+    /// P, in the input dtype, same shape as S: softmax(S) with the mask applied.
+    pub probs: u64,
+    /// L, f32, (batch·heads, seqlen_q): the natural-log logsumexp of each row of S.
+    pub logsumexp: u64,
+}
+
+/// FlashAttention-1 forward: one block per (batch, head), outer loop over K/V blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fa1Params {
+    pub operands: Operands,
+    pub shape: AttentionShape,
+    /// O between outer steps, f32, (batch·heads, seqlen_q, head_dim) contiguous. For f32 inputs it
+    /// may alias O itself.
+    pub o_accumulator: u64,
+    /// m, f32, (batch·heads, seqlen_q): running row max, natural-log units.
+    pub row_max: u64,
+    /// ℓ, f32, (batch·heads, seqlen_q): running row sum of e^(S − m).
+    pub row_sum: u64,
+    /// B_r.
+    pub block_rows: u32,
+    /// B_c.
+    pub block_cols: u32,
+}
+
+/// FlashAttention-2 forward: a grid over (row block, batch·head), inner loop over K/V blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fa2Params {
+    pub operands: Operands,
+    pub shape: AttentionShape,
+    /// L, f32, (batch·heads, seqlen_q): m + log ℓ, natural-log units; −∞ for rows with no visible key.
+    pub logsumexp: u64,
+    /// B_r (a multiple of `layout::FA2_ROWS_PER_WARP`, one warp per that many rows).
+    pub block_rows: u32,
+    pub _pad: u32,
+}

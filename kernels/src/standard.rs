@@ -1,0 +1,208 @@
+//! Standard attention, as the articles describe it before FlashAttention: three kernels that
+//! communicate through device memory.
+//!
+//! 1. [`scores`]:  S = scale·Q·Kᵀ, written to HBM (f32).
+//! 2. [`softmax`]: P = softmax(S) row by row (with the causal mask), read S, write P (input dtype)
+//!    and each row's logsumexp L.
+//! 3. [`output`]:  O = P·V, read P, write O.
+//!
+//! Both products are the textbook shared-memory tiled matrix product: each block computes a
+//! 16 × 16 tile of the result, one element per thread, stepping through the inner dimension
+//! 16 at a time.
+
+use crate::element::Element;
+use crate::gpu;
+use crate::layout::{MATMUL_DEPTH, MATMUL_TILE};
+use crate::mask::CausalMask;
+use crate::params::StandardParams;
+use crate::softmax::{LOG2_E, RowStats, fa1_merge};
+use crate::tile::{HeadRows, HeadVector, SharedTile, warp_max};
+
+/// The (batch, head) a block works on, from `blockIdx.z` (products) or `blockIdx.y` (softmax).
+#[inline(always)]
+fn batch_and_head(batch_head: u32, heads: u32) -> (u32, u32) {
+    (batch_head / heads, batch_head % heads)
+}
+
+/// One 16 × 16 tile of C = A·B with C[r][c] = Σ_k a(r, k)·b(k, c), for r, c inside the block's
+/// tile, k < depth. `b_rows_are_columns` says that `b` reads a row-major matrix transposed (B = Kᵀ),
+/// so the load walks k fastest to stay coalesced. Returns this thread's element of the tile.
+#[inline(always)]
+fn tile_product(
+    depth: u32,
+    tile_row: u32,
+    tile_col: u32,
+    b_rows_are_columns: bool,
+    a: impl Fn(u32, u32) -> f32,
+    b: impl Fn(u32, u32) -> f32,
+) -> f32 {
+    let mut carver = gpu::SharedCarver::from_start();
+    let a_tile = SharedTile::carve(&mut carver, MATMUL_TILE, MATMUL_DEPTH);
+    let b_tile = SharedTile::carve(&mut carver, MATMUL_DEPTH, MATMUL_TILE);
+    let (ty, tx) = (
+        gpu::thread_idx_x() / MATMUL_TILE,
+        gpu::thread_idx_x() % MATMUL_TILE,
+    );
+    let mut acc = 0.0f32;
+    let mut k0 = 0;
+    while k0 < depth {
+        let k_in = |k: u32| k0 + k < depth;
+        a_tile.set(
+            ty,
+            tx,
+            if k_in(tx) {
+                a(tile_row + ty, k0 + tx)
+            } else {
+                0.0
+            },
+        );
+        if b_rows_are_columns {
+            b_tile.set(
+                tx,
+                ty,
+                if k_in(tx) {
+                    b(k0 + tx, tile_col + ty)
+                } else {
+                    0.0
+                },
+            );
+        } else {
+            b_tile.set(
+                ty,
+                tx,
+                if k_in(ty) {
+                    b(k0 + ty, tile_col + tx)
+                } else {
+                    0.0
+                },
+            );
+        }
+        gpu::sync_threads();
+        for k in 0..MATMUL_DEPTH {
+            acc += a_tile.get(ty, k) * b_tile.get(k, tx);
+        }
+        gpu::sync_threads();
+        k0 += MATMUL_DEPTH;
+    }
+    acc
+}
+
+/// Kernel 1: S = scale·Q·Kᵀ. Grid (⌈seqlen_k/16⌉, ⌈seqlen_q/16⌉, batch·heads), 256 threads.
+#[inline(always)]
+pub fn scores<T: Element>(p: &StandardParams) {
+    let shape = &p.shape;
+    let batch_head = gpu::block_idx_z();
+    let (batch, head) = batch_and_head(batch_head, shape.heads);
+    let q = HeadRows::<T>::new(&p.operands.q, batch, head, shape.seqlen_q);
+    let k = HeadRows::<T>::new(&p.operands.k, batch, head, shape.seqlen_k);
+    let s = HeadRows::<f32>::contiguous(p.scores, batch_head, shape.seqlen_q, shape.seqlen_k);
+    let (tile_row, tile_col) = (
+        gpu::block_idx_y() * MATMUL_TILE,
+        gpu::block_idx_x() * MATMUL_TILE,
+    );
+    let dot = tile_product(
+        shape.head_dim,
+        tile_row,
+        tile_col,
+        true,
+        |row, d| q.read(row, d),
+        |d, key| k.read(key, d),
+    );
+    let (ty, tx) = (
+        gpu::thread_idx_x() / MATMUL_TILE,
+        gpu::thread_idx_x() % MATMUL_TILE,
+    );
+    if tile_col + tx < shape.seqlen_k {
+        s.write(tile_row + ty, tile_col + tx, dot * shape.softmax_scale);
+    }
+}
+
+/// Kernel 2: P = softmax(S) with the causal mask, and L = logsumexp of each row. One warp per row:
+/// a first pass keeps per-lane online-softmax statistics and merges them across the warp, a second
+/// writes P. Grid (⌈seqlen_q/8⌉, batch·heads), 256 threads.
+#[inline(always)]
+pub fn softmax<T: Element>(p: &StandardParams) {
+    let shape = &p.shape;
+    let batch_head = gpu::block_idx_y();
+    let row = gpu::block_idx_x() * gpu::warps_per_block() + gpu::warp_idx();
+    if row >= shape.seqlen_q {
+        return;
+    }
+    let s = HeadRows::<f32>::contiguous(p.scores, batch_head, shape.seqlen_q, shape.seqlen_k);
+    let probs = HeadRows::<T>::contiguous(p.probs, batch_head, shape.seqlen_q, shape.seqlen_k);
+    let mask = CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k);
+    let visible_end = mask.visible_key_end(row, shape.seqlen_k);
+    let lanes = gpu::WARP_SIZE;
+
+    // Pass 1: per-lane (m, ℓ) over the lane's keys, then the warp's merge of the 32 partial rows.
+    let mut lane_stats = RowStats::EMPTY;
+    let mut key = gpu::lane_idx();
+    while key < visible_end {
+        let score = s.read(row, key) * LOG2_E;
+        lane_stats = fa1_merge(
+            lane_stats,
+            RowStats {
+                max: score,
+                sum: 1.0,
+            },
+            gpu::exp2,
+        )
+        .merged;
+        key += lanes;
+    }
+    let row_max = warp_max(lane_stats.max);
+    let rescaled = lane_stats.sum * gpu::exp2(lane_stats.max - RowStats::exp_base(row_max));
+    let row_stats = RowStats {
+        max: row_max,
+        sum: crate::tile::warp_sum(rescaled),
+    };
+
+    // Pass 2: P = e^(S − m)/ℓ on visible keys, 0 on masked ones.
+    let inverse_sum = row_stats.inverse_sum();
+    let base = RowStats::exp_base(row_max);
+    let mut key = gpu::lane_idx();
+    while key < shape.seqlen_k {
+        let prob = if key < visible_end {
+            gpu::exp2(s.read(row, key) * LOG2_E - base) * inverse_sum
+        } else {
+            0.0
+        };
+        probs.write(row, key, prob);
+        key += lanes;
+    }
+    if gpu::lane_idx() == 0 {
+        HeadVector::new(p.logsumexp, batch_head, shape.seqlen_q)
+            .write(row, row_stats.logsumexp(gpu::log2));
+    }
+}
+
+/// Kernel 3: O = P·V. Grid (⌈head_dim/16⌉, ⌈seqlen_q/16⌉, batch·heads), 256 threads.
+#[inline(always)]
+pub fn output<T: Element>(p: &StandardParams) {
+    let shape = &p.shape;
+    let batch_head = gpu::block_idx_z();
+    let (batch, head) = batch_and_head(batch_head, shape.heads);
+    let probs = HeadRows::<T>::contiguous(p.probs, batch_head, shape.seqlen_q, shape.seqlen_k);
+    let v = HeadRows::<T>::new(&p.operands.v, batch, head, shape.seqlen_k);
+    let o = HeadRows::<T>::new(&p.operands.o, batch, head, shape.seqlen_q);
+    let (tile_row, tile_col) = (
+        gpu::block_idx_y() * MATMUL_TILE,
+        gpu::block_idx_x() * MATMUL_TILE,
+    );
+    let head_dim = shape.head_dim;
+    let value = tile_product(
+        shape.seqlen_k,
+        tile_row,
+        tile_col,
+        false,
+        |row, key| probs.read(row, key),
+        |key, d| if d < head_dim { v.read(key, d) } else { 0.0 },
+    );
+    let (ty, tx) = (
+        gpu::thread_idx_x() / MATMUL_TILE,
+        gpu::thread_idx_x() % MATMUL_TILE,
+    );
+    if tile_col + tx < head_dim {
+        o.write(tile_row + ty, tile_col + tx, value);
+    }
+}

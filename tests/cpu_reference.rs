@@ -1,0 +1,223 @@
+//! CPU tests: the f64 reference (hand-computed cases and properties) and the host API's argument
+//! checks, none of which need a GPU.
+
+use flash_attn::attention::{AttentionOptions, Problem, fa1_blocks, fa2_blocks};
+use flash_attn::reference::{attention_in_dtype, attention_reference};
+use flash_attn::{Algorithm, DType, Error};
+use ndarray::{Array4, Axis, array, s};
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+
+fn random(dims: [usize; 4], rng: &mut impl rand::Rng) -> Array4<f64> {
+    Array4::from_shape_simple_fn(dims, || StandardNormal.sample(rng))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * (1.0 + b.abs())
+}
+
+#[test]
+fn hand_computed_two_keys() {
+    // q = [1, 0]; keys [1, 0] and [0, 1]; scale 1 → scores [1, 0]; P = [e, 1]/(e + 1).
+    let q = array![[[[1.0, 0.0]]]];
+    let k = array![[[[1.0, 0.0], [0.0, 1.0]]]];
+    let v = array![[[[1.0, 2.0], [3.0, 4.0]]]];
+    let r = attention_reference(q.view(), k.view(), v.view(), false, 1.0);
+    let e = std::f64::consts::E;
+    let (p0, p1) = (e / (e + 1.0), 1.0 / (e + 1.0));
+    assert!(close(r.o[[0, 0, 0, 0]], p0 * 1.0 + p1 * 3.0));
+    assert!(close(r.o[[0, 0, 0, 1]], p0 * 2.0 + p1 * 4.0));
+    assert!(close(r.logsumexp[[0, 0, 0]], (e + 1.0).ln()));
+}
+
+#[test]
+fn causal_mask_is_bottom_right_aligned() {
+    // seqlen_q = 2, seqlen_k = 3: query 0 sees keys 0 and 1, query 1 sees all three.
+    let q = Array4::<f64>::zeros((1, 1, 2, 1));
+    let k = Array4::<f64>::zeros((1, 1, 3, 1));
+    let v = array![[[[3.0], [6.0], [30.0]]]];
+    let r = attention_reference(q.view(), k.view(), v.view(), true, 1.0);
+    assert!(close(r.o[[0, 0, 0, 0]], 4.5)); // mean of 3 and 6
+    assert!(close(r.o[[0, 0, 1, 0]], 13.0)); // mean of all three
+    assert!(close(r.logsumexp[[0, 0, 0]], 2f64.ln()));
+}
+
+#[test]
+fn rows_without_visible_keys_give_zero_and_minus_infinity() {
+    // seqlen_q = 4 > seqlen_k = 2: queries 0 and 1 see no key.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let (q, k, v) = (
+        random([1, 2, 4, 8], &mut rng),
+        random([1, 2, 2, 8], &mut rng),
+        random([1, 2, 2, 8], &mut rng),
+    );
+    let r = attention_reference(q.view(), k.view(), v.view(), true, 0.5);
+    for h in 0..2 {
+        for i in 0..2 {
+            assert!(r.o.slice(s![0, h, i, ..]).iter().all(|&x| x == 0.0));
+            assert_eq!(r.logsumexp[[0, h, i]], f64::NEG_INFINITY);
+        }
+        assert!(r.logsumexp[[0, h, 2]].is_finite());
+    }
+}
+
+#[test]
+fn rows_of_p_sum_to_one() {
+    // With V = 1 everywhere, O = P·1 = rowsum(P).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let (q, k) = (
+        random([2, 3, 17, 5], &mut rng),
+        random([2, 3, 23, 5], &mut rng),
+    );
+    let v = Array4::<f64>::ones((2, 3, 23, 5));
+    for causal in [false, true] {
+        let r = attention_reference(q.view(), k.view(), v.view(), causal, 0.7);
+        assert!(
+            r.o.iter().all(|&x| (x - 1.0).abs() < 1e-12),
+            "causal = {causal}"
+        );
+    }
+}
+
+#[test]
+fn shifting_a_row_of_scores_leaves_o_unchanged() {
+    // An extra dimension with q = c/scale and k = 1 adds c to every score of a row.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let (q, k, v) = (
+        random([1, 2, 9, 4], &mut rng),
+        random([1, 2, 11, 4], &mut rng),
+        random([1, 2, 11, 4], &mut rng),
+    );
+    let scale = 0.5;
+    let base = attention_reference(q.view(), k.view(), v.view(), false, scale);
+    let shifts = [3.0, -7.5, 40.0, 0.1, 12.0, -1.0, 5.0, 9.0, -20.0];
+    let extend = |a: &Array4<f64>, extra: &dyn Fn(usize) -> f64| {
+        let mut out = Array4::<f64>::zeros((a.dim().0, a.dim().1, a.dim().2, 5));
+        out.slice_mut(s![.., .., .., ..4]).assign(a);
+        for (i, mut row) in out.axis_iter_mut(Axis(2)).enumerate() {
+            row.slice_mut(s![.., .., 4]).fill(extra(i));
+        }
+        out
+    };
+    let q_shifted = extend(&q, &|i| shifts[i] / scale);
+    let (k_shifted, v_shifted) = (extend(&k, &|_| 1.0), extend(&v, &|_| 0.0));
+    let shifted = attention_reference(
+        q_shifted.view(),
+        k_shifted.view(),
+        v_shifted.view(),
+        false,
+        scale,
+    );
+    for (a, b) in shifted
+        .o
+        .slice(s![.., .., .., ..4])
+        .iter()
+        .zip(base.o.iter())
+    {
+        assert!((a - b).abs() < 1e-12);
+    }
+    for (i, shift) in shifts.iter().enumerate() {
+        let moved = shifted.logsumexp[[0, 0, i]] - base.logsumexp[[0, 0, i]];
+        assert!((moved - shift).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn dtype_baseline_rounds_p_and_o() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+    let (q, k, v) = (
+        random([1, 1, 33, 16], &mut rng),
+        random([1, 1, 40, 16], &mut rng),
+        random([1, 1, 40, 16], &mut rng),
+    );
+    let exact = attention_reference(q.view(), k.view(), v.view(), false, 0.25).o;
+    let f32_error = (&attention_in_dtype::<f32>(q.view(), k.view(), v.view(), false, 0.25)
+        - &exact)
+        .mapv(f64::abs)
+        .fold(0.0f64, |m, &x| m.max(x));
+    let bf16_error = (&attention_in_dtype::<half::bf16>(q.view(), k.view(), v.view(), false, 0.25)
+        - &exact)
+        .mapv(f64::abs)
+        .fold(0.0f64, |m, &x| m.max(x));
+    assert!(f32_error < 1e-6, "{f32_error}");
+    assert!(bf16_error > 1e-4 && bf16_error < 5e-2, "{bf16_error}");
+}
+
+fn expect_invalid(result: flash_attn::Result<Problem>, argument: &str) {
+    match result {
+        Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, argument),
+        Err(other) => panic!("expected an invalid `{argument}`, got {other}"),
+        Ok(p) => panic!("expected an invalid `{argument}`, got {p:?}"),
+    }
+}
+
+#[test]
+fn mismatched_and_unsupported_shapes_are_named_errors() {
+    let o = AttentionOptions::default();
+    expect_invalid(
+        Problem::new([2, 3, 16, 64], [2, 4, 16, 64], [2, 4, 16, 64], &o),
+        "k",
+    );
+    expect_invalid(
+        Problem::new([2, 3, 16, 64], [2, 3, 16, 64], [2, 3, 15, 64], &o),
+        "v",
+    );
+    expect_invalid(
+        Problem::new([2, 3, 16, 64], [2, 3, 16, 32], [2, 3, 16, 32], &o),
+        "k",
+    );
+    expect_invalid(
+        Problem::new([2, 3, 0, 64], [2, 3, 16, 64], [2, 3, 16, 64], &o),
+        "q",
+    );
+    expect_invalid(
+        Problem::new([1, 1, 16, 257], [1, 1, 16, 257], [1, 1, 16, 257], &o),
+        "head_dim",
+    );
+    for bad in [f32::NAN, f32::INFINITY, 0.0, -1.0] {
+        let o = AttentionOptions {
+            softmax_scale: Some(bad),
+            ..Default::default()
+        };
+        expect_invalid(
+            Problem::new([1, 1, 4, 8], [1, 1, 4, 8], [1, 1, 4, 8], &o),
+            "softmax_scale",
+        );
+    }
+    expect_invalid(
+        Problem::new([300, 300, 4, 8], [300, 300, 4, 8], [300, 300, 4, 8], &o),
+        "batch × heads",
+    );
+    let message = Problem::new([1, 1, 16, 300], [1, 1, 16, 300], [1, 1, 16, 300], &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("head_dim") && message.contains("300") && message.contains("1 to 256"),
+        "{message}"
+    );
+}
+
+#[test]
+fn names_parse_or_list_the_allowed_values() {
+    assert_eq!("fa2".parse::<Algorithm>().unwrap(), Algorithm::Fa2);
+    assert_eq!("bf16".parse::<DType>().unwrap(), DType::Bf16);
+    let message = "fa9".parse::<Algorithm>().unwrap_err().to_string();
+    assert!(message.contains("standard, fa1, fa2"), "{message}");
+}
+
+#[test]
+fn block_sizes_fit_the_device_and_follow_the_formulas() {
+    const H200_SHARED: u32 = 232_448;
+    for d in [1usize, 32, 59, 64, 128, 256] {
+        let (m, blocks) = fa1_blocks(d, H200_SHARED, None).unwrap();
+        assert!(blocks.shared_bytes(d as u32) <= H200_SHARED as u64);
+        assert_eq!(blocks.block_cols, m.div_ceil(4 * d as u32));
+        assert_eq!(blocks.block_rows, blocks.block_cols.min(d as u32));
+        let (r, c) = fa2_blocks(d, H200_SHARED, None).unwrap();
+        assert!(flash_kernels::layout::fa2_shared_bytes(r, c, d as u32) <= H200_SHARED as u64);
+    }
+    assert_eq!(fa2_blocks(256, H200_SHARED, None).unwrap(), (64, 64));
+    assert!(fa2_blocks(64, H200_SHARED, Some((96, 64))).is_err());
+    assert!(fa2_blocks(256, H200_SHARED, Some((128, 128))).is_err());
+    assert!(fa1_blocks(64, H200_SHARED, Some(10_000_000)).is_err());
+}

@@ -1,0 +1,94 @@
+//! `cargo xtask <command>`: the project's automation, one module per command.
+//!
+//! - `ptx [--arch sm_90]`    build the PTX module (the same build the host crate's build script runs)
+//! - `ptxas [--arch sm_90]`  assemble it with ptxas and print registers, shared memory, stack, spills
+//! - `test`                  PTX build, ptxas check, and every test (the README's test command)
+//! - `bundle`                release binaries + PTX + a run script for a GPU machine without Rust
+
+mod bundle;
+mod ptx;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, check and package the FlashAttention kernels"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the PTX module.
+    Ptx {
+        #[arg(long, default_value = "sm_90")]
+        arch: ptx_build::Arch,
+    },
+    /// Assemble the PTX with ptxas -v and print a resource table per kernel; fails on any error.
+    Ptxas {
+        #[arg(long, default_value = "sm_90")]
+        arch: ptx_build::Arch,
+    },
+    /// PTX build, ptxas check, then every test. GPU tests skip (and say so) without a GPU.
+    Test,
+    /// Release binaries and a run script, in one folder, for a GPU machine with no Rust toolchain.
+    Bundle {
+        #[arg(long, default_value = "bundle")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Ptx { arch } => ptx::build(arch).map(|ptx| {
+            println!("{} kernels in {}", ptx.kernels.len(), ptx.path.display());
+        }),
+        Command::Ptxas { arch } => ptx::ptxas_report(arch).map(|_| ()),
+        Command::Test => test::run(),
+        Command::Bundle { out } => bundle::run(&out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub type Result<T = ()> = std::result::Result<T, String>;
+
+/// The workspace root (the parent of this crate).
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."))
+}
+
+/// The cargo running this xtask (same toolchain).
+pub fn cargo() -> PathBuf {
+    std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "cargo".into())
+}
+
+/// Runs a command in the workspace root, streaming its output; fails if it fails.
+pub fn run_command(cmd: &mut std::process::Command) -> Result {
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed ({status})"))
+    }
+}

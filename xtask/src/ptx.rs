@@ -1,0 +1,147 @@
+//! `cargo xtask ptx` and `cargo xtask ptxas`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use ptx_build::{Arch, Ptx, PtxBuild};
+
+use crate::{Result, root};
+
+/// The ptxas wheel: CUDA 13.0, the release on the project's H200 machine.
+const PTXAS_WHEEL: &str = "nvidia-cuda-nvcc==13.0.88";
+
+/// Builds the PTX into `target/ptx/`.
+pub fn build(arch: Arch) -> Result<Ptx> {
+    let build = PtxBuild {
+        kernels_dir: root().join("kernels"),
+        target_dir: root().join("target/ptx"),
+        cargo: crate::cargo(),
+        arch,
+    };
+    build.run().map_err(|e| e.to_string())
+}
+
+/// ptxas from the PyPI wheel, installed into `.tools/` (git-ignored) on first use.
+pub fn ptxas() -> Result<PathBuf> {
+    let tools = root().join(".tools/cuda-nvcc");
+    let ptxas = tools.join("nvidia/cu13/bin/ptxas");
+    if !ptxas.exists() {
+        eprintln!("installing ptxas ({PTXAS_WHEEL}) into {}", tools.display());
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
+            .arg(&tools)
+            .arg(PTXAS_WHEEL)
+            .status()
+            .map_err(|e| format!("cannot run python3 -m pip (needed to install ptxas): {e}"))?;
+        if !status.success() || !ptxas.exists() {
+            return Err(format!(
+                "installing {PTXAS_WHEEL} failed; install it with: python3 -m pip install --target {} {PTXAS_WHEEL}",
+                tools.display()
+            ));
+        }
+    }
+    Ok(ptxas)
+}
+
+/// One kernel's resources as ptxas reports them.
+#[derive(Debug, Default, Clone)]
+pub struct KernelResources {
+    pub name: String,
+    pub registers: u32,
+    pub shared_bytes: u32,
+    pub stack_bytes: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+}
+
+/// Builds the PTX, assembles it with `ptxas -v`, prints the table, and fails on any ptxas error.
+pub fn ptxas_report(arch: Arch) -> Result<Vec<KernelResources>> {
+    let ptx = build(arch)?;
+    let ptxas = ptxas()?;
+    let output = Command::new(&ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(&ptx.path)
+        .args(["-o", "/dev/null"])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+    let log = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() || log.contains("error") {
+        return Err(format!("ptxas failed on {}:\n{log}", ptx.path.display()));
+    }
+    let kernels = parse_ptxas(&log);
+    if kernels.len() != ptx.kernels.len() {
+        return Err(format!(
+            "ptxas reported {} kernels, the module has {}",
+            kernels.len(),
+            ptx.kernels.len()
+        ));
+    }
+    println!("ptxas -arch={arch} -v {}", ptx.path.display());
+    println!(
+        "{:<34} {:>9} {:>12} {:>11} {:>13}",
+        "kernel", "registers", "static smem", "stack frame", "spill (st/ld)"
+    );
+    for k in &kernels {
+        println!(
+            "{:<34} {:>9} {:>12} {:>11} {:>13}",
+            k.name,
+            k.registers,
+            k.shared_bytes,
+            k.stack_bytes,
+            format!("{}/{}", k.spill_stores, k.spill_loads)
+        );
+    }
+    println!(
+        "{} kernels assembled, 0 errors (dynamic shared memory is sized at launch)",
+        kernels.len()
+    );
+    Ok(kernels)
+}
+
+/// Parses `ptxas -v` output: per entry, its stack/spill line and its register/shared line.
+fn parse_ptxas(log: &str) -> Vec<KernelResources> {
+    let number_before = |line: &str, unit: &str| -> u32 {
+        line.split(',')
+            .find(|part| part.contains(unit))
+            .and_then(|part| part.split_whitespace().find_map(|w| w.parse().ok()))
+            .unwrap_or(0)
+    };
+    let mut kernels: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            kernels.push(KernelResources {
+                name,
+                ..Default::default()
+            });
+        } else if let Some(k) = kernels.last_mut() {
+            if line.contains("bytes stack frame") {
+                k.stack_bytes = number_before(line, "stack frame");
+                k.spill_stores = number_before(line, "spill stores");
+                k.spill_loads = number_before(line, "spill loads");
+            } else if line.contains("Used") && line.contains("registers") {
+                k.registers = number_before(line, "registers");
+                k.shared_bytes = number_before(line, "smem");
+            }
+        }
+    }
+    kernels
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_a_ptxas_report() {
+        let log = "ptxas info    : Compiling entry function 'k1' for 'sm_90'\n\
+                   ptxas info    : Function properties for k1\n    \
+                   8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 40 registers, used 1 barriers, 2176 bytes smem, 384 bytes cmem[0]\n";
+        let k = &super::parse_ptxas(log)[0];
+        assert_eq!(
+            (k.name.as_str(), k.registers, k.shared_bytes),
+            ("k1", 40, 2176)
+        );
+        assert_eq!((k.stack_bytes, k.spill_stores, k.spill_loads), (8, 4, 12));
+    }
+}
