@@ -110,3 +110,41 @@ fn standard_attention_f32_matches_the_reference() {
         &[Layout::BatchHeadSeqDim],
     );
 }
+
+/// The FA1/FA2 correctness grid: every (seqlen_q, seqlen_k), head dim, causal flag, dtype and
+/// layout, batch 2, heads 3.
+#[test]
+fn fa1_and_fa2_pass_the_grid() {
+    let Some(gpu) = gpu_or_skip("fa1_and_fa2_pass_the_grid") else {
+        return;
+    };
+    const LENGTHS: [(usize, usize); 9] = [
+        (1, 1),
+        (17, 17),
+        (113, 203),
+        (128, 217),
+        (108, 256),
+        (256, 512),
+        (1023, 1024),
+        (1024, 1023),
+        (2048, 2048),
+    ];
+    const HEAD_DIMS: [usize; 8] = [32, 40, 59, 64, 96, 111, 128, 256];
+    let mut problems = Vec::new();
+    for dtype in DType::ALL {
+        for (sq, sk) in LENGTHS {
+            for d in HEAD_DIMS {
+                for causal in [false, true] {
+                    problems.push(problem(sq, sk, d, causal, dtype));
+                }
+            }
+        }
+    }
+    run_all(
+        &gpu,
+        "fa1_and_fa2_grid",
+        &problems,
+        &[Algorithm::Fa1, Algorithm::Fa2],
+        &Layout::ALL,
+    );
+}

@@ -50,11 +50,14 @@ pub fn run(out: &Path) -> Result {
     std::fs::create_dir_all(&bin).map_err(|e| format!("cannot create {}: {e}", bin.display()))?;
 
     let mut copies: Vec<(PathBuf, String)> =
-        compiled(&["build", "--release", "-p", "flash-attn", "--bins"])?;
-    for (path, name) in compiled(&["test", "--release", "-p", "flash-attn", "--no-run"])? {
+        compiled(&["build", "--release", "-p", "flash-attn", "--bins"], "bin")?;
+    for (path, name) in compiled(
+        &["test", "--release", "-p", "flash-attn", "--no-run"],
+        "test",
+    )? {
         copies.push((path, format!("test-{name}")));
     }
-    for (path, name) in compiled(&["bench", "-p", "flash-attn", "--no-run"])? {
+    for (path, name) in compiled(&["bench", "-p", "flash-attn", "--no-run"], "bench")? {
         copies.push((path, format!("bench-{name}")));
     }
     let mut total = 0;
@@ -85,9 +88,9 @@ pub fn run(out: &Path) -> Result {
     Ok(())
 }
 
-/// Runs a cargo command with JSON messages and returns each executable it built, with its target
-/// name (the library's unit-test binary is left out).
-fn compiled(args: &[&str]) -> Result<Vec<(PathBuf, String)>> {
+/// Runs a cargo command with JSON messages and returns each executable it built for a target of
+/// `kind` (bin, test or bench), with the target's name.
+fn compiled(args: &[&str], kind: &str) -> Result<Vec<(PathBuf, String)>> {
     let output = Command::new(cargo())
         .current_dir(root())
         .args(args)
@@ -106,7 +109,7 @@ fn compiled(args: &[&str]) -> Result<Vec<(PathBuf, String)>> {
         let Some(name) = field(line, "\"name\":\"") else {
             continue;
         };
-        if line.contains("\"kind\":[\"lib\"]") {
+        if !line.contains(&format!("\"kind\":[\"{kind}\"]")) {
             continue;
         }
         found.push((PathBuf::from(exe), name.to_string()));
