@@ -2,6 +2,9 @@
 //!
 //! - `flash-attn info`   the device, the driver, and every kernel with its registers and memory
 //! - `flash-attn check`  every algorithm on fresh random inputs against the f64 reference
+//! - `flash-attn run`    one algorithm on the user's Q, K, V from a safetensors file
+
+mod run;
 
 use std::process::ExitCode;
 
@@ -44,6 +47,8 @@ enum Command {
         #[arg(long)]
         require_gpu: bool,
     },
+    /// Run one algorithm on Q, K, V read from a safetensors file and write O and L to another.
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
