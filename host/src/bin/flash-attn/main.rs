@@ -61,6 +61,7 @@ fn main() -> ExitCode {
             seed,
             require_gpu,
         } => check(cli.device, &algorithms, &dtypes, seed, require_gpu),
+        Command::Run(args) => run::main(cli.device, &args),
     };
     match result {
         Ok(code) => code,
