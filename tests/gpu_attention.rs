@@ -112,7 +112,8 @@ fn standard_attention_f32_matches_the_reference() {
 }
 
 /// The FA1/FA2 correctness grid: every (seqlen_q, seqlen_k), head dim, causal flag, dtype and
-/// layout, batch 2, heads 3.
+/// layout, batch 2, heads 3; FA2 on tensor cores too (head dims other than 64 and 128, and f32,
+/// run its scalar fallback).
 #[test]
 fn fa1_and_fa2_pass_the_grid() {
     let Some(gpu) = gpu_or_skip("fa1_and_fa2_pass_the_grid") else {
@@ -140,11 +141,6 @@ fn fa1_and_fa2_pass_the_grid() {
             }
         }
     }
-    run_all(
-        &gpu,
-        "fa1_and_fa2_grid",
-        &problems,
-        &[Algorithm::Fa1, Algorithm::Fa2],
-        &Layout::ALL,
-    );
+    let algorithms = [Algorithm::Fa1, Algorithm::Fa2, Algorithm::Fa2Tc];
+    run_all(&gpu, "fa1_fa2_fa2tc_grid", &problems, &algorithms, &Layout::ALL);
 }

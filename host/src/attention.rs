@@ -19,7 +19,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// Which kernel(s) compute the attention.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Algorithm {
     /// S and P materialised in HBM, three kernels.
     Standard,
@@ -27,16 +28,26 @@ pub enum Algorithm {
     Fa1,
     /// FlashAttention-2 forward: outer loop over Q blocks; returns L.
     Fa2,
+    /// FlashAttention-2 forward on tensor cores (mma.sync, ldmatrix, cp.async), f16/bf16 with
+    /// head dim 64 or 128 and 16-byte-aligned rows; anything else runs [`Algorithm::Fa2`].
+    #[serde(rename = "fa2-tc")]
+    Fa2Tc,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 3] = [Algorithm::Standard, Algorithm::Fa1, Algorithm::Fa2];
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Standard,
+        Algorithm::Fa1,
+        Algorithm::Fa2,
+        Algorithm::Fa2Tc,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Standard => "standard",
             Algorithm::Fa1 => "fa1",
             Algorithm::Fa2 => "fa2",
+            Algorithm::Fa2Tc => "fa2-tc",
         }
     }
 }
@@ -53,7 +64,7 @@ impl std::str::FromStr for Algorithm {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name() == s)
-            .ok_or_else(|| Error::invalid("algorithm", s, "allowed: standard, fa1, fa2"))
+            .ok_or_else(|| Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc"))
     }
 }
 
@@ -369,7 +380,7 @@ pub fn new_output<T: Element>(
 /// Allocates the row statistics `algorithm` returns for `problem` (uninitialised).
 pub fn new_statistics(gpu: &Gpu, algorithm: Algorithm, problem: &Problem) -> Result<RowStatistics> {
     Ok(match algorithm {
-        Algorithm::Standard | Algorithm::Fa2 => {
+        Algorithm::Standard | Algorithm::Fa2 | Algorithm::Fa2Tc => {
             RowStatistics::LogSumExp(gpu.alloc(problem.rows(), "L")?)
         }
         Algorithm::Fa1 => RowStatistics::MaxAndSum {
@@ -379,8 +390,62 @@ pub fn new_statistics(gpu: &Gpu, algorithm: Algorithm, problem: &Problem) -> Res
     })
 }
 
+/// Device memory an algorithm needs besides its inputs and outputs: S and P for standard
+/// attention, the f32 O accumulator for FA1, nothing for FA2.
+pub struct Workspace<T> {
+    scores: Option<CudaSlice<f32>>,
+    probs: Option<CudaSlice<T>>,
+    o_accumulator: Option<CudaSlice<f32>>,
+}
+
+impl<T: Element> Workspace<T> {
+    /// Allocates what `algorithm` needs for `problem` (an out-of-memory error says how much).
+    pub fn new(gpu: &Gpu, algorithm: Algorithm, problem: &Problem) -> Result<Self> {
+        let scores_len = problem.rows() * problem.seqlen_k;
+        Ok(match algorithm {
+            Algorithm::Standard => Self {
+                scores: Some(gpu.alloc(scores_len, "S")?),
+                probs: Some(gpu.alloc(scores_len, "P")?),
+                o_accumulator: None,
+            },
+            Algorithm::Fa1 => Self {
+                scores: None,
+                probs: None,
+                o_accumulator: Some(
+                    gpu.alloc(problem.rows() * problem.head_dim, "FA1's O accumulator")?,
+                ),
+            },
+            Algorithm::Fa2 | Algorithm::Fa2Tc => Self {
+                scores: None,
+                probs: None,
+                o_accumulator: None,
+            },
+        })
+    }
+
+    /// Bytes `algorithm` allocates as workspace for `problem`.
+    pub fn bytes(algorithm: Algorithm, problem: &Problem) -> usize {
+        match algorithm {
+            Algorithm::Standard => problem.rows() * problem.seqlen_k * (4 + T::DTYPE.size_bytes()),
+            Algorithm::Fa1 => problem.rows() * problem.head_dim * 4,
+            Algorithm::Fa2 | Algorithm::Fa2Tc => 0,
+        }
+    }
+
+    fn address<E>(gpu: &Gpu, buffer: &Option<CudaSlice<E>>, what: &'static str) -> Result<u64> {
+        buffer.as_ref().map(|b| gpu.address(b)).ok_or_else(|| {
+            Error::invalid(
+                "workspace",
+                format!("one without {what}"),
+                "a workspace allocated for this algorithm",
+            )
+        })
+    }
+}
+
 /// Like [`attention`], writing into an existing output (whose O has Q's dims and whose statistics
-/// match the algorithm), so callers can poison it first or reuse it across runs.
+/// match the algorithm), so callers can poison it first or reuse it across runs. Allocates the
+/// workspace for this call (see [`attention_with_workspace`] to reuse one).
 pub fn attention_into<T: Element>(
     gpu: &Gpu,
     algorithm: Algorithm,
@@ -388,6 +453,24 @@ pub fn attention_into<T: Element>(
     k: &DeviceTensor<T>,
     v: &DeviceTensor<T>,
     output: &mut AttentionOutput<T>,
+    options: &AttentionOptions,
+) -> Result<()> {
+    let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
+    // Dropped at the end of this call: freed in stream order, after the kernels that use it.
+    let workspace = Workspace::new(gpu, algorithm, &problem)?;
+    attention_with_workspace(gpu, algorithm, q, k, v, output, &workspace, options)
+}
+
+/// The launch itself: checks every argument, then runs `algorithm`'s kernels on the stream.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with_workspace<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    output: &mut AttentionOutput<T>,
+    workspace: &Workspace<T>,
     options: &AttentionOptions,
 ) -> Result<()> {
     let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
@@ -408,16 +491,25 @@ pub fn attention_into<T: Element>(
     let dtype = T::DTYPE;
     match (algorithm, &output.stats) {
         (Algorithm::Standard, RowStatistics::LogSumExp(l)) => {
-            run_standard::<T>(gpu, &problem, operands, gpu.address(l))
+            let params = StandardParams {
+                operands,
+                shape: problem.shape(),
+                scores: Workspace::<T>::address(gpu, &workspace.scores, "S")?,
+                probs: Workspace::<T>::address(gpu, &workspace.probs, "P")?,
+                logsumexp: gpu.address(l),
+            };
+            run_standard(gpu, &problem, dtype, params)
         }
         (Algorithm::Fa1, RowStatistics::MaxAndSum { max, sum }) => {
             let (_, blocks) = fa1_blocks(problem.head_dim, shared_limit, options.fa1_sram_floats)?;
-            let o_accumulator =
-                gpu.alloc::<f32>(problem.rows() * problem.head_dim, "FA1's O accumulator")?;
             let params = Fa1Params {
                 operands,
                 shape: problem.shape(),
-                o_accumulator: gpu.address(&o_accumulator),
+                o_accumulator: Workspace::<T>::address(
+                    gpu,
+                    &workspace.o_accumulator,
+                    "the O accumulator",
+                )?,
                 row_max: gpu.address(max),
                 row_sum: gpu.address(sum),
                 block_rows: blocks.block_rows,
@@ -428,10 +520,34 @@ pub fn attention_into<T: Element>(
                 threads: THREADS_PER_BLOCK,
                 shared_bytes: blocks.shared_bytes(problem.head_dim as u32) as u32,
             };
-            // Dropping the accumulator frees it in stream order, after the kernel.
             gpu.launch(&format!("fa1_forward_{dtype}"), launch, params)
         }
-        (Algorithm::Fa2, RowStatistics::LogSumExp(l)) => {
+        (Algorithm::Fa2Tc, RowStatistics::LogSumExp(l))
+            if uses_tensor_cores(dtype, problem.head_dim, &operands) =>
+        {
+            let params = Fa2Params {
+                operands,
+                shape: problem.shape(),
+                logsumexp: gpu.address(l),
+                block_rows: kernel_layout::FA2_TC_BLOCK_ROWS,
+                _pad: 0,
+            };
+            let launch = Launch {
+                grid: (
+                    problem
+                        .seqlen_q
+                        .div_ceil(kernel_layout::FA2_TC_BLOCK_ROWS as usize)
+                        as u32,
+                    problem.batch_heads() as u32,
+                    1,
+                ),
+                threads: kernel_layout::FA2_TC_WARPS * 32,
+                shared_bytes: kernel_layout::fa2_tc_shared_bytes(problem.head_dim as u32),
+            };
+            let d = problem.head_dim;
+            gpu.launch(&format!("fa2tc_forward_{dtype}_d{d}"), launch, params)
+        }
+        (Algorithm::Fa2 | Algorithm::Fa2Tc, RowStatistics::LogSumExp(l)) => {
             let (block_rows, block_cols) =
                 fa2_blocks(problem.head_dim, shared_limit, options.fa2_blocks)?;
             let capacity = kernel_layout::fa2_head_dim_capacity(problem.head_dim as u32)
@@ -478,63 +594,49 @@ pub fn attention_into<T: Element>(
 }
 
 /// The three kernels of standard attention, with S and P in device memory.
-fn run_standard<T: Element>(
-    gpu: &Gpu,
-    problem: &Problem,
-    operands: Operands,
-    logsumexp: u64,
-) -> Result<()> {
-    let scores_len = problem.rows() * problem.seqlen_k;
-    let scores = gpu.alloc::<f32>(scores_len, "S")?;
-    let probs = gpu.alloc::<T>(scores_len, "P")?;
-    let params = StandardParams {
-        operands,
-        shape: problem.shape(),
-        scores: gpu.address(&scores),
-        probs: gpu.address(&probs),
-        logsumexp,
-    };
+fn run_standard(gpu: &Gpu, problem: &Problem, dtype: DType, params: StandardParams) -> Result<()> {
     let tiles = |n: usize| n.div_ceil(MATMUL_TILE as usize) as u32;
     let bh = problem.batch_heads() as u32;
     let product_shared =
         2 * MATMUL_TILE * kernel_layout::conflict_free_stride(MATMUL_DEPTH.max(MATMUL_TILE)) * 4;
-    let dtype = T::DTYPE;
     let warps = THREADS_PER_BLOCK / 32;
+    let product = |grid| Launch {
+        grid,
+        threads: THREADS_PER_BLOCK,
+        shared_bytes: product_shared,
+    };
     gpu.launch(
         &format!("standard_scores_{dtype}"),
-        Launch {
-            grid: (tiles(problem.seqlen_k), tiles(problem.seqlen_q), bh),
-            threads: THREADS_PER_BLOCK,
-            shared_bytes: product_shared,
-        },
+        product((tiles(problem.seqlen_k), tiles(problem.seqlen_q), bh)),
         params,
     )?;
-    gpu.launch(
-        &format!("standard_softmax_{dtype}"),
-        Launch {
-            grid: (problem.seqlen_q.div_ceil(warps as usize) as u32, bh, 1),
-            threads: THREADS_PER_BLOCK,
-            shared_bytes: 0,
-        },
-        params,
-    )?;
+    let softmax = Launch {
+        grid: (problem.seqlen_q.div_ceil(warps as usize) as u32, bh, 1),
+        threads: THREADS_PER_BLOCK,
+        shared_bytes: 0,
+    };
+    gpu.launch(&format!("standard_softmax_{dtype}"), softmax, params)?;
     gpu.launch(
         &format!("standard_output_{dtype}"),
-        Launch {
-            grid: (tiles(problem.head_dim), tiles(problem.seqlen_q), bh),
-            threads: THREADS_PER_BLOCK,
-            shared_bytes: product_shared,
-        },
+        product((tiles(problem.head_dim), tiles(problem.seqlen_q), bh)),
         params,
     )
-    // S and P are freed in stream order when dropped here, after the kernels.
 }
 
-/// The dtype-erased name of the kernels an algorithm launches, for `info`.
-pub fn kernel_family(algorithm: Algorithm, dtype: DType) -> String {
-    match algorithm {
-        Algorithm::Standard => format!("standard_{{scores,softmax,output}}_{dtype}"),
-        Algorithm::Fa1 => format!("fa1_forward_{dtype}"),
-        Algorithm::Fa2 => format!("fa2_forward_{dtype}_d{{32,64,128,256}}_bc{{64,128}}"),
-    }
+/// Whether [`Algorithm::Fa2Tc`] runs on tensor cores for this call: f16 or bf16, a head dim in
+/// `FA2_TC_HEAD_DIMS`, and every row start 16-byte aligned (its copies are 16-byte `cp.async`).
+/// Otherwise it runs the scalar FA2.
+pub fn uses_tensor_cores(dtype: DType, head_dim: usize, operands: &Operands) -> bool {
+    let aligned = |view: &flash_kernels::params::TensorView| {
+        let step = kernel_layout::FA2_TC_COPY_ELEMENTS as u64;
+        view.addr.is_multiple_of(16)
+            && [view.batch_stride, view.head_stride, view.row_stride]
+                .iter()
+                .all(|s| s.is_multiple_of(step))
+    };
+    dtype != DType::F32
+        && kernel_layout::FA2_TC_HEAD_DIMS.contains(&(head_dim as u32))
+        && [&operands.q, &operands.k, &operands.v, &operands.o]
+            .into_iter()
+            .all(aligned)
 }

@@ -10,7 +10,7 @@
 //! kernel did not write fails the check.
 
 use half::{bf16, f16};
-use ndarray::{Array4, ArrayView4};
+use ndarray::{Array3, Array4, ArrayView4};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
@@ -93,7 +93,8 @@ pub fn random_tensor<T: Element>(dims: [usize; 4], rng: &mut impl Rng) -> Array4
     Array4::from_shape_simple_fn(dims, || T::from_f64(StandardNormal.sample(rng)))
 }
 
-fn to_f64<T: Element>(a: &Array4<T>) -> Array4<f64> {
+/// Elementwise conversion to f64.
+pub fn to_f64<T: Element>(a: &Array4<T>) -> Array4<f64> {
     a.mapv(T::to_f64)
 }
 
@@ -137,17 +138,8 @@ fn check_typed<T: Element>(
             DeviceTensor::from_array(gpu, v.view(), layout)?,
         );
         for &algorithm in algorithms {
-            let mut output = AttentionOutput {
-                o: DeviceTensor::filled(gpu, q_dims, layout, T::poison())?,
-                stats: new_statistics(gpu, algorithm, &problem)?,
-            };
-            attention_into(gpu, algorithm, &dq, &dk, &dv, &mut output, &options)?;
-            gpu.synchronize()?;
-            let o = to_f64(&output.o.to_array(gpu)?);
+            let (o, lse) = run_poisoned(gpu, algorithm, [&dq, &dk, &dv], &options)?;
             let (max_abs_error, nan_outputs) = max_abs_difference(o.view(), reference.o.view());
-            let lse = output
-                .stats
-                .logsumexp(gpu, [p.batch, p.heads, p.seqlen_q])?;
             let logsumexp_error =
                 reference
                     .logsumexp
@@ -185,6 +177,29 @@ fn check_typed<T: Element>(
         }
     }
     Ok(results)
+}
+
+/// Runs `algorithm` on device tensors into an output poisoned with NaN beforehand, and returns O
+/// (as f64, logical (batch, heads, seqlen_q, d)) and L (m + ln ℓ for FA1).
+pub fn run_poisoned<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    [q, k, v]: [&DeviceTensor<T>; 3],
+    options: &AttentionOptions,
+) -> Result<(Array4<f64>, Array3<f32>)> {
+    let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
+    let layout = q.layout().unwrap_or(Layout::BatchHeadSeqDim);
+    let mut output = AttentionOutput {
+        o: DeviceTensor::filled(gpu, q.dims(), layout, T::poison())?,
+        stats: new_statistics(gpu, algorithm, &problem)?,
+    };
+    attention_into(gpu, algorithm, q, k, v, &mut output, options)?;
+    gpu.synchronize()?;
+    let o = to_f64(&output.o.to_array(gpu)?);
+    let lse = output
+        .stats
+        .logsumexp(gpu, [problem.batch, problem.heads, problem.seqlen_q])?;
+    Ok((o, lse))
 }
 
 /// max |a − b| over elements where both are numbers, and the count of elements where `a` is NaN

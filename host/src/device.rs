@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUmemPool_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
     PushKernelArg,
@@ -33,6 +33,8 @@ pub struct DeviceInfo {
     pub total_memory: usize,
     /// CUDA driver version, e.g. 13000 for 13.0.
     pub driver_version: i32,
+    /// L2 cache size in bytes (benchmarks rotate inputs through several times this).
+    pub l2_cache_bytes: usize,
 }
 
 /// An open GPU with the kernel module loaded. All launches go to one stream, in order.
@@ -101,13 +103,56 @@ impl Gpu {
         // SAFETY: nothing in this crate uses a second stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        Ok(Self {
+        let gpu = Self {
             ctx,
             stream,
             module,
             functions: Mutex::new(HashMap::new()),
             info,
-        })
+        };
+        // Keep freed memory in the pool instead of returning it at every synchronisation, so a
+        // call's workspace allocation costs the same on every repetition.
+        gpu.set_pool_attribute(
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            u64::MAX,
+        )?;
+        Ok(gpu)
+    }
+
+    /// The device's default memory pool, which cudarc's stream-ordered allocations draw from.
+    fn memory_pool(&self) -> Result<sys::CUmemoryPool> {
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: writes one pool handle for a valid device.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .context(|| "cuDeviceGetDefaultMemPool".into())?;
+        Ok(pool)
+    }
+
+    fn set_pool_attribute(&self, attribute: CUmemPool_attribute, mut value: u64) -> Result<()> {
+        let pool = self.memory_pool()?;
+        // SAFETY: both attributes used here take a cuuint64_t.
+        unsafe { sys::cuMemPoolSetAttribute(pool, attribute, (&mut value as *mut u64).cast()) }
+            .result()
+            .context(|| format!("cuMemPoolSetAttribute({attribute:?})"))
+    }
+
+    /// Starts a new peak-memory measurement (see [`Gpu::peak_memory`]).
+    pub fn reset_peak_memory(&self) -> Result<()> {
+        self.set_pool_attribute(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)
+    }
+
+    /// The most device memory allocated at once through this library since the last
+    /// [`Gpu::reset_peak_memory`] (the pool's high-water mark), in bytes.
+    pub fn peak_memory(&self) -> Result<u64> {
+        let pool = self.memory_pool()?;
+        let mut value = 0u64;
+        let attribute = CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+        // SAFETY: USED_MEM_HIGH is a cuuint64_t.
+        unsafe { sys::cuMemPoolGetAttribute(pool, attribute, (&mut value as *mut u64).cast()) }
+            .result()
+            .context(|| "cuMemPoolGetAttribute(USED_MEM_HIGH)".into())?;
+        Ok(value)
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -226,6 +271,42 @@ impl Gpu {
             .context(|| "waiting for the GPU".into())
     }
 
+    /// Runs `launch` `count` times back to back, with a CUDA event between consecutive launches so
+    /// the GPU never waits on the host between them, and returns each launch's milliseconds.
+    pub fn time_each_ms(
+        &self,
+        count: usize,
+        mut launch: impl FnMut(usize) -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let events = (0..=count)
+            .map(|_| {
+                self.ctx
+                    .new_event(flags)
+                    .context(|| "creating an event".into())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        events[0]
+            .record(&self.stream)
+            .context(|| "recording an event".into())?;
+        for (i, event) in events[1..].iter().enumerate() {
+            launch(i)?;
+            event
+                .record(&self.stream)
+                .context(|| "recording an event".into())?;
+        }
+        events[count]
+            .synchronize()
+            .context(|| "waiting for the timed work".into())?;
+        events
+            .windows(2)
+            .map(|w| {
+                w[0].elapsed_ms(&w[1])
+                    .context(|| "reading event times".into())
+            })
+            .collect()
+    }
+
     /// Runs `work` between two CUDA events and returns the milliseconds between them.
     pub fn time_ms(&self, work: impl FnOnce() -> Result<()>) -> Result<f32> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -297,6 +378,7 @@ fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
         compute_capability: ctx
             .compute_capability()
             .context(|| "reading the compute capability".into())?,
+        l2_cache_bytes: attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
         multiprocessors: attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32,
         shared_memory_per_block: attribute(

@@ -14,16 +14,19 @@
 //! ```
 
 pub mod attention;
+pub mod bench;
 pub mod check;
 pub mod device;
 pub mod dtype;
+pub mod emulator;
 pub mod error;
 pub mod reference;
+pub mod safetensors_io;
 pub mod tensor;
 
 pub use attention::{
-    Algorithm, AttentionOptions, AttentionOutput, Problem, RowStatistics, attention,
-    attention_into, new_output,
+    Algorithm, AttentionOptions, AttentionOutput, Problem, RowStatistics, Workspace, attention,
+    attention_into, attention_with_workspace, new_output,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

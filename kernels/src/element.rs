@@ -51,3 +51,33 @@ impl Element for Bf16 {
         Bf16(gpu::f32_to_bf16(value))
     }
 }
+
+/// A 16-bit element the tensor cores multiply (f32 accumulate).
+pub trait TensorCoreElement: Element {
+    /// Two f32 rounded to this type and packed into one register, `low` first.
+    fn pack2(low: f32, high: f32) -> u32;
+    /// D = A·B + C, m16n8k16, in PTX fragment layouts.
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+}
+
+impl TensorCoreElement for Bf16 {
+    #[inline(always)]
+    fn pack2(low: f32, high: f32) -> u32 {
+        gpu::pack_bf16x2(low, high)
+    }
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        gpu::mma_bf16_16x8x16(a, b, c)
+    }
+}
+
+impl TensorCoreElement for F16 {
+    #[inline(always)]
+    fn pack2(low: f32, high: f32) -> u32 {
+        gpu::pack_f16x2(low, high)
+    }
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        gpu::mma_f16_16x8x16(a, b, c)
+    }
+}

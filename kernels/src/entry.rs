@@ -9,7 +9,7 @@
 
 use crate::element::{Bf16, F16};
 use crate::params::{Fa1Params, Fa2Params, StandardParams};
-use crate::{fa1, fa2, standard};
+use crate::{fa1, fa2, fa2_tc, standard};
 
 /// `standard_{scores,softmax,output}_<dtype>`.
 macro_rules! standard_kernels {
@@ -63,6 +63,23 @@ macro_rules! fa2_kernels {
     };
 }
 
+/// `fa2tc_forward_<dtype>_d<head_dim>` for the tensor-core FA2 (`layout::FA2_TC_HEAD_DIMS`).
+macro_rules! fa2_tc_kernels {
+    ($($dtype:ident => $t:ty),*) => {$(
+        fa2_tc_kernels!(@entry $dtype, $t, 64);
+        fa2_tc_kernels!(@entry $dtype, $t, 128);
+    )*};
+    (@entry $dtype:ident, $t:ty, $d:literal) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d))]
+            unsafe extern "ptx-kernel" fn forward(params: Fa2Params) {
+                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }>(&params)
+            }
+        };
+    };
+}
+
 standard_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);
 fa1_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);
 fa2_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);
+fa2_tc_kernels!(f16 => F16, bf16 => Bf16);

@@ -133,6 +133,9 @@ mod tests {
 /// as `.maxntid`, so ptxas budgets registers for that many threads (at 512 threads, 128 registers
 /// each) instead of assuming the worst, and the host checks launches against it.
 pub fn kernel_max_threads(name: &str) -> u32 {
+    if name.starts_with("fa2tc_forward_") {
+        return FA2_TC_WARPS * 32;
+    }
     if let Some(rest) = name.strip_prefix("fa2_forward_") {
         // At head dim 256 only B_r = 64 fits in shared memory; smaller dims may use B_r = 128.
         let largest_rows = if rest.contains("_d256_") { 64 } else { 128 };
@@ -140,4 +143,29 @@ pub fn kernel_max_threads(name: &str) -> u32 {
     } else {
         THREADS_PER_BLOCK
     }
+}
+
+/// FA2 on tensor cores (`fa2_tc`): warps per block, each owning 16 rows of Q (one m16 tile).
+pub const FA2_TC_WARPS: u32 = 4;
+/// B_r of the tensor-core kernel: 16 rows per warp.
+pub const FA2_TC_BLOCK_ROWS: u32 = 16 * FA2_TC_WARPS;
+/// B_c of the tensor-core kernel.
+pub const FA2_TC_BLOCK_COLS: u32 = 64;
+/// Head dims the tensor-core kernel is compiled for; others use the scalar FA2.
+pub const FA2_TC_HEAD_DIMS: [u32; 2] = [64, 128];
+/// Elements of the global-memory rows a tensor-core kernel copies with one 16-byte `cp.async`;
+/// strides must be multiples of it.
+pub const FA2_TC_COPY_ELEMENTS: u32 = 8;
+
+/// Row stride, in 16-bit elements, of the tensor-core kernel's shared tiles: 16 bytes of padding
+/// per row shift consecutive rows by four banks, so the eight rows one `ldmatrix` reads land in
+/// eight different bank groups.
+pub const fn fa2_tc_stride(head_dim: u32) -> u32 {
+    head_dim + 8
+}
+
+/// Shared memory of the tensor-core kernel: Q_i, and K_j, V_j in two stages (the next block's
+/// copies land while the current one is computed), 16-bit elements.
+pub const fn fa2_tc_shared_bytes(head_dim: u32) -> u32 {
+    (FA2_TC_BLOCK_ROWS + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
 }

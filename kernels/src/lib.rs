@@ -45,6 +45,8 @@ mod fa1;
 #[cfg(target_arch = "nvptx64")]
 mod fa2;
 #[cfg(target_arch = "nvptx64")]
+mod fa2_tc;
+#[cfg(target_arch = "nvptx64")]
 pub mod gpu;
 #[cfg(target_arch = "nvptx64")]
 mod standard;

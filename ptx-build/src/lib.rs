@@ -5,7 +5,7 @@
 //!    rlibs of `flash-kernels`, `core` and `compiler_builtins`, whose members are LLVM bitcode.
 //! 2. `llvm-ar x` each rlib; `llvm-link` the kernels' bitcode, then `llvm-link --only-needed` what
 //!    it uses of `core` and `compiler_builtins`.
-//! 3. Each `ptx_kernel` entry point gets `"nvvm.maxntid"` from
+//! 3. Each `ptx_kernel` entry point gets `"nvvm.maxntid"` (and `"nvvm.minctasm"="1"`) from
 //!    `flash_kernels::layout::kernel_max_threads` (PTX `.maxntid`, so ptxas sizes its register
 //!    budget for the real block size), then `opt -passes='internalize,default<O3>'`, keeping only
 //!    the entry points public.
@@ -403,7 +403,12 @@ impl LlvmTools {
             match (name, line.strip_suffix(" {")) {
                 (Some(name), Some(head)) => {
                     let threads = flash_kernels::layout::kernel_max_threads(&name);
-                    annotated.push_str(&format!("{head} \"nvvm.maxntid\"=\"{threads}\" {{"));
+                    // `.minnctapersm 1` too: without it ptxas, given only `.maxntid`, caps
+                    // registers to fit several blocks per SM and spills; these kernels' occupancy
+                    // is set by their shared memory, not their registers.
+                    annotated.push_str(&format!(
+                        "{head} \"nvvm.maxntid\"=\"{threads}\" \"nvvm.minctasm\"=\"1\" {{"
+                    ));
                     kernels.push(name);
                 }
                 _ => annotated.push_str(line),

@@ -1,8 +1,11 @@
 //! `cargo xtask bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
 //! `bundle/bin/` holds the release CLI, the test binaries and the benchmark binary (the PTX is
-//! embedded in each); `bundle/run.sh` runs them all with `FLASH_ATTN_REQUIRE_GPU=1`, so a missing
-//! GPU fails instead of skipping, and ends with "N passed, N failed".
+//! embedded in each). Scripts:
+//! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
+//!   skipping); ends with "N passed, N failed";
+//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table, and ncu's HBM traffic;
+//! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,6 +14,48 @@ use crate::{Result, cargo, root};
 
 /// What travels to the GPU machine must stay under its 64 MiB limit.
 const MAX_BUNDLE_BYTES: u64 = 64 * 1024 * 1024;
+
+const BENCH_SCRIPT: &str = r#"#!/usr/bin/env bash
+# On the GPU machine: PyTorch's SDPA backends and ours on the same shapes, merged into one table,
+# then the HBM traffic of each algorithm measured with ncu beside the articles' predictions.
+# Usage: bundle/run-bench.sh [--quick] [results-dir]
+set -euo pipefail
+cd "$(dirname "$0")"
+quick=""
+if [ "${1:-}" = "--quick" ]; then quick="--quick"; shift; fi
+out=${1:-results}
+mkdir -p "$out"
+python3 scripts/torch_sdpa_bench.py $quick --out "$out/torch.json"
+bin/flash-attn bench $quick --torch "$out/torch.json" --out-dir "$out"
+if command -v ncu >/dev/null; then
+  ncu --csv --print-units base --clock-control none \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum bin/flash-attn io > "$out/ncu.csv"
+  bin/flash-attn io --ncu "$out/ncu.csv" | tee "$out/io.md"
+else
+  echo "ncu not found: HBM traffic not measured"
+fi
+"#;
+
+const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel at odd shapes:
+# seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and algorithm.
+# Usage: bundle/run-sanitizer.sh [log-dir]
+set -u
+cd "$(dirname "$0")"
+logs=${1:-sanitizer-logs}
+mkdir -p "$logs"
+passed=0; failed=0
+for tool in memcheck racecheck synccheck initcheck; do
+  if compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      bin/flash-attn check --require-gpu --shapes sanitizer > "$logs/$tool.log" 2>&1; then
+    passed=$((passed + 1)); echo "$tool: pass ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.log" | tail -1))"
+  else
+    failed=$((failed + 1)); echo "$tool: FAIL"; tail -30 "$logs/$tool.log"
+  fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
+"#;
 
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # Runs every bundled binary on a machine with an NVIDIA GPU and reports pass/fail.
@@ -66,10 +111,22 @@ pub fn run(out: &Path) -> Result {
         total += std::fs::copy(path, &dest)
             .map_err(|e| format!("cannot copy {} to {}: {e}", path.display(), dest.display()))?;
     }
-    let script = out.join("run.sh");
-    std::fs::write(&script, RUN_SCRIPT)
-        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
-    make_executable(&script)?;
+    for (name, text) in [
+        ("run.sh", RUN_SCRIPT),
+        ("run-bench.sh", BENCH_SCRIPT),
+        ("run-sanitizer.sh", SANITIZER_SCRIPT),
+    ] {
+        let script = out.join(name);
+        std::fs::write(&script, text)
+            .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+        make_executable(&script)?;
+    }
+    let scripts = out.join("scripts");
+    std::fs::create_dir_all(&scripts)
+        .map_err(|e| format!("cannot create {}: {e}", scripts.display()))?;
+    let torch_script = root().join("scripts/torch_sdpa_bench.py");
+    std::fs::copy(&torch_script, scripts.join("torch_sdpa_bench.py"))
+        .map_err(|e| format!("cannot copy {}: {e}", torch_script.display()))?;
     for (_, name) in &copies {
         println!("  bin/{name}");
     }

@@ -3,15 +3,18 @@
 //! - `flash-attn info`   the device, the driver, and every kernel with its registers and memory
 //! - `flash-attn check`  every algorithm on fresh random inputs against the f64 reference
 //! - `flash-attn run`    one algorithm on the user's Q, K, V from a safetensors file
+//! - `flash-attn bench`  the benchmark sweep, merged with PyTorch's SDPA backends
+//! - `flash-attn io`     HBM traffic: the articles' formulas beside ncu's measurement
 
+mod bench;
+mod check;
+mod io;
 mod run;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use flash_attn::check::{CheckProblem, check_problem, describe};
-use flash_attn::{Algorithm, DType, Error, Gpu, Layout};
-use rand::SeedableRng;
+use flash_attn::{Error, Gpu};
 
 #[derive(Parser)]
 #[command(
@@ -33,35 +36,24 @@ enum Command {
     Info,
     /// Run every algorithm on fresh random inputs at several shapes (lengths 1, 17, 1000, …) and
     /// compare with the f64 CPU reference. Exits non-zero on any failure.
-    Check {
-        /// Algorithms to check (default: all).
-        #[arg(long, value_delimiter = ',')]
-        algorithms: Vec<String>,
-        /// Dtypes to check (default: f32, f16, bf16).
-        #[arg(long, value_delimiter = ',')]
-        dtypes: Vec<String>,
-        /// Random seed (default: fresh; printed either way).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Fail, instead of skipping, when there is no GPU.
-        #[arg(long)]
-        require_gpu: bool,
-    },
+    Check(check::CheckArgs),
     /// Run one algorithm on Q, K, V read from a safetensors file and write O and L to another.
     Run(run::RunArgs),
+    /// The benchmark sweep (TFLOP/s, bandwidth, peak memory, longest N), merged with PyTorch's
+    /// numbers when given; without a GPU, the predicted HBM traffic table.
+    Bench(bench::BenchArgs),
+    /// HBM traffic per algorithm: run once (under ncu), or compare ncu's CSV with the prediction.
+    Io(io::IoArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info(cli.device),
-        Command::Check {
-            algorithms,
-            dtypes,
-            seed,
-            require_gpu,
-        } => check(cli.device, &algorithms, &dtypes, seed, require_gpu),
+        Command::Check(args) => check::main(cli.device, &args),
         Command::Run(args) => run::main(cli.device, &args),
+        Command::Bench(args) => bench::main(cli.device, &args),
+        Command::Io(args) => io::main(cli.device, &args),
     };
     match result {
         Ok(code) => code,
@@ -132,88 +124,4 @@ fn info(device: usize) -> flash_attn::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The shapes `check` runs: (batch, heads, seqlen_q, seqlen_k, head_dim). Lengths that are not
-/// multiples of any block size (1, 17, 1000, 113, 203), both seqlen_q < seqlen_k and >, odd head dims.
-const CHECK_SHAPES: [(usize, usize, usize, usize, usize); 6] = [
-    (1, 1, 1, 1, 64),
-    (2, 3, 17, 17, 40),
-    (1, 2, 1000, 1000, 64),
-    (2, 3, 113, 203, 59),
-    (1, 2, 256, 128, 128),
-    (1, 1, 300, 300, 256),
-];
-
-fn check(
-    device: usize,
-    algorithms: &[String],
-    dtypes: &[String],
-    seed: Option<u64>,
-    require_gpu: bool,
-) -> flash_attn::Result<ExitCode> {
-    let algorithms: Vec<Algorithm> = if algorithms.is_empty() {
-        Algorithm::ALL.to_vec()
-    } else {
-        algorithms
-            .iter()
-            .map(|a| a.parse())
-            .collect::<Result<_, _>>()?
-    };
-    let dtypes: Vec<DType> = if dtypes.is_empty() {
-        DType::ALL.to_vec()
-    } else {
-        dtypes.iter().map(|d| d.parse()).collect::<Result<_, _>>()?
-    };
-    let gpu = match Gpu::open(device) {
-        Ok(gpu) => gpu,
-        Err(e) if is_missing_gpu(&e) && !require_gpu => {
-            println!("GPU checks skipped: {e}");
-            println!("(the CPU reference and emulators are covered by `cargo xtask test`)");
-            return Ok(ExitCode::SUCCESS);
-        }
-        Err(e) => return Err(e),
-    };
-    let seed = seed.unwrap_or_else(rand::random);
-    println!(
-        "check on {} with seed {seed} (rerun with --seed {seed})",
-        gpu.info().name
-    );
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (mut passed, mut failed) = (0, 0);
-    for &dtype in &dtypes {
-        for (batch, heads, seqlen_q, seqlen_k, head_dim) in CHECK_SHAPES {
-            for causal in [false, true] {
-                let problem = CheckProblem {
-                    batch,
-                    heads,
-                    seqlen_q,
-                    seqlen_k,
-                    head_dim,
-                    causal,
-                    dtype,
-                };
-                for result in check_problem(
-                    &gpu,
-                    problem,
-                    &algorithms,
-                    &[Layout::BatchHeadSeqDim],
-                    &mut rng,
-                )? {
-                    println!("{}", describe(&result));
-                    if result.passed {
-                        passed += 1
-                    } else {
-                        failed += 1
-                    }
-                }
-            }
-        }
-    }
-    println!("check: {passed} passed, {failed} failed");
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }

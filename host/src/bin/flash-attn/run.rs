@@ -1,10 +1,206 @@
-//! `flash-attn run`: one algorithm on the user's tensors (placeholder until implemented).
+//! `flash-attn run`: one algorithm on the user's Q, K, V from a safetensors file, O and the row
+//! statistics written to another. Reading and checking the file happen before the GPU is opened,
+//! so a bad file is reported on any machine.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct RunArgs {}
+use cudarc::driver::CudaSlice;
+use flash_attn::safetensors_io::{
+    self, AttentionFileOutput, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
+};
+use flash_attn::{
+    Algorithm, AttentionOptions, DeviceTensor, Error, Gpu, Layout, Problem, RowStatistics,
+    attention_into, new_output,
+};
+use ndarray::Array3;
 
-pub fn main(_device: usize, _args: &RunArgs) -> flash_attn::Result<ExitCode> {
-    Err(flash_attn::Error::File("`run` is not implemented yet".into()))
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// safetensors file holding Q, K and V, each (batch, heads, seqlen, head_dim) (PyTorch SDPA's
+    /// layout), all three F32, F16 or BF16.
+    #[arg(long, value_name = "FILE")]
+    input: PathBuf,
+    /// safetensors file to write: `o` (q's dtype and shape), `lse` (F32, (batch, heads,
+    /// seqlen_q)) and, for fa1, `row_max` and `row_sum`.
+    #[arg(long, value_name = "FILE")]
+    output: PathBuf,
+    /// standard, fa1 or fa2.
+    #[arg(long, default_value = "fa2")]
+    algorithm: Algorithm,
+    /// Causal mask, aligned to the bottom-right corner when seqlen_q ≠ seqlen_k.
+    #[arg(long)]
+    causal: bool,
+    /// Softmax scale multiplying Q·Kᵀ (default 1/√head_dim).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    scale: Option<f32>,
+    /// FA1's SRAM budget M in f32 elements (default: the most that fits in shared memory).
+    #[arg(long, value_name = "M")]
+    fa1_sram_floats: Option<u32>,
+    /// FA2's block sizes B_r,B_c, each 64 or 128 (default: the largest that fit).
+    #[arg(long, value_name = "R,C", value_parser = parse_fa2_blocks)]
+    fa2_blocks: Option<(u32, u32)>,
+    /// Names of the Q, K and V tensors in the input file.
+    #[arg(long, value_name = "Q,K,V", default_value = "q,k,v", value_parser = parse_names)]
+    names: [String; 3],
+}
+
+impl RunArgs {
+    /// The library's options; a block-size override for another algorithm than the one run is
+    /// refused rather than silently ignored.
+    fn options(&self) -> flash_attn::Result<AttentionOptions> {
+        let misplaced = [
+            (
+                "fa1_sram_floats",
+                self.fa1_sram_floats.is_some(),
+                Algorithm::Fa1,
+            ),
+            ("fa2_blocks", self.fa2_blocks.is_some(), Algorithm::Fa2),
+        ]
+        .into_iter()
+        .find(|&(_, given, applies_to)| given && applies_to != self.algorithm);
+        if let Some((name, _, applies_to)) = misplaced {
+            return Err(Error::InvalidArgument {
+                name,
+                value: format!("an override with --algorithm {}", self.algorithm),
+                allowed: format!("it applies only to --algorithm {applies_to}"),
+            });
+        }
+        Ok(AttentionOptions {
+            causal: self.causal,
+            softmax_scale: self.scale,
+            fa1_sram_floats: self.fa1_sram_floats,
+            fa2_blocks: self.fa2_blocks,
+        })
+    }
+}
+
+/// Splits a comma-separated list into exactly `N` non-empty items.
+fn split_exact<const N: usize>(list: &str, what: &str) -> Result<[String; N], String> {
+    let items: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+    match <[String; N]>::try_from(items) {
+        Ok(items) if items.iter().all(|s| !s.is_empty()) => Ok(items),
+        _ => Err(format!("expected {N} comma-separated {what}, got `{list}`")),
+    }
+}
+
+fn parse_names(list: &str) -> Result<[String; 3], String> {
+    split_exact(list, "tensor names (q,k,v)")
+}
+
+fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
+    let [rows, cols] = split_exact(list, "block sizes (B_r,B_c)")?;
+    let parse = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|e| format!("block size `{s}`: {e}"))
+    };
+    Ok((parse(&rows)?, parse(&cols)?))
+}
+
+pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
+    let options = args.options()?;
+    let qkv = safetensors_io::read_qkv(&args.input, args.names.each_ref().map(String::as_str))?;
+    let [q_dims, k_dims, v_dims] = qkv.dims();
+    let problem = Problem::new(q_dims, k_dims, v_dims, &options)?;
+    let dtype = qkv.dtype();
+    let gpu = Gpu::open(device)?;
+    let run = Run {
+        gpu: &gpu,
+        args,
+        options: &options,
+        problem: &problem,
+    };
+    let milliseconds = match qkv {
+        HostQkv::F32(qkv) => run.run_and_write(qkv),
+        HostQkv::F16(qkv) => run.run_and_write(qkv),
+        HostQkv::Bf16(qkv) => run.run_and_write(qkv),
+    }?;
+    let names = args.names.join(",");
+    println!(
+        "{} {}{dtype}: q {q_dims:?}, k {k_dims:?}, v {v_dims:?} ({names}) on {}: {milliseconds:.3} ms; wrote {}",
+        args.algorithm,
+        if problem.causal { "causal " } else { "" },
+        gpu.info().name,
+        args.output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One checked run on an open GPU: what the per-dtype work shares.
+struct Run<'a> {
+    gpu: &'a Gpu,
+    args: &'a RunArgs,
+    options: &'a AttentionOptions,
+    problem: &'a Problem,
+}
+
+impl Run<'_> {
+    /// Uploads Q, K and V, runs the algorithm (timed on the GPU: the kernels and their workspace,
+    /// not the transfers), downloads O and the statistics, writes them, and returns the time.
+    fn run_and_write<T: SafetensorsElement>(&self, qkv: Qkv<T>) -> flash_attn::Result<f32> {
+        let gpu = self.gpu;
+        let algorithm = self.args.algorithm;
+        let upload = |a: &ndarray::Array4<T>| {
+            DeviceTensor::from_array(gpu, a.view(), Layout::BatchHeadSeqDim)
+        };
+        let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
+        drop(qkv);
+        let mut out = new_output(gpu, algorithm, &q, &k, &v, self.options)?;
+        let milliseconds =
+            gpu.time_ms(|| attention_into(gpu, algorithm, &q, &k, &v, &mut out, self.options))?;
+        let rows = [
+            self.problem.batch,
+            self.problem.heads,
+            self.problem.seqlen_q,
+        ];
+        let row_max_and_sum = match &out.stats {
+            RowStatistics::MaxAndSum { max, sum } => Some((
+                download_rows(gpu, max, rows)?,
+                download_rows(gpu, sum, rows)?,
+            )),
+            RowStatistics::LogSumExp(_) => None,
+        };
+        let output = AttentionFileOutput {
+            o: out.o.to_array(gpu)?,
+            logsumexp: out.stats.logsumexp(gpu, rows)?,
+            row_max_and_sum,
+        };
+        safetensors_io::write_outputs(&self.args.output, &output, self.metadata())?;
+        Ok(milliseconds)
+    }
+
+    /// How the outputs were made, stored in the output file's metadata.
+    fn metadata(&self) -> HashMap<String, String> {
+        let inputs = INPUT_ROLES
+            .iter()
+            .zip(&self.args.names)
+            .map(|(role, name)| format!("{role}={name}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        HashMap::from([
+            ("algorithm".into(), self.args.algorithm.to_string()),
+            ("causal".into(), self.problem.causal.to_string()),
+            (
+                "softmax_scale".into(),
+                self.problem.softmax_scale.to_string(),
+            ),
+            ("input".into(), self.args.input.display().to_string()),
+            ("input_tensors".into(), inputs),
+        ])
+    }
+}
+
+/// Downloads one (batch·heads, seqlen_q) statistics buffer as a (batch, heads, seqlen_q) array.
+fn download_rows(
+    gpu: &Gpu,
+    buffer: &CudaSlice<f32>,
+    rows: [usize; 3],
+) -> flash_attn::Result<Array3<f32>> {
+    Array3::from_shape_vec(rows, gpu.download(buffer)?).map_err(|e| {
+        Error::File(format!(
+            "row statistics of {} values do not fit {rows:?}: {e}",
+            buffer.len()
+        ))
+    })
 }

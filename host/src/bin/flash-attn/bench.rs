@@ -1,0 +1,202 @@
+//! `flash-attn bench`: the sweep, memory and longest-N search, merged with PyTorch's numbers.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use flash_attn::bench::{
+    BenchReport, SweepConfig, chart_svg, max_seqlen, memory_table, merged_table, read_records,
+    run_case,
+};
+use flash_attn::{DType, Error, Gpu};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// A small subset (N = 1024 and 4096) that runs in well under a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Element type of Q, K, V, O.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Sequence lengths (default: 512,1024,2048,4096,8192,16384).
+    #[arg(long, value_delimiter = ',')]
+    seqlens: Vec<usize>,
+    /// Head dims (default: 64,128).
+    #[arg(long, value_delimiter = ',')]
+    head_dims: Vec<usize>,
+    /// Causal settings to run: off, on, or both (default).
+    #[arg(long, default_value = "both")]
+    causal: String,
+    /// Algorithms (default: all).
+    #[arg(long, value_delimiter = ',')]
+    algorithms: Vec<String>,
+    /// batch · seqlen.
+    #[arg(long, default_value_t = 16384)]
+    tokens: usize,
+    /// heads · head_dim.
+    #[arg(long, default_value_t = 2048)]
+    hidden: usize,
+    /// PyTorch results (from scripts/torch_sdpa_bench.py) to merge into the table.
+    #[arg(long)]
+    torch: Option<PathBuf>,
+    /// Where bench.json, bench.md and bench.svg go.
+    #[arg(long, default_value = "bench-results")]
+    out_dir: PathBuf,
+    /// Skip the search for the longest N that fits at batch 1.
+    #[arg(long)]
+    no_max_seqlen: bool,
+}
+
+impl BenchArgs {
+    fn config(&self) -> flash_attn::Result<SweepConfig> {
+        let dtype: DType = self.dtype.parse()?;
+        let mut config = if self.quick {
+            SweepConfig::quick(dtype)
+        } else {
+            SweepConfig::full(dtype)
+        };
+        if !self.seqlens.is_empty() {
+            config.seqlens = self.seqlens.clone();
+        }
+        if !self.head_dims.is_empty() {
+            config.head_dims = self.head_dims.clone();
+        }
+        if !self.algorithms.is_empty() {
+            config.algorithms = self
+                .algorithms
+                .iter()
+                .map(|a| a.parse())
+                .collect::<Result<_, _>>()?;
+        }
+        config.causal = match self.causal.as_str() {
+            "off" => vec![false],
+            "on" => vec![true],
+            "both" => vec![false, true],
+            other => {
+                return Err(Error::InvalidArgument {
+                    name: "causal",
+                    value: other.into(),
+                    allowed: "allowed: off, on, both".into(),
+                });
+            }
+        };
+        config.tokens = self.tokens;
+        config.hidden = self.hidden;
+        Ok(config)
+    }
+}
+
+pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
+    let config = args.config()?;
+    let gpu = match Gpu::open(device) {
+        Ok(gpu) => gpu,
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
+            println!(
+                "no GPU, nothing timed ({e}); the HBM traffic the articles' formulas predict:"
+            );
+            println!("{}", super::io::predicted_table_markdown(&config));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
+    };
+    let torch = args.torch.as_deref().map(read_records).transpose()?;
+    let shapes = config.shapes();
+    let progress = ProgressBar::new((shapes.len() * config.algorithms.len()) as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rng = rand::rng();
+    let mut records = Vec::new();
+    for shape in &shapes {
+        for &algorithm in &config.algorithms {
+            progress.set_message(format!(
+                "{algorithm} N={} d={} causal={}",
+                shape.seqlen, shape.head_dim, shape.causal
+            ));
+            records.push(run_case(&gpu, algorithm, *shape, &config, &mut rng));
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+
+    let mut max_seqlens = Vec::new();
+    if !args.no_max_seqlen {
+        for &algorithm in &config.algorithms {
+            for &head_dim in &config.head_dims {
+                max_seqlens.push(max_seqlen(
+                    &gpu,
+                    algorithm,
+                    config.dtype,
+                    head_dim,
+                    config.hidden,
+                )?);
+            }
+        }
+    }
+    let mut all = records.clone();
+    all.extend(torch.unwrap_or_default());
+    std::fs::create_dir_all(&args.out_dir)
+        .map_err(|e| Error::File(format!("cannot create {}: {e}", args.out_dir.display())))?;
+    let report = BenchReport {
+        device: gpu.info().name.clone(),
+        config: config.clone(),
+        records,
+        max_seqlen: max_seqlens,
+    };
+    let write = |name: &str, text: &str| {
+        let path = args.out_dir.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
+    };
+    write(
+        "bench.json",
+        &serde_json::to_string_pretty(&report).map_err(|e| Error::File(e.to_string()))?,
+    )?;
+    chart_svg(&all, &args.out_dir.join("bench.svg"))?;
+
+    let mut markdown = format!(
+        "## {} TFLOP/s on {} ({} tokens, hidden {})\n\n",
+        config.dtype, report.device, config.tokens, config.hidden
+    );
+    markdown.push_str(&merged_table(&all));
+    markdown.push_str("\n## Peak device memory of one call (inputs, output, workspace)\n\n");
+    markdown.push_str(&memory_table(&all));
+    if !report.max_seqlen.is_empty() {
+        markdown.push_str("\n## Longest N at batch 1 (buffers allocated)\n\n| algorithm | d | heads | N |\n|---|---|---|---|\n");
+        for m in &report.max_seqlen {
+            markdown.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                m.implementation, m.head_dim, m.heads, m.seqlen
+            ));
+        }
+    }
+    write("bench.md", &markdown)?;
+    println!("{markdown}");
+    let failures: Vec<_> = report
+        .records
+        .iter()
+        .filter(|r| {
+            r.error
+                .as_deref()
+                .is_some_and(|e| !e.contains("out of device memory"))
+        })
+        .collect();
+    for f in &failures {
+        println!(
+            "error: {} {:?}: {}",
+            f.implementation,
+            f.shape,
+            f.error.as_deref().unwrap_or_default()
+        );
+    }
+    println!(
+        "results: {}/bench.json, bench.md, bench.svg",
+        args.out_dir.display()
+    );
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

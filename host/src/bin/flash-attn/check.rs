@@ -1,0 +1,128 @@
+//! `flash-attn check`: every algorithm on fresh random inputs against the f64 reference.
+
+use std::process::ExitCode;
+
+use flash_attn::check::{CheckProblem, check_problem, describe};
+use flash_attn::{Algorithm, DType, Gpu, Layout};
+use rand::SeedableRng;
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// Algorithms to check (default: all).
+    #[arg(long, value_delimiter = ',')]
+    algorithms: Vec<String>,
+    /// Dtypes to check (default: f32, f16, bf16).
+    #[arg(long, value_delimiter = ',')]
+    dtypes: Vec<String>,
+    /// Random seed (default: fresh; printed either way).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Fail, instead of skipping, when there is no GPU.
+    #[arg(long)]
+    require_gpu: bool,
+    /// `standard`: the check shapes below; `sanitizer`: the odd shapes compute-sanitizer runs
+    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; batch 1, heads 1).
+    #[arg(long, default_value = "standard")]
+    shapes: String,
+}
+
+/// (batch, heads, seqlen_q, seqlen_k, head_dim).
+type Shape = (usize, usize, usize, usize, usize);
+
+/// Lengths that are not multiples of any block
+/// size (1, 17, 1000, 113, 203), seqlen_q < seqlen_k and >, odd head dims.
+const STANDARD_SHAPES: [Shape; 7] = [
+    (1, 1, 1, 1, 64),
+    (2, 3, 17, 17, 40),
+    (1, 2, 1000, 1000, 64),
+    (2, 3, 113, 203, 59),
+    (1, 2, 256, 128, 128),
+    (1, 1, 300, 300, 256),
+    (2, 2, 77, 33, 1),
+];
+
+fn shapes(set: &str) -> flash_attn::Result<Vec<Shape>> {
+    match set {
+        "standard" => Ok(STANDARD_SHAPES.to_vec()),
+        "sanitizer" => Ok([1, 17, 1000]
+            .into_iter()
+            .flat_map(|n| [8, 40, 64, 128, 256].map(|d| (1, 1, n, n, d)))
+            .collect()),
+        other => Err(flash_attn::Error::InvalidArgument {
+            name: "shapes",
+            value: other.into(),
+            allowed: "allowed: standard, sanitizer".into(),
+        }),
+    }
+}
+
+pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
+    let algorithms: Vec<Algorithm> = if args.algorithms.is_empty() {
+        Algorithm::ALL.to_vec()
+    } else {
+        args.algorithms
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<_, _>>()?
+    };
+    let dtypes: Vec<DType> = if args.dtypes.is_empty() {
+        DType::ALL.to_vec()
+    } else {
+        args.dtypes
+            .iter()
+            .map(|d| d.parse())
+            .collect::<Result<_, _>>()?
+    };
+    let shapes = shapes(&args.shapes)?;
+    let gpu = match Gpu::open(device) {
+        Ok(gpu) => gpu,
+        Err(e) if super::is_missing_gpu(&e) && !args.require_gpu => {
+            println!("GPU checks skipped: {e}");
+            println!("(the CPU reference and emulators are covered by `cargo xtask test`)");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    println!(
+        "check on {} with seed {seed} (rerun with --seed {seed})",
+        gpu.info().name
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut passed, mut failed) = (0, 0);
+    for &dtype in &dtypes {
+        for &(batch, heads, seqlen_q, seqlen_k, head_dim) in &shapes {
+            for causal in [false, true] {
+                let problem = CheckProblem {
+                    batch,
+                    heads,
+                    seqlen_q,
+                    seqlen_k,
+                    head_dim,
+                    causal,
+                    dtype,
+                };
+                for result in check_problem(
+                    &gpu,
+                    problem,
+                    &algorithms,
+                    &[Layout::BatchHeadSeqDim],
+                    &mut rng,
+                )? {
+                    println!("{}", describe(&result));
+                    if result.passed {
+                        passed += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("check: {passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,300 @@
+//! Q, K, V in and attention outputs out as safetensors files: everything `flash-attn run` does
+//! that needs no GPU, kept here so it can be tested on any machine and so that a bad file is
+//! reported before a GPU is even opened.
+//!
+//! Tensors are (batch, heads, seqlen, head_dim), row-major and little-endian: PyTorch SDPA's
+//! layout, which is what `safetensors.torch.save_file({"q": q, "k": k, "v": v}, path)` writes for
+//! contiguous tensors. Nothing in a file's content makes these functions panic: every problem is
+//! an [`Error`] that names the file, the tensor and what was expected.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use ndarray::{Array, Array3, Array4, Dimension};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+
+/// What the attention API calls Q, K and V, and the tensor names read when the caller gives none.
+pub const INPUT_ROLES: [&str; 3] = ["q", "k", "v"];
+/// O: Q's dtype and shape.
+pub const OUTPUT_NAME: &str = "o";
+/// L = m + ln ℓ, F32, (batch, heads, seqlen_q); −∞ for rows that see no key.
+pub const LOGSUMEXP_NAME: &str = "lse";
+/// FA1's running row maximum m, F32, (batch, heads, seqlen_q).
+pub const ROW_MAX_NAME: &str = "row_max";
+/// FA1's row sum ℓ of exp(s − m), F32, (batch, heads, seqlen_q).
+pub const ROW_SUM_NAME: &str = "row_sum";
+
+/// What a valid input's tensors look like, quoted in errors so users can fix their files.
+const EXPECTED_LAYOUT: &str = "(batch, heads, seqlen, head_dim)";
+
+/// An [`Element`] that safetensors can store: its file dtype and its little-endian encoding.
+pub trait SafetensorsElement: Element {
+    const SAFETENSORS_DTYPE: Dtype;
+    /// The values of a tensor's data bytes; a trailing partial element is dropped (the caller's
+    /// shape check then reports the shortfall).
+    fn decode(bytes: &[u8]) -> Vec<Self>;
+    /// Appends `self`'s little-endian bytes.
+    fn encode(self, bytes: &mut Vec<u8>);
+}
+
+/// The three element types share one encoding rule: `from_le_bytes` / `to_le_bytes`.
+macro_rules! safetensors_element {
+    ($($rust:ty => $file:ident),* $(,)?) => {$(
+        impl SafetensorsElement for $rust {
+            const SAFETENSORS_DTYPE: Dtype = Dtype::$file;
+            fn decode(bytes: &[u8]) -> Vec<Self> {
+                let (elements, _partial) = bytes.as_chunks::<{ size_of::<$rust>() }>();
+                elements.iter().map(|e| <$rust>::from_le_bytes(*e)).collect()
+            }
+            fn encode(self, bytes: &mut Vec<u8>) {
+                bytes.extend_from_slice(&self.to_le_bytes());
+            }
+        }
+    )*};
+}
+safetensors_element!(f32 => F32, f16 => F16, bf16 => BF16);
+
+/// The [`DType`] a file dtype is read as, if it is one the kernels take.
+fn supported_dtype(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::Bf16),
+        _ => None,
+    }
+}
+
+/// Q, K and V of one element type, each (batch, heads, seqlen, head_dim).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qkv<T> {
+    pub q: Array4<T>,
+    pub k: Array4<T>,
+    pub v: Array4<T>,
+}
+
+impl<T> Qkv<T> {
+    /// The shapes of Q, K and V, in the form [`crate::Problem::new`] checks.
+    pub fn dims(&self) -> [[usize; 4]; 3] {
+        [&self.q, &self.k, &self.v].map(|a| [a.dim().0, a.dim().1, a.dim().2, a.dim().3])
+    }
+}
+
+/// Q, K and V as read from a file: the element type is only known at run time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostQkv {
+    F32(Qkv<f32>),
+    F16(Qkv<f16>),
+    Bf16(Qkv<bf16>),
+}
+
+impl HostQkv {
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostQkv::F32(_) => DType::F32,
+            HostQkv::F16(_) => DType::F16,
+            HostQkv::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    pub fn dims(&self) -> [[usize; 4]; 3] {
+        match self {
+            HostQkv::F32(qkv) => qkv.dims(),
+            HostQkv::F16(qkv) => qkv.dims(),
+            HostQkv::Bf16(qkv) => qkv.dims(),
+        }
+    }
+}
+
+/// Reads Q, K and V from the tensors `names` (in that order; [`INPUT_ROLES`] by default) of the
+/// safetensors file at `path`, checking that each exists, is 4-D and is F32, F16 or BF16, and that
+/// all three share one dtype. Whether their shapes agree is [`crate::Problem::new`]'s to say.
+pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::File(format!("cannot read {}: {e}", path.display())))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| {
+        Error::File(format!(
+            "{} is not a valid safetensors file: {e}",
+            path.display()
+        ))
+    })?;
+    let [q, k, v] =
+        std::array::from_fn(|i| InputTensor::find(&file, path, INPUT_ROLES[i], names[i]));
+    let inputs = [q?, k?, v?];
+    let [q, ..] = &inputs;
+    for other in &inputs[1..] {
+        if other.dtype != q.dtype {
+            return Err(Error::InvalidArgument {
+                name: other.role,
+                value: format!("{} with dtype {}", other.label(), other.view.dtype()),
+                allowed: format!(
+                    "q, k and v must share one dtype, and q ({}) is {}",
+                    q.label(),
+                    q.view.dtype()
+                ),
+            });
+        }
+    }
+    Ok(match q.dtype {
+        DType::F32 => HostQkv::F32(decode_qkv(&inputs)?),
+        DType::F16 => HostQkv::F16(decode_qkv(&inputs)?),
+        DType::Bf16 => HostQkv::Bf16(decode_qkv(&inputs)?),
+    })
+}
+
+/// One of Q, K, V found in a file, with a supported dtype and rank 4.
+struct InputTensor<'a> {
+    /// "q", "k" or "v": the argument name errors use, as [`crate::Problem::new`]'s do.
+    role: &'static str,
+    name: &'a str,
+    path: &'a Path,
+    view: TensorView<'a>,
+    dtype: DType,
+    dims: [usize; 4],
+}
+
+impl<'a> InputTensor<'a> {
+    fn find(
+        file: &SafeTensors<'a>,
+        path: &'a Path,
+        role: &'static str,
+        name: &'a str,
+    ) -> Result<Self> {
+        let view = file.tensor(name).map_err(|_| {
+            let mut present = file.names();
+            present.sort_unstable();
+            let present = if present.is_empty() {
+                "none".to_string()
+            } else {
+                present.join(", ")
+            };
+            // Only worth saying when the caller renamed it.
+            let role_note = if name == role {
+                String::new()
+            } else {
+                format!(" (the name given for {role})")
+            };
+            Error::File(format!(
+                "{} has no tensor named `{name}`{role_note}; its tensors are: {present}",
+                path.display()
+            ))
+        })?;
+        let label = || tensor_label(name, path);
+        let dtype = supported_dtype(view.dtype()).ok_or_else(|| Error::InvalidArgument {
+            name: role,
+            value: format!("{} with dtype {}", label(), view.dtype()),
+            allowed: "allowed: F32, F16, BF16 (one dtype for q, k and v)".into(),
+        })?;
+        let dims = <[usize; 4]>::try_from(view.shape()).map_err(|_| Error::InvalidArgument {
+            name: role,
+            value: format!("{} with shape {:?}", label(), view.shape()),
+            allowed: format!("expected 4 dimensions {EXPECTED_LAYOUT}, as PyTorch SDPA takes them"),
+        })?;
+        Ok(Self {
+            role,
+            name,
+            path,
+            view,
+            dtype,
+            dims,
+        })
+    }
+
+    fn label(&self) -> String {
+        tensor_label(self.name, self.path)
+    }
+
+    fn decode<T: SafetensorsElement>(&self) -> Result<Array4<T>> {
+        let values = T::decode(self.view.data());
+        Array4::from_shape_vec(self.dims, values).map_err(|e| {
+            Error::File(format!(
+                "{}: its data does not fill its shape {:?} of {}: {e}",
+                self.label(),
+                self.dims,
+                self.view.dtype()
+            ))
+        })
+    }
+}
+
+/// How errors refer to a tensor: by its name in the file and the file's path.
+fn tensor_label(name: &str, path: &Path) -> String {
+    format!("tensor `{name}` of {}", path.display())
+}
+
+fn decode_qkv<T: SafetensorsElement>([q, k, v]: &[InputTensor; 3]) -> Result<Qkv<T>> {
+    Ok(Qkv {
+        q: q.decode()?,
+        k: k.decode()?,
+        v: v.decode()?,
+    })
+}
+
+/// What `flash-attn run` writes: O and L always, FA1's m and ℓ when the algorithm returns them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionFileOutput<T> {
+    /// (batch, heads, seqlen_q, head_dim), Q's dtype.
+    pub o: Array4<T>,
+    /// L, (batch, heads, seqlen_q).
+    pub logsumexp: Array3<f32>,
+    /// FA1's (m, ℓ), each (batch, heads, seqlen_q).
+    pub row_max_and_sum: Option<(Array3<f32>, Array3<f32>)>,
+}
+
+/// Writes `output` to `path` as [`OUTPUT_NAME`], [`LOGSUMEXP_NAME`] and, when present,
+/// [`ROW_MAX_NAME`] and [`ROW_SUM_NAME`], with `metadata` as the file's string metadata (how the
+/// outputs were made, so the file documents itself).
+pub fn write_outputs<T: SafetensorsElement>(
+    path: &Path,
+    output: &AttentionFileOutput<T>,
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    let mut tensors = vec![
+        (OUTPUT_NAME, EncodedTensor::new(&output.o)),
+        (LOGSUMEXP_NAME, EncodedTensor::new(&output.logsumexp)),
+    ];
+    if let Some((row_max, row_sum)) = &output.row_max_and_sum {
+        tensors.push((ROW_MAX_NAME, EncodedTensor::new(row_max)));
+        tensors.push((ROW_SUM_NAME, EncodedTensor::new(row_sum)));
+    }
+    safetensors::serialize_to_file(tensors, Some(metadata), path)
+        .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
+}
+
+/// An array's bytes in safetensors' encoding (logical row-major order, little-endian).
+struct EncodedTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl EncodedTensor {
+    fn new<T: SafetensorsElement, D: Dimension>(array: &Array<T, D>) -> Self {
+        let mut bytes = Vec::with_capacity(array.len() * size_of::<T>());
+        array.iter().for_each(|x| x.encode(&mut bytes));
+        Self {
+            dtype: T::SAFETENSORS_DTYPE,
+            shape: array.shape().to_vec(),
+            bytes,
+        }
+    }
+}
+
+impl View for EncodedTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}

@@ -1,0 +1,343 @@
+//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
+//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
+//!
+//! Block: 4 warps, B_r = 64 rows of Q (16 per warp: split-Q, one m16 tile each), B_c = 64 keys.
+//!
+//! ```text
+//!  shared memory (16-bit elements, rows padded by 8)      registers of one warp
+//!  ┌──────────────┐                                       Q_i fragments   16 × d   (loaded once)
+//!  │ Q_i  64 × d  │  cp.async, once                       S = Q_i·K_jᵀ    16 × 64  (f32 accum.)
+//!  ├──────────────┤                                       P̃ = exp2(S − m) repacked as A fragments
+//!  │ K_j, V_j     │  stage j % 2   ← ldmatrix            Õ              16 × d   (f32 accum.)
+//!  │ K_j+1, V_j+1 │  stage (j+1) % 2 ← cp.async in flight while block j is computed
+//!  └──────────────┘
+//! ```
+//!
+//! Fragment layouts (PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
+//! `l/4 + 8` at columns `2·(l%4)` and `+1`. The S tile of keys 16t..16t+16 therefore already is
+//! the A fragment of P̃ for the P̃·V product once packed to 16 bits: P never leaves registers.
+//!
+//! Softmax in the exp2 domain (scale·log2 e folded into one FMA); each thread keeps partial row
+//! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
+//! exact because α is the same for the whole row.
+
+use crate::element::TensorCoreElement;
+use crate::gpu::{self, SharedAddress, WARP_SIZE};
+use crate::layout::{FA2_TC_BLOCK_COLS, FA2_TC_BLOCK_ROWS, FA2_TC_COPY_ELEMENTS, fa2_tc_stride};
+
+const _: () = assert!(FA2_TC_BLOCK_ROWS == FA2_TC_BLOCK_COLS, "copy_tile_async copies 64-row tiles for Q, K and V alike");
+use crate::mask::CausalMask;
+use crate::params::{Fa2Params, TensorView};
+use crate::softmax::{LOG2_E, RowStats, fa2_rescale};
+
+/// 16×8 tiles of S per warp per K/V block (B_c / 8).
+const KEY_TILES: usize = (FA2_TC_BLOCK_COLS / 8) as usize;
+/// 16-key chunks of a K/V block: the k-steps of P̃·V.
+const KEY_CHUNKS: usize = KEY_TILES / 2;
+/// Threads per block.
+const THREADS: u32 = FA2_TC_BLOCK_ROWS / 16 * WARP_SIZE;
+
+/// One warp's running state: for its two rows per lane (`l/4` and `l/4 + 8`), m and partial ℓ,
+/// and the unnormalised Õ tile (`O_TILES` = d/8 tiles of 16×8).
+struct WarpState<const O_TILES: usize> {
+    stats: [RowStats; 2],
+    acc: [[f32; 4]; O_TILES],
+}
+
+/// Where this block's K/V tiles and Q tile live in shared memory, and the geometry of a tile.
+#[derive(Clone, Copy)]
+struct SharedTiles {
+    q: SharedAddress,
+    /// Stage 0's K; stage s's K is `kv + s·2·tile`, its V one tile further.
+    kv: SharedAddress,
+    /// Bytes per shared row (d + 8 elements).
+    row_bytes: u32,
+    /// Bytes per K or V tile.
+    tile_bytes: u32,
+}
+
+impl SharedTiles {
+    #[inline(always)]
+    fn new(head_dim: u32) -> Self {
+        let row_bytes = fa2_tc_stride(head_dim) * 2;
+        let q = SharedAddress::of(gpu::dynamic_shared_f32());
+        let tile_bytes = FA2_TC_BLOCK_COLS * row_bytes;
+        Self { q, kv: q.offset(FA2_TC_BLOCK_ROWS * row_bytes), row_bytes, tile_bytes }
+    }
+
+    #[inline(always)]
+    fn k(&self, stage: u32) -> SharedAddress {
+        self.kv.offset(stage * 2 * self.tile_bytes)
+    }
+
+    #[inline(always)]
+    fn v(&self, stage: u32) -> SharedAddress {
+        self.k(stage).offset(self.tile_bytes)
+    }
+
+    /// Address of element (row, col) of the tile at `base`.
+    #[inline(always)]
+    fn at(&self, base: SharedAddress, row: u32, col: u32) -> SharedAddress {
+        base.offset(row * self.row_bytes + col * 2)
+    }
+}
+
+/// One head's rows of a 16-bit tensor in global memory, for 16-byte copies.
+#[derive(Clone, Copy)]
+struct GlobalRows {
+    base: *const u8,
+    row_bytes: u64,
+    rows: u32,
+}
+
+impl GlobalRows {
+    #[inline(always)]
+    fn new(view: &TensorView, batch: u32, head: u32, rows: u32) -> Self {
+        let base = (view.addr as *const u8).wrapping_add(view.head_offset(batch, head) as usize * 2);
+        Self { base, row_bytes: view.row_stride * 2, rows }
+    }
+
+    #[inline(always)]
+    fn element(&self, row: u32, col: u32) -> *const u8 {
+        self.base.wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
+    }
+}
+
+/// Issues the copies of one 64-row tile (Q_i, K_j or V_j): rows `[first_row, first_row + 64)` of
+/// `src` into the shared tile at `dst`, 16 bytes per `cp.async`, spread over the block; rows past
+/// the end are zero-filled.
+#[inline(always)]
+fn copy_tile_async(src: &GlobalRows, first_row: u32, head_dim: u32, tiles: &SharedTiles, dst: SharedAddress) {
+    // `head_dim` is a compile-time constant once inlined into `forward`.
+    let rows = FA2_TC_BLOCK_ROWS.max(FA2_TC_BLOCK_COLS);
+    let chunks_per_row = head_dim / FA2_TC_COPY_ELEMENTS;
+    let mut chunk = gpu::thread_idx_x();
+    while chunk < rows * chunks_per_row {
+        let (r, col) = (chunk / chunks_per_row, chunk % chunks_per_row * FA2_TC_COPY_ELEMENTS);
+        let row = first_row + r;
+        let valid = row < src.rows;
+        let source = if valid { src.element(row, col) } else { src.base };
+        // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
+        // addresses are multiples of 16 bytes); the destination is inside the carved tile.
+        unsafe { gpu::copy_async_16(tiles.at(dst, r, col), source, valid) };
+        chunk += THREADS;
+    }
+}
+
+/// The warp's Q_i rows as A fragments, one per 16-column chunk of d.
+#[inline(always)]
+fn load_q_fragments<const Q_CHUNKS: usize>(tiles: &SharedTiles) -> [[u32; 4]; Q_CHUNKS] {
+    let lane = gpu::lane_idx();
+    // Matrices of the x4 load: rows 0–7 / 8–15 (lanes 8–15, 24–31), columns 0–7 / 8–15 (lanes 16–31).
+    let row = gpu::warp_idx() * 16 + lane % 8 + (lane / 8) % 2 * 8;
+    let mut fragments = [[0u32; 4]; Q_CHUNKS];
+    for (chunk, fragment) in fragments.iter_mut().enumerate() {
+        *fragment = gpu::load_matrix_x4(tiles.at(tiles.q, row, chunk as u32 * 16 + lane / 16 * 8));
+    }
+    fragments
+}
+
+/// The kernel body: `Q_CHUNKS` = d/16, `O_TILES` = d/8. Grid (⌈seqlen_q/64⌉, batch·heads),
+/// 128 threads, `layout::fa2_tc_shared_bytes(d)` bytes of dynamic shared memory.
+#[inline(always)]
+pub fn forward<T: TensorCoreElement, const Q_CHUNKS: usize, const O_TILES: usize>(p: &Fa2Params) {
+    const { assert!(O_TILES == 2 * Q_CHUNKS) };
+    let head_dim = Q_CHUNKS as u32 * 16;
+    let shape = &p.shape;
+    let batch_head = gpu::block_idx_y();
+    let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
+    let row_start = gpu::block_idx_x() * FA2_TC_BLOCK_ROWS;
+    let mask = CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k);
+    let q = GlobalRows::new(&p.operands.q, batch, head, shape.seqlen_q);
+    let k = GlobalRows::new(&p.operands.k, batch, head, shape.seqlen_k);
+    let v = GlobalRows::new(&p.operands.v, batch, head, shape.seqlen_k);
+    let tiles = SharedTiles::new(head_dim);
+    let copy_kv = |block: u32, stage: u32| {
+        let first = block * FA2_TC_BLOCK_COLS;
+        copy_tile_async(&k, first, head_dim, &tiles, tiles.k(stage));
+        copy_tile_async(&v, first, head_dim, &tiles, tiles.v(stage));
+    };
+
+    // Q_i and the first K/V block, in flight together.
+    copy_tile_async(&q, row_start, head_dim, &tiles, tiles.q);
+    copy_kv(0, 0);
+    gpu::copy_async_commit();
+
+    let key_blocks = mask.key_blocks_needed(row_start + FA2_TC_BLOCK_ROWS, shape.seqlen_k, FA2_TC_BLOCK_COLS);
+    let score_scale = shape.softmax_scale * LOG2_E;
+    let mut state = WarpState::<O_TILES> { stats: [RowStats::EMPTY; 2], acc: [[0.0; 4]; O_TILES] };
+    let mut q_fragments = [[0u32; 4]; Q_CHUNKS];
+    for j in 0..key_blocks {
+        // Block j has landed, and every warp is done with block j − 1, whose stage is reused next.
+        gpu::copy_async_wait_all();
+        gpu::sync_threads();
+        if j == 0 {
+            q_fragments = load_q_fragments::<Q_CHUNKS>(&tiles);
+        }
+        if j + 1 < key_blocks {
+            copy_kv(j + 1, (j + 1) % 2);
+            gpu::copy_async_commit();
+        }
+        let key_start = j * FA2_TC_BLOCK_COLS;
+        let step = BlockStep { tiles: &tiles, stage: j % 2, key_start, row_start, mask, seqlen_k: shape.seqlen_k, score_scale };
+        if key_start + FA2_TC_BLOCK_COLS > shape.seqlen_k || mask.tile_needs_mask(row_start, key_start + FA2_TC_BLOCK_COLS) {
+            step.run::<T, true, Q_CHUNKS, O_TILES>(&q_fragments, &mut state);
+        } else {
+            step.run::<T, false, Q_CHUNKS, O_TILES>(&q_fragments, &mut state);
+        }
+    }
+    gpu::copy_async_wait_all(); // Nothing may be in flight when the block exits.
+    store_output::<T, O_TILES>(p, batch, head, batch_head, row_start, &mut state);
+}
+
+/// One step of the inner loop (one K/V block) for one warp.
+struct BlockStep<'a> {
+    tiles: &'a SharedTiles,
+    stage: u32,
+    key_start: u32,
+    row_start: u32,
+    mask: CausalMask,
+    seqlen_k: u32,
+    score_scale: f32,
+}
+
+impl BlockStep<'_> {
+    /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S); P̃ = exp2(S − m^(j)); ℓ = α·ℓ + rowsum P̃;
+    /// Õ = α·Õ + P̃·V_j. `MASK`: apply the causal mask and the seqlen_k tail element-wise.
+    #[inline(always)]
+    fn run<T: TensorCoreElement, const MASK: bool, const Q_CHUNKS: usize, const O_TILES: usize>(
+        &self,
+        q_fragments: &[[u32; 4]; Q_CHUNKS],
+        state: &mut WarpState<O_TILES>,
+    ) {
+        let mut scores = self.scores::<T, Q_CHUNKS>(q_fragments);
+        if MASK {
+            self.apply_mask(&mut scores);
+        }
+        self.online_softmax(&mut scores, state);
+        self.accumulate_pv::<T, O_TILES>(&scores, state);
+    }
+
+    /// S = Q_i·K_jᵀ for the warp's 16 rows and the block's 64 keys (8 tiles of 16×8).
+    #[inline(always)]
+    fn scores<T: TensorCoreElement, const Q_CHUNKS: usize>(&self, q_fragments: &[[u32; 4]; Q_CHUNKS]) -> [[f32; 4]; KEY_TILES] {
+        let lane = gpu::lane_idx();
+        let k_tile = self.tiles.k(self.stage);
+        // x4 load of two key tiles × one 16-column chunk: keys +0–7 / +8–15 (lanes 16–31),
+        // columns 0–7 / 8–15 (lanes 8–15, 24–31). K's rows are B's columns: no transpose.
+        let key_in_pair = lane % 8 + lane / 16 * 8;
+        let col_in_chunk = (lane / 8) % 2 * 8;
+        let mut scores = [[0.0f32; 4]; KEY_TILES];
+        for chunk in 0..Q_CHUNKS {
+            for pair in 0..KEY_CHUNKS {
+                let b = gpu::load_matrix_x4(self.tiles.at(k_tile, pair as u32 * 16 + key_in_pair, chunk as u32 * 16 + col_in_chunk));
+                scores[2 * pair] = T::mma(q_fragments[chunk], [b[0], b[1]], scores[2 * pair]);
+                scores[2 * pair + 1] = T::mma(q_fragments[chunk], [b[2], b[3]], scores[2 * pair + 1]);
+            }
+        }
+        scores
+    }
+
+    /// −∞ where the key is past seqlen_k or hidden by the causal mask.
+    #[inline(always)]
+    fn apply_mask(&self, scores: &mut [[f32; 4]; KEY_TILES]) {
+        let lane = gpu::lane_idx();
+        let first_row = self.row_start + gpu::warp_idx() * 16 + lane / 4;
+        for (tile, values) in scores.iter_mut().enumerate() {
+            for (e, value) in values.iter_mut().enumerate() {
+                let row = first_row + (e as u32 / 2) * 8;
+                let key = self.key_start + tile as u32 * 8 + lane % 4 * 2 + e as u32 % 2;
+                if key >= self.seqlen_k || !self.mask.visible(row, key) {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
+    /// The FA2 update for the lane's two rows (`h` = 0: row l/4, elements 0–1 of each tile;
+    /// `h` = 1: row l/4 + 8, elements 2–3). Overwrites `scores` with P̃.
+    #[inline(always)]
+    fn online_softmax<const O_TILES: usize>(&self, scores: &mut [[f32; 4]; KEY_TILES], state: &mut WarpState<O_TILES>) {
+        for h in 0..2 {
+            let mut row_max = f32::NEG_INFINITY;
+            for tile in scores.iter() {
+                row_max = row_max.max(tile[2 * h]).max(tile[2 * h + 1]);
+            }
+            // The quad (lanes 4g..4g+3) holds the row's 64 keys between them.
+            row_max = row_max.max(gpu::shuffle_xor(row_max, 1));
+            row_max = row_max.max(gpu::shuffle_xor(row_max, 2));
+            let (stats, alpha) = fa2_rescale(state.stats[h], row_max * self.score_scale, gpu::exp2);
+            let base = RowStats::exp_base(stats.max);
+            let mut row_sum = 0.0f32;
+            for tile in scores.iter_mut() {
+                for e in 2 * h..2 * h + 2 {
+                    let p = gpu::exp2(tile[e] * self.score_scale - base);
+                    tile[e] = p;
+                    row_sum += p;
+                }
+            }
+            state.stats[h] = RowStats { max: stats.max, sum: stats.sum + row_sum };
+            for tile in state.acc.iter_mut() {
+                tile[2 * h] *= alpha;
+                tile[2 * h + 1] *= alpha;
+            }
+        }
+    }
+
+    /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`.
+    #[inline(always)]
+    fn accumulate_pv<T: TensorCoreElement, const O_TILES: usize>(&self, p: &[[f32; 4]; KEY_TILES], state: &mut WarpState<O_TILES>) {
+        let lane = gpu::lane_idx();
+        let v_tile = self.tiles.v(self.stage);
+        // x4.trans load: keys +0–7 / +8–15 (lanes 8–15, 24–31), columns +0–7 / +8–15 (lanes 16–31).
+        let key_in_chunk = lane % 8 + (lane / 8) % 2 * 8;
+        let col_in_pair = lane / 16 * 8;
+        for chunk in 0..KEY_CHUNKS {
+            let (low, high) = (p[2 * chunk], p[2 * chunk + 1]);
+            let a = [T::pack2(low[0], low[1]), T::pack2(low[2], low[3]), T::pack2(high[0], high[1]), T::pack2(high[2], high[3])];
+            for pair in 0..O_TILES / 2 {
+                let b = gpu::load_matrix_x4_transposed(self.tiles.at(v_tile, chunk as u32 * 16 + key_in_chunk, pair as u32 * 16 + col_in_pair));
+                state.acc[2 * pair] = T::mma(a, [b[0], b[1]], state.acc[2 * pair]);
+                state.acc[2 * pair + 1] = T::mma(a, [b[2], b[3]], state.acc[2 * pair + 1]);
+            }
+        }
+    }
+}
+
+/// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ.
+#[inline(always)]
+fn store_output<T: TensorCoreElement, const O_TILES: usize>(
+    p: &Fa2Params,
+    batch: u32,
+    head: u32,
+    batch_head: u32,
+    row_start: u32,
+    state: &mut WarpState<O_TILES>,
+) {
+    let lane = gpu::lane_idx();
+    let o = GlobalRows::new(&p.operands.o, batch, head, p.shape.seqlen_q);
+    let logsumexp = (p.logsumexp as *mut f32).wrapping_add(batch_head as usize * p.shape.seqlen_q as usize);
+    for h in 0..2 {
+        // Complete ℓ: each lane summed its own columns; the quad adds the four partial sums.
+        let mut sum = state.stats[h].sum;
+        sum += gpu::shuffle_xor(sum, 1);
+        sum += gpu::shuffle_xor(sum, 2);
+        let stats = RowStats { max: state.stats[h].max, sum };
+        let row = row_start + gpu::warp_idx() * 16 + lane / 4 + h as u32 * 8;
+        if row >= p.shape.seqlen_q {
+            continue;
+        }
+        let inverse_sum = stats.inverse_sum();
+        for (tile, values) in state.acc.iter().enumerate() {
+            let col = tile as u32 * 8 + lane % 4 * 2;
+            let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
+            // SAFETY: row < seqlen_q and col + 1 < d; the host checked the strides are multiples
+            // of 8 elements, so the 4-byte store is aligned.
+            unsafe { *(o.element(row, col) as *mut u32) = packed };
+        }
+        if lane % 4 == 0 {
+            // SAFETY: row < seqlen_q; the host allocated batch·heads·seqlen_q floats.
+            unsafe { *logsumexp.add(row as usize) = stats.logsumexp(gpu::log2) };
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! `flash-attn run`'s file half on the CPU: reading Q, K, V from safetensors files (and every way a
+//! file can be wrong), writing outputs, and the CLI reporting file errors before it looks for a
+//! GPU. One GPU test runs the whole command and checks O against the f64 reference; without a GPU
+//! it prints why it was skipped and passes, unless `FLASH_ATTN_REQUIRE_GPU` is set.
+//!
+//! Test files are encoded here with plain `to_le_bytes`, independently of the module's encoder.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use flash_attn::safetensors_io::{
+    AttentionFileOutput, HostQkv, INPUT_ROLES, LOGSUMEXP_NAME, OUTPUT_NAME, Qkv, ROW_MAX_NAME,
+    ROW_SUM_NAME, read_qkv, write_outputs,
+};
+use flash_attn::{AttentionOptions, DType, Element, Error, Gpu, Problem};
+use half::{bf16, f16};
+use ndarray::{Array3, Array4};
+use rand::SeedableRng;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use tempfile::TempDir;
+
+/// One tensor of a test file: name, dtype, shape and values (in row-major order).
+struct TestTensor<'a> {
+    name: &'a str,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+}
+
+impl<'a> TestTensor<'a> {
+    /// Values from [`pattern`], all exact in f16 and bf16, so every dtype reads back exactly.
+    fn patterned(name: &'a str, dtype: Dtype, shape: &[usize]) -> Self {
+        let len = shape.iter().product();
+        Self {
+            name,
+            dtype,
+            shape: shape.to_vec(),
+            values: (0..len).map(pattern).collect(),
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let values = self.values.iter().copied();
+        match self.dtype {
+            Dtype::F32 => values.flat_map(f32::to_le_bytes).collect(),
+            Dtype::F16 => values
+                .flat_map(|x| f16::from_f32(x).to_le_bytes())
+                .collect(),
+            Dtype::BF16 => values
+                .flat_map(|x| bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            Dtype::F64 => values.flat_map(|x| f64::from(x).to_le_bytes()).collect(),
+            Dtype::I32 => values.flat_map(|x| (x as i32).to_le_bytes()).collect(),
+            other => panic!("the tests do not encode {other}"),
+        }
+    }
+}
+
+/// The i-th value of a patterned tensor: multiples of 1/4 in [−2, 2].
+fn pattern(i: usize) -> f32 {
+    (i % 17) as f32 * 0.25 - 2.0
+}
+
+/// Writes `tensors` to `dir/file` with the safetensors crate.
+fn write_file(dir: &TempDir, file: &str, tensors: &[TestTensor]) -> PathBuf {
+    let path = dir.path().join(file);
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(TestTensor::bytes).collect();
+    let views = tensors.iter().zip(&bytes).map(|(t, b)| {
+        let view = TensorView::new(t.dtype, t.shape.clone(), b).expect("a consistent test tensor");
+        (t.name, view)
+    });
+    safetensors::serialize_to_file(views, None, &path).expect("writing a test file");
+    path
+}
+
+/// A file with q (2, 3, 5, 4) and k, v (2, 3, 7, 4), all of `dtype`, under the default names.
+fn qkv_file(dir: &TempDir, dtype: Dtype) -> PathBuf {
+    write_file(
+        dir,
+        "qkv.safetensors",
+        &[
+            TestTensor::patterned("q", dtype, &[2, 3, 5, 4]),
+            TestTensor::patterned("k", dtype, &[2, 3, 7, 4]),
+            TestTensor::patterned("v", dtype, &[2, 3, 7, 4]),
+        ],
+    )
+}
+
+fn temp_dir() -> TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}
+
+/// Q, K and V's values as f64, in row-major order, whatever their element type.
+fn qkv_values(qkv: &HostQkv) -> [Vec<f64>; 3] {
+    fn values<T: Element>(qkv: &Qkv<T>) -> [Vec<f64>; 3] {
+        [&qkv.q, &qkv.k, &qkv.v].map(|a| a.iter().map(|x| x.to_f64()).collect())
+    }
+    match qkv {
+        HostQkv::F32(qkv) => values(qkv),
+        HostQkv::F16(qkv) => values(qkv),
+        HostQkv::Bf16(qkv) => values(qkv),
+    }
+}
+
+/// The error `read_qkv` gives for `tensors`, with its message.
+fn read_error(tensors: &[TestTensor]) -> (Error, String) {
+    let dir = temp_dir();
+    let path = write_file(&dir, "bad.safetensors", tensors);
+    let error = read_qkv(&path, INPUT_ROLES).expect_err("the file should be refused");
+    let message = error.to_string();
+    (error, message)
+}
+
+#[test]
+fn reads_each_dtype_with_shapes_and_values() {
+    for (file_dtype, dtype) in [
+        (Dtype::F32, DType::F32),
+        (Dtype::F16, DType::F16),
+        (Dtype::BF16, DType::Bf16),
+    ] {
+        let dir = temp_dir();
+        let qkv = read_qkv(&qkv_file(&dir, file_dtype), INPUT_ROLES).expect("a valid file");
+        assert_eq!(qkv.dtype(), dtype);
+        assert_eq!(qkv.dims(), [[2, 3, 5, 4], [2, 3, 7, 4], [2, 3, 7, 4]]);
+        for (values, len) in qkv_values(&qkv).iter().zip([120, 168, 168]) {
+            let expected: Vec<f64> = (0..len).map(|i| f64::from(pattern(i))).collect();
+            assert_eq!(values, &expected, "{dtype}");
+        }
+    }
+}
+
+#[test]
+fn reads_tensors_under_other_names_and_ignores_the_rest() {
+    let dir = temp_dir();
+    let path = write_file(
+        &dir,
+        "named.safetensors",
+        &[
+            TestTensor::patterned("query", Dtype::BF16, &[1, 2, 3, 8]),
+            TestTensor::patterned("key", Dtype::BF16, &[1, 2, 4, 8]),
+            TestTensor::patterned("value", Dtype::BF16, &[1, 2, 4, 8]),
+            TestTensor::patterned("mask", Dtype::I32, &[3, 4]),
+        ],
+    );
+    let qkv = read_qkv(&path, ["query", "key", "value"]).expect("a valid file");
+    assert_eq!(qkv.dtype(), DType::Bf16);
+    assert_eq!(qkv.dims(), [[1, 2, 3, 8], [1, 2, 4, 8], [1, 2, 4, 8]]);
+}
+
+#[test]
+fn a_missing_tensor_is_named_with_the_tensors_the_file_has() {
+    let (error, message) = read_error(&[
+        TestTensor::patterned("v", Dtype::F32, &[1, 1, 2, 4]),
+        TestTensor::patterned("q", Dtype::F32, &[1, 1, 2, 4]),
+        TestTensor::patterned("extra", Dtype::F32, &[1, 1, 2, 4]),
+    ]);
+    assert!(matches!(error, Error::File(_)), "{error:?}");
+    assert!(message.contains("bad.safetensors"), "{message}");
+    assert!(message.contains("no tensor named `k`"), "{message}");
+    assert!(message.contains("extra, q, v"), "{message}");
+}
+
+#[test]
+fn a_tensor_that_is_not_4d_is_refused_with_its_shape() {
+    let (error, message) = read_error(&[
+        TestTensor::patterned("q", Dtype::F16, &[2, 3, 4]),
+        TestTensor::patterned("k", Dtype::F16, &[1, 2, 3, 4]),
+        TestTensor::patterned("v", Dtype::F16, &[1, 2, 3, 4]),
+    ]);
+    assert!(
+        matches!(error, Error::InvalidArgument { name: "q", .. }),
+        "{error:?}"
+    );
+    assert!(message.contains("tensor `q`"), "{message}");
+    assert!(message.contains("[2, 3, 4]"), "{message}");
+    assert!(
+        message.contains("(batch, heads, seqlen, head_dim)"),
+        "{message}"
+    );
+}
+
+#[test]
+fn q_k_and_v_must_share_one_dtype() {
+    let (error, message) = read_error(&[
+        TestTensor::patterned("q", Dtype::F32, &[1, 2, 3, 4]),
+        TestTensor::patterned("k", Dtype::F16, &[1, 2, 3, 4]),
+        TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 4]),
+    ]);
+    assert!(
+        matches!(error, Error::InvalidArgument { name: "k", .. }),
+        "{error:?}"
+    );
+    assert!(message.contains("dtype F16"), "{message}");
+    assert!(message.contains("q (tensor `q`"), "{message}");
+    assert!(message.contains("is F32"), "{message}");
+}
+
+#[test]
+fn dtypes_the_kernels_do_not_take_are_refused() {
+    for dtype in [Dtype::F64, Dtype::I32] {
+        let (error, message) = read_error(&[
+            TestTensor::patterned("q", Dtype::F32, &[1, 2, 3, 4]),
+            TestTensor::patterned("k", Dtype::F32, &[1, 2, 3, 4]),
+            TestTensor::patterned("v", dtype, &[1, 2, 3, 4]),
+        ]);
+        assert!(
+            matches!(error, Error::InvalidArgument { name: "v", .. }),
+            "{error:?}"
+        );
+        assert!(message.contains(&format!("dtype {dtype}")), "{message}");
+        assert!(message.contains("F32, F16, BF16"), "{message}");
+    }
+}
+
+#[test]
+fn unreadable_and_malformed_files_are_reported_with_their_path() {
+    let dir = temp_dir();
+    let valid = std::fs::read(qkv_file(&dir, Dtype::F32)).expect("the test file");
+    let garbage: Vec<u8> = (0..200u8).map(|i| i.wrapping_mul(37)).collect();
+    let cases: [(&str, &[u8]); 4] = [
+        ("garbage.safetensors", &garbage),
+        ("empty.safetensors", &[]),
+        ("truncated.safetensors", &valid[..valid.len() - 3]),
+        ("header-only.safetensors", &valid[..8]),
+    ];
+    for (file, bytes) in cases {
+        let path = dir.path().join(file);
+        std::fs::write(&path, bytes).expect("writing a test file");
+        let error = read_qkv(&path, INPUT_ROLES).expect_err(file);
+        let message = error.to_string();
+        assert!(matches!(error, Error::File(_)), "{file}: {error:?}");
+        assert!(message.contains(file), "{message}");
+        assert!(
+            message.contains("not a valid safetensors file"),
+            "{message}"
+        );
+    }
+    let missing = dir.path().join("missing.safetensors");
+    let message = read_qkv(&missing, INPUT_ROLES)
+        .expect_err("no such file")
+        .to_string();
+    assert!(
+        message.contains("cannot read") && message.contains("missing.safetensors"),
+        "{message}"
+    );
+}
+
+#[test]
+fn shape_disagreements_are_left_to_problem_new() {
+    let dir = temp_dir();
+    let path = write_file(
+        &dir,
+        "shapes.safetensors",
+        &[
+            TestTensor::patterned("q", Dtype::F32, &[1, 2, 3, 64]),
+            TestTensor::patterned("k", Dtype::F32, &[1, 2, 3, 32]),
+            TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 64]),
+        ],
+    );
+    let [q, k, v] = read_qkv(&path, INPUT_ROLES).expect("4-D tensors").dims();
+    let error = Problem::new(q, k, v, &AttentionOptions::default()).expect_err("k's head_dim");
+    assert!(
+        matches!(error, Error::InvalidArgument { name: "k", .. }),
+        "{error:?}"
+    );
+}
+
+/// A tensor of an output file: dtype, shape and values as f64 (decoded here, not by the module).
+fn tensor_values(file: &SafeTensors, name: &str) -> (Dtype, Vec<usize>, Vec<f64>) {
+    let view = file.tensor(name).expect(name);
+    let data = view.data();
+    let values = match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f64())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes(b.try_into().unwrap()).to_f64())
+            .collect(),
+        other => panic!("`{name}` has dtype {other}"),
+    };
+    (view.dtype(), view.shape().to_vec(), values)
+}
+
+fn names(file: &SafeTensors) -> BTreeSet<String> {
+    file.names().into_iter().map(String::from).collect()
+}
+
+fn names_of(expected: &[&str]) -> BTreeSet<String> {
+    expected.iter().map(|s| s.to_string()).collect()
+}
+
+/// (batch, heads, seqlen_q) statistics with a −∞ row, as standard attention and FA2 give for a
+/// row that sees no key.
+fn statistics(offset: f32) -> Array3<f32> {
+    Array3::from_shape_fn((2, 3, 5), |(b, h, i)| {
+        if i == 0 {
+            f32::NEG_INFINITY
+        } else {
+            offset + (b * 15 + h * 5 + i) as f32 * 0.5
+        }
+    })
+}
+
+fn write_and_read_back<T: flash_attn::safetensors_io::SafetensorsElement>(
+    with_fa1_statistics: bool,
+) {
+    let dir = temp_dir();
+    let path = dir.path().join("out.safetensors");
+    let o = Array4::from_shape_fn((2, 3, 5, 4), |(b, h, i, d)| {
+        T::from_f64(f64::from(pattern(((b * 3 + h) * 5 + i) * 4 + d)))
+    });
+    let output = AttentionFileOutput {
+        o: o.clone(),
+        logsumexp: statistics(1.0),
+        row_max_and_sum: with_fa1_statistics.then(|| (statistics(-3.0), statistics(7.0))),
+    };
+    let metadata = HashMap::from([("algorithm".to_string(), "fa1".to_string())]);
+    write_outputs(&path, &output, metadata.clone()).expect("writing the outputs");
+
+    let bytes = std::fs::read(&path).expect("the output file");
+    let file = SafeTensors::deserialize(&bytes).expect("a valid safetensors file");
+    let mut expected_names = vec![OUTPUT_NAME, LOGSUMEXP_NAME];
+    if with_fa1_statistics {
+        expected_names.extend([ROW_MAX_NAME, ROW_SUM_NAME]);
+    }
+    assert_eq!(names(&file), names_of(&expected_names));
+    let (_, header) = SafeTensors::read_metadata(&bytes).expect("a header");
+    assert_eq!(header.metadata().as_ref(), Some(&metadata));
+
+    let file_dtype = T::SAFETENSORS_DTYPE;
+    let o_values: Vec<f64> = o.iter().map(|x| x.to_f64()).collect();
+    assert_eq!(
+        tensor_values(&file, OUTPUT_NAME),
+        (file_dtype, vec![2, 3, 5, 4], o_values)
+    );
+    let mut statistics_written = vec![(LOGSUMEXP_NAME, &output.logsumexp)];
+    if let Some((row_max, row_sum)) = &output.row_max_and_sum {
+        statistics_written.extend([(ROW_MAX_NAME, row_max), (ROW_SUM_NAME, row_sum)]);
+    }
+    for (name, written) in statistics_written {
+        let values: Vec<f64> = written.iter().map(|&x| f64::from(x)).collect();
+        assert_eq!(
+            tensor_values(&file, name),
+            (Dtype::F32, vec![2, 3, 5], values),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn writes_outputs_that_read_back_with_names_dtypes_shapes_and_values() {
+    write_and_read_back::<f32>(false);
+    write_and_read_back::<f16>(true);
+    write_and_read_back::<bf16>(false);
+    write_and_read_back::<bf16>(true);
+}
+
+/// The `flash-attn` CLI: cargo's build of it, or the copy beside this test binary (where
+/// `cargo xtask bundle` puts both).
+fn cli() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_flash-attn"));
+    if built.exists() {
+        return built;
+    }
+    std::env::current_exe()
+        .expect("the test binary's path")
+        .with_file_name("flash-attn")
+}
+
+fn run_cli(args: &[&str]) -> Output {
+    Command::new(cli())
+        .args(args)
+        .output()
+        .expect("starting the flash-attn CLI")
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 temporary path")
+}
+
+#[test]
+fn cli_reports_file_and_shape_errors_before_looking_for_a_gpu() {
+    let dir = temp_dir();
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"not a safetensors file").expect("writing a test file");
+    let shapes = write_file(
+        &dir,
+        "shapes.safetensors",
+        &[
+            TestTensor::patterned("q", Dtype::F32, &[1, 2, 3, 64]),
+            TestTensor::patterned("k", Dtype::F32, &[1, 2, 3, 32]),
+            TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 64]),
+        ],
+    );
+    let output = dir.path().join("out.safetensors");
+    for (input, expected) in [
+        (&garbage, "not a valid safetensors file"),
+        (&shapes, "invalid argument `k`"),
+    ] {
+        let result = run_cli(&[
+            "run",
+            "--input",
+            path_str(input),
+            "--output",
+            path_str(&output),
+        ]);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+        assert!(!output.exists(), "no output after an error");
+    }
+}
+
+fn gpu_or_skip(test: &str) -> Option<Gpu> {
+    match Gpu::open(0) {
+        Ok(gpu) => Some(gpu),
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. }))
+            if std::env::var_os("FLASH_ATTN_REQUIRE_GPU").is_none() =>
+        {
+            // Written straight to stderr: the test harness captures println!, and a skip must show.
+            let _ = writeln!(std::io::stderr(), "{test}: skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: cannot open the GPU: {e}"),
+    }
+}
+
+/// max |got − want| / max |want|, the f32 rule of `flash_attn::check`.
+fn relative_error(got: &[f64], want: &[f64]) -> f64 {
+    let max_error = got
+        .iter()
+        .zip(want)
+        .fold(0.0f64, |m, (g, w)| m.max((g - w).abs()));
+    let max_want = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    max_error / max_want
+}
+
+/// The whole command: random f32 Q, K, V to a file, `flash-attn run` (FA2, then FA1 for its extra
+/// outputs), and O and L read back against the f64 reference. seqlen_q > seqlen_k with the causal
+/// mask, so the first rows see no key (O = 0, L = −∞).
+#[test]
+fn run_command_matches_the_reference_on_a_gpu() {
+    let test = "run_command_matches_the_reference_on_a_gpu";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    drop(gpu);
+    let seed: u64 = rand::random();
+    println!("{test}: seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (q_dims, kv_dims) = ([2, 3, 53, 64], [2, 3, 37, 64]);
+    let q = flash_attn::check::random_tensor::<f32>(q_dims, &mut rng);
+    let k = flash_attn::check::random_tensor::<f32>(kv_dims, &mut rng);
+    let v = flash_attn::check::random_tensor::<f32>(kv_dims, &mut rng);
+    let dir = temp_dir();
+    let tensor = |name, a: &Array4<f32>| TestTensor {
+        name,
+        dtype: Dtype::F32,
+        shape: a.shape().to_vec(),
+        values: a.iter().copied().collect(),
+    };
+    let input = write_file(
+        &dir,
+        "qkv.safetensors",
+        &[tensor("q", &q), tensor("k", &k), tensor("v", &v)],
+    );
+    let to_f64 = |a: &Array4<f32>| a.mapv(f64::from);
+    let reference = flash_attn::reference::attention_reference(
+        to_f64(&q).view(),
+        to_f64(&k).view(),
+        to_f64(&v).view(),
+        true,
+        1.0 / 8.0,
+    );
+    let reference_o: Vec<f64> = reference.o.iter().copied().collect();
+
+    for (algorithm, outputs) in [
+        ("fa2", names_of(&[OUTPUT_NAME, LOGSUMEXP_NAME])),
+        (
+            "fa1",
+            names_of(&[OUTPUT_NAME, LOGSUMEXP_NAME, ROW_MAX_NAME, ROW_SUM_NAME]),
+        ),
+    ] {
+        let output = dir.path().join(format!("{algorithm}.safetensors"));
+        let result = run_cli(&[
+            "run",
+            "--input",
+            path_str(&input),
+            "--output",
+            path_str(&output),
+            "--algorithm",
+            algorithm,
+            "--causal",
+        ]);
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(result.status.success(), "{algorithm}: {stderr}");
+        println!("{stdout}");
+        assert!(stdout.contains(path_str(&output)), "{stdout}");
+
+        let bytes = std::fs::read(&output).expect("the output file");
+        let file = SafeTensors::deserialize(&bytes).expect("a valid output file");
+        assert_eq!(names(&file), outputs, "{algorithm}");
+        let (dtype, shape, o) = tensor_values(&file, OUTPUT_NAME);
+        assert_eq!((dtype, shape), (Dtype::F32, q_dims.to_vec()));
+        let error = relative_error(&o, &reference_o);
+        println!("{algorithm}: O relative error {error:.2e}");
+        assert!(error <= 1e-4, "{algorithm}: O relative error {error:.2e}");
+
+        let (dtype, shape, lse) = tensor_values(&file, LOGSUMEXP_NAME);
+        assert_eq!((dtype, shape), (Dtype::F32, vec![2, 3, 53]));
+        for (got, want) in lse.iter().zip(&reference.logsumexp) {
+            let close = if want.is_finite() {
+                (got - want).abs() <= flash_attn::check::LOGSUMEXP_TOLERANCE
+            } else {
+                got == want
+            };
+            assert!(close, "{algorithm}: L {got} where the reference has {want}");
+        }
+    }
+}
