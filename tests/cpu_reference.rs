@@ -130,15 +130,17 @@ fn dtype_baseline_rounds_p_and_o() {
         random([1, 1, 40, 16], &mut rng),
         random([1, 1, 40, 16], &mut rng),
     );
+    let rows: Vec<usize> = (0..33).collect();
     let exact = attention_reference(q.view(), k.view(), v.view(), false, 0.25).o;
-    let f32_error = (&attention_in_dtype::<f32>(q.view(), k.view(), v.view(), false, 0.25)
+    let f32_error = (&attention_in_dtype::<f32>(q.view(), k.view(), v.view(), false, 0.25, &rows)
         - &exact)
         .mapv(f64::abs)
         .fold(0.0f64, |m, &x| m.max(x));
-    let bf16_error = (&attention_in_dtype::<half::bf16>(q.view(), k.view(), v.view(), false, 0.25)
-        - &exact)
-        .mapv(f64::abs)
-        .fold(0.0f64, |m, &x| m.max(x));
+    let bf16_error =
+        (&attention_in_dtype::<half::bf16>(q.view(), k.view(), v.view(), false, 0.25, &rows)
+            - &exact)
+            .mapv(f64::abs)
+            .fold(0.0f64, |m, &x| m.max(x));
     assert!(f32_error < 1e-6, "{f32_error}");
     assert!(bf16_error > 1e-4 && bf16_error < 5e-2, "{bf16_error}");
 }
@@ -220,4 +222,41 @@ fn block_sizes_fit_the_device_and_follow_the_formulas() {
     assert!(fa2_blocks(64, H200_SHARED, Some((96, 64))).is_err());
     assert!(fa2_blocks(256, H200_SHARED, Some((128, 128))).is_err());
     assert!(fa1_blocks(64, H200_SHARED, Some(10_000_000)).is_err());
+}
+
+#[test]
+fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let (q, k, v) = (
+        random([1, 2, 50, 8], &mut rng),
+        random([1, 2, 30, 8], &mut rng),
+        random([1, 2, 30, 8], &mut rng),
+    );
+    let whole = attention_reference(q.view(), k.view(), v.view(), true, 0.3);
+    let rows = [0, 19, 20, 21, 49];
+    let part = flash_attn::reference::attention_reference_rows(
+        q.view(),
+        k.view(),
+        v.view(),
+        true,
+        0.3,
+        &rows,
+    );
+    for (i, &row) in rows.iter().enumerate() {
+        assert_eq!(
+            part.o.slice(s![.., .., i, ..]),
+            whole.o.slice(s![.., .., row, ..])
+        );
+        assert_eq!(
+            part.logsumexp.slice(s![.., .., i]),
+            whole.logsumexp.slice(s![.., .., row])
+        );
+    }
+    let sample = flash_attn::check::rows_to_compare(5000, &mut rng);
+    assert_eq!(sample.len(), flash_attn::check::FULL_CHECK_ROWS);
+    assert!(
+        sample.windows(2).all(|w| w[0] < w[1])
+            && sample[0] == 0
+            && sample[sample.len() - 1] == 4999
+    );
 }

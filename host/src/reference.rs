@@ -23,41 +23,60 @@ pub fn attention_reference(
     causal: bool,
     scale: f64,
 ) -> Reference {
-    attention_with_rounding(q, k, v, causal, scale, |p| p, |o| o)
+    let all: Vec<usize> = (0..q.dim().2).collect();
+    attention_with_rounding(q, k, v, causal, scale, &all, |p| p, |o| o)
+}
+
+/// [`attention_reference`] for the query rows `rows` only (row indices into seqlen_q, which the
+/// causal mask needs); O is (batch, heads, rows.len(), head_dim), L (batch, heads, rows.len()).
+pub fn attention_reference_rows(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    causal: bool,
+    scale: f64,
+    rows: &[usize],
+) -> Reference {
+    attention_with_rounding(q, k, v, causal, scale, rows, |p| p, |o| o)
 }
 
 /// Standard attention as it would run in `T`: the inputs are `T` values, P is rounded to `T`
 /// before P·V and O to `T` at the end (FlashAttention's test suite's baseline for its tolerance).
+/// Computed for the query rows `rows`, as [`attention_reference_rows`].
 pub fn attention_in_dtype<T: Element>(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
     causal: bool,
     scale: f64,
+    rows: &[usize],
 ) -> Array4<f64> {
-    attention_with_rounding(q, k, v, causal, scale, T::round, T::round).o
+    attention_with_rounding(q, k, v, causal, scale, rows, T::round, T::round).o
 }
 
+#[allow(clippy::too_many_arguments)]
 fn attention_with_rounding(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
     causal: bool,
     scale: f64,
+    query_rows: &[usize],
     round_prob: impl Fn(f64) -> f64 + Sync,
     round_out: impl Fn(f64) -> f64 + Sync,
 ) -> Reference {
     let (batch, heads, seqlen_q, head_dim) = q.dim();
     let seqlen_k = k.dim().2;
+    let n_rows = query_rows.len();
     let offset = seqlen_k as i64 - seqlen_q as i64;
     // One task per query row, spread over the machine's cores.
-    let rows: Vec<(Vec<f64>, f64)> = (0..batch * heads * seqlen_q)
+    let rows: Vec<(Vec<f64>, f64)> = (0..batch * heads * n_rows)
         .into_par_iter()
         .map(|flat| {
             let (b, h, i) = (
-                flat / (heads * seqlen_q),
-                flat / seqlen_q % heads,
-                flat % seqlen_q,
+                flat / (heads * n_rows),
+                flat / n_rows % heads,
+                query_rows[flat % n_rows],
             );
             let visible = if causal {
                 (i as i64 + offset + 1).clamp(0, seqlen_k as i64) as usize
@@ -83,11 +102,11 @@ fn attention_with_rounding(
             (acc.into_iter().map(&round_out).collect(), max + sum.ln())
         })
         .collect();
-    let o = Array4::from_shape_fn((batch, heads, seqlen_q, head_dim), |(b, h, i, x)| {
-        rows[(b * heads + h) * seqlen_q + i].0[x]
+    let o = Array4::from_shape_fn((batch, heads, n_rows, head_dim), |(b, h, i, x)| {
+        rows[(b * heads + h) * n_rows + i].0[x]
     });
-    let logsumexp = Array3::from_shape_fn((batch, heads, seqlen_q), |(b, h, i)| {
-        rows[(b * heads + h) * seqlen_q + i].1
+    let logsumexp = Array3::from_shape_fn((batch, heads, n_rows), |(b, h, i)| {
+        rows[(b * heads + h) * n_rows + i].1
     });
     Reference { o, logsumexp }
 }
