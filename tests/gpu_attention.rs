@@ -44,9 +44,6 @@ fn run_all(
         );
     }
     let failures: Vec<String> = results.iter().filter(|r| !r.passed).map(describe).collect();
-    for r in &results {
-        println!("{}", describe(r));
-    }
     if let Some(worst) = results
         .iter()
         .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))

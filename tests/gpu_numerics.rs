@@ -239,8 +239,8 @@ fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
     let Some(gpu) = gpu_or_skip("out_of_memory") else {
         return;
     };
-    // Standard attention at N = 2^20 needs a 2^40-float S: far beyond any GPU.
-    let dims = [1, 1, 1 << 20, 64];
+    // Standard attention at N = 2^19 needs a 2^38-float S (1 TiB): far beyond any GPU.
+    let dims = [1, 1, 1 << 19, 64];
     let tensor = DeviceTensor::<bf16>::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ONE)
         .expect("inputs fit");
     let options = AttentionOptions::default();

@@ -80,6 +80,8 @@ pub struct AttentionOptions {
     pub fa1_sram_floats: Option<u32>,
     /// FA2's (B_r, B_c), each 64 or 128; default: the largest that fits in shared memory.
     pub fa2_blocks: Option<(u32, u32)>,
+    /// FA2-TC's warps per block (4 or 8; B_r = 16 per warp); default: measured per head dim.
+    pub fa2_tc_warps: Option<u32>,
 }
 
 /// The per-row statistics an algorithm returns, on the device, (batch·heads, seqlen_q) each.
@@ -525,27 +527,30 @@ pub fn attention_with_workspace<T: Element>(
         (Algorithm::Fa2Tc, RowStatistics::LogSumExp(l))
             if uses_tensor_cores(dtype, problem.head_dim, &operands) =>
         {
+            let warps = fa2_tc_warps(problem.head_dim, options.fa2_tc_warps)?;
+            let block_rows = kernel_layout::fa2_tc_block_rows(warps);
             let params = Fa2Params {
                 operands,
                 shape: problem.shape(),
                 logsumexp: gpu.address(l),
-                block_rows: kernel_layout::FA2_TC_BLOCK_ROWS,
+                block_rows,
                 _pad: 0,
             };
             let launch = Launch {
                 grid: (
-                    problem
-                        .seqlen_q
-                        .div_ceil(kernel_layout::FA2_TC_BLOCK_ROWS as usize)
-                        as u32,
+                    problem.seqlen_q.div_ceil(block_rows as usize) as u32,
                     problem.batch_heads() as u32,
                     1,
                 ),
-                threads: kernel_layout::FA2_TC_WARPS * 32,
-                shared_bytes: kernel_layout::fa2_tc_shared_bytes(problem.head_dim as u32),
+                threads: warps * 32,
+                shared_bytes: kernel_layout::fa2_tc_shared_bytes(problem.head_dim as u32, warps),
             };
             let d = problem.head_dim;
-            gpu.launch(&format!("fa2tc_forward_{dtype}_d{d}"), launch, params)
+            gpu.launch(
+                &format!("fa2tc_forward_{dtype}_d{d}_w{warps}"),
+                launch,
+                params,
+            )
         }
         (Algorithm::Fa2 | Algorithm::Fa2Tc, RowStatistics::LogSumExp(l)) => {
             let (block_rows, block_cols) =
@@ -621,6 +626,15 @@ fn run_standard(gpu: &Gpu, problem: &Problem, dtype: DType, params: StandardPara
         product((tiles(problem.head_dim), tiles(problem.seqlen_q), bh)),
         params,
     )
+}
+
+/// FA2-TC's warps per block: the override if valid, else the default for the head dim.
+pub fn fa2_tc_warps(head_dim: usize, warps: Option<u32>) -> Result<u32> {
+    match warps {
+        None => Ok(kernel_layout::fa2_tc_default_warps(head_dim as u32)),
+        Some(w) if kernel_layout::FA2_TC_WARP_CHOICES.contains(&w) => Ok(w),
+        Some(w) => Err(Error::invalid("fa2_tc_warps", w, "allowed: 4, 8")),
+    }
 }
 
 /// Whether [`Algorithm::Fa2Tc`] runs on tensor cores for this call: f16 or bf16, a head dim in

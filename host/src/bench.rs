@@ -37,6 +37,10 @@ pub struct SweepConfig {
     pub max_repeats: usize,
     /// Stop repeating once this much GPU time has been measured.
     pub target_ms: f64,
+    /// FA2-TC's warps per block; `None`: the library's default. Records of an override are named
+    /// `fa2-tc-w<warps>`, so runs with different values merge into one table.
+    #[serde(default)]
+    pub fa2_tc_warps: Option<u32>,
 }
 
 impl SweepConfig {
@@ -53,6 +57,7 @@ impl SweepConfig {
             min_repeats: 5,
             max_repeats: 50,
             target_ms: 300.0,
+            fa2_tc_warps: None,
         }
     }
 
@@ -185,7 +190,22 @@ pub fn run_case(
         DType::F16 => time_case::<f16>(gpu, algorithm, shape, config, rng),
         DType::Bf16 => time_case::<bf16>(gpu, algorithm, shape, config, rng),
     };
-    result.unwrap_or_else(|e| BenchRecord::failed(algorithm.name(), config.dtype, shape, &e))
+    result.unwrap_or_else(|e| {
+        BenchRecord::failed(
+            &implementation_name(algorithm, config),
+            config.dtype,
+            shape,
+            &e,
+        )
+    })
+}
+
+/// The record name: the algorithm's, with FA2-TC's warp override appended.
+fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
+    match (algorithm, config.fa2_tc_warps) {
+        (Algorithm::Fa2Tc, Some(warps)) => format!("{algorithm}-w{warps}"),
+        _ => algorithm.name().to_string(),
+    }
 }
 
 /// Q, K and V on the device, fresh N(0, 1) values.
@@ -276,7 +296,7 @@ fn time_case<T: Element>(
     times.sort_by(f32::total_cmp);
     let median_ms = times[times.len() / 2] as f64;
     Ok(BenchRecord {
-        implementation: algorithm.name().to_string(),
+        implementation: implementation_name(algorithm, config),
         dtype: T::DTYPE,
         shape,
         median_ms: Some(median_ms),

@@ -63,17 +63,20 @@ macro_rules! fa2_kernels {
     };
 }
 
-/// `fa2tc_forward_<dtype>_d<head_dim>` for the tensor-core FA2 (`layout::FA2_TC_HEAD_DIMS`).
+/// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>` for the tensor-core FA2
+/// (`layout::FA2_TC_HEAD_DIMS` × `layout::FA2_TC_WARP_CHOICES`).
 macro_rules! fa2_tc_kernels {
     ($($dtype:ident => $t:ty),*) => {$(
-        fa2_tc_kernels!(@entry $dtype, $t, 64);
-        fa2_tc_kernels!(@entry $dtype, $t, 128);
+        fa2_tc_kernels!(@entry $dtype, $t, 64, 4);
+        fa2_tc_kernels!(@entry $dtype, $t, 64, 8);
+        fa2_tc_kernels!(@entry $dtype, $t, 128, 4);
+        fa2_tc_kernels!(@entry $dtype, $t, 128, 8);
     )*};
-    (@entry $dtype:ident, $t:ty, $d:literal) => {
+    (@entry $dtype:ident, $t:ty, $d:literal, $warps:literal) => {
         const _: () = {
-            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d))]
+            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w", $warps))]
             unsafe extern "ptx-kernel" fn forward(params: Fa2Params) {
-                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }>(&params)
+                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }, $warps>(&params)
             }
         };
     };

@@ -1,12 +1,13 @@
 //! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
 //! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
 //!
-//! Block: 4 warps, B_r = 64 rows of Q (16 per warp: split-Q, one m16 tile each), B_c = 64 keys.
+//! Block: `WARPS` warps (4 or 8), B_r = 16·`WARPS` rows of Q (split-Q: one m16 tile per warp),
+//! B_c = 64 keys. Causal grids run the heaviest row blocks (the last) first.
 //!
 //! ```text
 //!  shared memory (16-bit elements, rows padded by 8)      registers of one warp
 //!  ┌──────────────┐                                       Q_i fragments   16 × d   (loaded once)
-//!  │ Q_i  64 × d  │  cp.async, once                       S = Q_i·K_jᵀ    16 × 64  (f32 accum.)
+//!  │ Q_i B_r × d  │  cp.async, once                       S = Q_i·K_jᵀ    16 × 64  (f32 accum.)
 //!  ├──────────────┤                                       P̃ = exp2(S − m) repacked as A fragments
 //!  │ K_j, V_j     │  stage j % 2   ← ldmatrix            Õ              16 × d   (f32 accum.)
 //!  │ K_j+1, V_j+1 │  stage (j+1) % 2 ← cp.async in flight while block j is computed
@@ -23,9 +24,7 @@
 
 use crate::element::TensorCoreElement;
 use crate::gpu::{self, SharedAddress, WARP_SIZE};
-use crate::layout::{FA2_TC_BLOCK_COLS, FA2_TC_BLOCK_ROWS, FA2_TC_COPY_ELEMENTS, fa2_tc_stride};
-
-const _: () = assert!(FA2_TC_BLOCK_ROWS == FA2_TC_BLOCK_COLS, "copy_tile_async copies 64-row tiles for Q, K and V alike");
+use crate::layout::{FA2_TC_BLOCK_COLS, FA2_TC_COPY_ELEMENTS, fa2_tc_block_rows, fa2_tc_stride};
 use crate::mask::CausalMask;
 use crate::params::{Fa2Params, TensorView};
 use crate::softmax::{LOG2_E, RowStats, fa2_rescale};
@@ -34,8 +33,6 @@ use crate::softmax::{LOG2_E, RowStats, fa2_rescale};
 const KEY_TILES: usize = (FA2_TC_BLOCK_COLS / 8) as usize;
 /// 16-key chunks of a K/V block: the k-steps of P̃·V.
 const KEY_CHUNKS: usize = KEY_TILES / 2;
-/// Threads per block.
-const THREADS: u32 = FA2_TC_BLOCK_ROWS / 16 * WARP_SIZE;
 
 /// One warp's running state: for its two rows per lane (`l/4` and `l/4 + 8`), m and partial ℓ,
 /// and the unnormalised Õ tile (`O_TILES` = d/8 tiles of 16×8).
@@ -58,11 +55,11 @@ struct SharedTiles {
 
 impl SharedTiles {
     #[inline(always)]
-    fn new(head_dim: u32) -> Self {
+    fn new(head_dim: u32, block_rows: u32) -> Self {
         let row_bytes = fa2_tc_stride(head_dim) * 2;
         let q = SharedAddress::of(gpu::dynamic_shared_f32());
         let tile_bytes = FA2_TC_BLOCK_COLS * row_bytes;
-        Self { q, kv: q.offset(FA2_TC_BLOCK_ROWS * row_bytes), row_bytes, tile_bytes }
+        Self { q, kv: q.offset(block_rows * row_bytes), row_bytes, tile_bytes }
     }
 
     #[inline(always)]
@@ -103,13 +100,12 @@ impl GlobalRows {
     }
 }
 
-/// Issues the copies of one 64-row tile (Q_i, K_j or V_j): rows `[first_row, first_row + 64)` of
-/// `src` into the shared tile at `dst`, 16 bytes per `cp.async`, spread over the block; rows past
-/// the end are zero-filled.
+/// Issues the copies of one tile (Q_i, K_j or V_j): rows `[first_row, first_row + rows)` of `src`
+/// into the shared tile at `dst`, 16 bytes per `cp.async`, spread over the block's `threads`;
+/// rows past the end are zero-filled. `rows`, `head_dim` and `threads` are compile-time
+/// constants once inlined into `forward`.
 #[inline(always)]
-fn copy_tile_async(src: &GlobalRows, first_row: u32, head_dim: u32, tiles: &SharedTiles, dst: SharedAddress) {
-    // `head_dim` is a compile-time constant once inlined into `forward`.
-    let rows = FA2_TC_BLOCK_ROWS.max(FA2_TC_BLOCK_COLS);
+fn copy_tile_async(src: &GlobalRows, first_row: u32, rows: u32, head_dim: u32, threads: u32, tiles: &SharedTiles, dst: SharedAddress) {
     let chunks_per_row = head_dim / FA2_TC_COPY_ELEMENTS;
     let mut chunk = gpu::thread_idx_x();
     while chunk < rows * chunks_per_row {
@@ -120,7 +116,7 @@ fn copy_tile_async(src: &GlobalRows, first_row: u32, head_dim: u32, tiles: &Shar
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
         unsafe { gpu::copy_async_16(tiles.at(dst, r, col), source, valid) };
-        chunk += THREADS;
+        chunk += threads;
     }
 }
 
@@ -137,33 +133,37 @@ fn load_q_fragments<const Q_CHUNKS: usize>(tiles: &SharedTiles) -> [[u32; 4]; Q_
     fragments
 }
 
-/// The kernel body: `Q_CHUNKS` = d/16, `O_TILES` = d/8. Grid (⌈seqlen_q/64⌉, batch·heads),
-/// 128 threads, `layout::fa2_tc_shared_bytes(d)` bytes of dynamic shared memory.
+/// The kernel body: `Q_CHUNKS` = d/16, `O_TILES` = d/8. Grid (⌈seqlen_q/B_r⌉, batch·heads),
+/// 32·`WARPS` threads, `layout::fa2_tc_shared_bytes(d, WARPS)` bytes of dynamic shared memory.
 #[inline(always)]
-pub fn forward<T: TensorCoreElement, const Q_CHUNKS: usize, const O_TILES: usize>(p: &Fa2Params) {
+pub fn forward<T: TensorCoreElement, const Q_CHUNKS: usize, const O_TILES: usize, const WARPS: u32>(p: &Fa2Params) {
     const { assert!(O_TILES == 2 * Q_CHUNKS) };
     let head_dim = Q_CHUNKS as u32 * 16;
+    let block_rows = fa2_tc_block_rows(WARPS);
+    let threads = WARPS * WARP_SIZE;
     let shape = &p.shape;
     let batch_head = gpu::block_idx_y();
     let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
-    let row_start = gpu::block_idx_x() * FA2_TC_BLOCK_ROWS;
+    // Causal: the last row blocks see the most keys; start them first so the grid's tail is short.
+    let row_block = if shape.causal != 0 { gpu::grid_dim_x() - 1 - gpu::block_idx_x() } else { gpu::block_idx_x() };
+    let row_start = row_block * block_rows;
     let mask = CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k);
     let q = GlobalRows::new(&p.operands.q, batch, head, shape.seqlen_q);
     let k = GlobalRows::new(&p.operands.k, batch, head, shape.seqlen_k);
     let v = GlobalRows::new(&p.operands.v, batch, head, shape.seqlen_k);
-    let tiles = SharedTiles::new(head_dim);
+    let tiles = SharedTiles::new(head_dim, block_rows);
     let copy_kv = |block: u32, stage: u32| {
         let first = block * FA2_TC_BLOCK_COLS;
-        copy_tile_async(&k, first, head_dim, &tiles, tiles.k(stage));
-        copy_tile_async(&v, first, head_dim, &tiles, tiles.v(stage));
+        copy_tile_async(&k, first, FA2_TC_BLOCK_COLS, head_dim, threads, &tiles, tiles.k(stage));
+        copy_tile_async(&v, first, FA2_TC_BLOCK_COLS, head_dim, threads, &tiles, tiles.v(stage));
     };
 
     // Q_i and the first K/V block, in flight together.
-    copy_tile_async(&q, row_start, head_dim, &tiles, tiles.q);
+    copy_tile_async(&q, row_start, block_rows, head_dim, threads, &tiles, tiles.q);
     copy_kv(0, 0);
     gpu::copy_async_commit();
 
-    let key_blocks = mask.key_blocks_needed(row_start + FA2_TC_BLOCK_ROWS, shape.seqlen_k, FA2_TC_BLOCK_COLS);
+    let key_blocks = mask.key_blocks_needed(row_start + block_rows, shape.seqlen_k, FA2_TC_BLOCK_COLS);
     let score_scale = shape.softmax_scale * LOG2_E;
     let mut state = WarpState::<O_TILES> { stats: [RowStats::EMPTY; 2], acc: [[0.0; 4]; O_TILES] };
     let mut q_fragments = [[0u32; 4]; Q_CHUNKS];

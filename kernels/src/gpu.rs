@@ -48,6 +48,13 @@ pub fn block_idx_x() -> u32 {
     unsafe { nvptx::_block_idx_x() as u32 }
 }
 
+/// `gridDim.x`.
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
 /// `blockIdx.y`.
 #[inline(always)]
 pub fn block_idx_y() -> u32 {

@@ -134,7 +134,9 @@ mod tests {
 /// each) instead of assuming the worst, and the host checks launches against it.
 pub fn kernel_max_threads(name: &str) -> u32 {
     if name.starts_with("fa2tc_forward_") {
-        return FA2_TC_WARPS * 32;
+        // `fa2tc_forward_<dtype>_d<d>_w<warps>`.
+        let warps = name.rsplit("_w").next().and_then(|w| w.parse::<u32>().ok()).unwrap_or(8);
+        return warps * 32;
     }
     if let Some(rest) = name.strip_prefix("fa2_forward_") {
         // At head dim 256 only B_r = 64 fits in shared memory; smaller dims may use B_r = 128.
@@ -145,14 +147,25 @@ pub fn kernel_max_threads(name: &str) -> u32 {
     }
 }
 
-/// FA2 on tensor cores (`fa2_tc`): warps per block, each owning 16 rows of Q (one m16 tile).
-pub const FA2_TC_WARPS: u32 = 4;
-/// B_r of the tensor-core kernel: 16 rows per warp.
-pub const FA2_TC_BLOCK_ROWS: u32 = 16 * FA2_TC_WARPS;
+/// FA2 on tensor cores (`fa2_tc`): the warp counts it is compiled for. Each warp owns 16 rows of
+/// Q (one m16 tile), so B_r = 16 · warps; more warps share each K/V tile copied into shared memory.
+pub const FA2_TC_WARP_CHOICES: [u32; 2] = [4, 8];
 /// B_c of the tensor-core kernel.
 pub const FA2_TC_BLOCK_COLS: u32 = 64;
 /// Head dims the tensor-core kernel is compiled for; others use the scalar FA2.
 pub const FA2_TC_HEAD_DIMS: [u32; 2] = [64, 128];
+
+/// B_r of the tensor-core kernel with `warps` warps.
+pub const fn fa2_tc_block_rows(warps: u32) -> u32 {
+    16 * warps
+}
+
+/// The warp count the host picks for a head dim (by measurement: PERF.md).
+pub const fn fa2_tc_default_warps(head_dim: u32) -> u32 {
+    let _ = head_dim;
+    8
+}
+
 /// Elements of the global-memory rows a tensor-core kernel copies with one 16-byte `cp.async`;
 /// strides must be multiples of it.
 pub const FA2_TC_COPY_ELEMENTS: u32 = 8;
@@ -166,6 +179,6 @@ pub const fn fa2_tc_stride(head_dim: u32) -> u32 {
 
 /// Shared memory of the tensor-core kernel: Q_i, and K_j, V_j in two stages (the next block's
 /// copies land while the current one is computed), 16-bit elements.
-pub const fn fa2_tc_shared_bytes(head_dim: u32) -> u32 {
-    (FA2_TC_BLOCK_ROWS + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
+pub const fn fa2_tc_shared_bytes(head_dim: u32, warps: u32) -> u32 {
+    (fa2_tc_block_rows(warps) + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
 }

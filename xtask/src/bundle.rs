@@ -72,7 +72,7 @@ step() {
 }
 step info bin/flash-attn info
 step check bin/flash-attn check --require-gpu
-for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1; done
+for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
 if [ "${1:-}" != "--quick" ]; then
   for b in bin/bench-*; do step "$(basename "$b")" "$b" --bench --quick; done
 fi

@@ -45,6 +45,9 @@ pub struct BenchArgs {
     /// Skip the search for the longest N that fits at batch 1.
     #[arg(long)]
     no_max_seqlen: bool,
+    /// FA2-TC's warps per block (4 or 8; default: the library's choice per head dim).
+    #[arg(long)]
+    fa2_tc_warps: Option<u32>,
 }
 
 impl BenchArgs {
@@ -81,6 +84,7 @@ impl BenchArgs {
             }
         };
         config.tokens = self.tokens;
+        config.fa2_tc_warps = self.fa2_tc_warps;
         config.hidden = self.hidden;
         Ok(config)
     }
