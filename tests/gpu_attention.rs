@@ -139,5 +139,53 @@ fn fa1_and_fa2_pass_the_grid() {
         }
     }
     let algorithms = [Algorithm::Fa1, Algorithm::Fa2, Algorithm::Fa2Tc];
-    run_all(&gpu, "fa1_fa2_fa2tc_grid", &problems, &algorithms, &Layout::ALL);
+    run_all(
+        &gpu,
+        "fa1_fa2_fa2tc_grid",
+        &problems,
+        &algorithms,
+        &Layout::ALL,
+    );
+}
+
+/// Every tiling FA2-TC is compiled for (not only the default the grid runs), both head dims and
+/// both 16-bit dtypes, at tails in both directions and causal both ways.
+#[test]
+fn every_fa2_tc_tiling_matches_the_reference() {
+    let Some(gpu) = gpu_or_skip("every_fa2_tc_tiling_matches_the_reference") else {
+        return;
+    };
+    let mut rng = rng("fa2_tc_tilings");
+    let mut results = Vec::new();
+    for tiling in flash_kernels::layout::FA2_TC_TILINGS {
+        let overrides = flash_attn::AttentionOptions {
+            fa2_tc_tiling: Some(tiling),
+            ..Default::default()
+        };
+        for dtype in [DType::F16, DType::Bf16] {
+            for d in flash_kernels::layout::FA2_TC_HEAD_DIMS {
+                for (sq, sk) in [(113, 203), (1024, 1023), (300, 300), (1, 1)] {
+                    for causal in [false, true] {
+                        let p = problem(sq, sk, d as usize, causal, dtype);
+                        let checked = flash_attn::check::check_problem_with(
+                            &gpu,
+                            p,
+                            &[Algorithm::Fa2Tc],
+                            &Layout::ALL,
+                            &overrides,
+                            &mut rng,
+                        );
+                        results.extend(checked.expect("the launch failed"));
+                    }
+                }
+            }
+        }
+    }
+    let failures: Vec<String> = results.iter().filter(|r| !r.passed).map(describe).collect();
+    println!(
+        "fa2_tc_tilings: {} cases, {} failed",
+        results.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -2,8 +2,8 @@
 
 use cudarc::driver::CudaSlice;
 use flash_kernels::layout::{
-    self as kernel_layout, FA2_BLOCK_CHOICES, FA2_ROWS_PER_WARP, Fa1Blocks, MATMUL_DEPTH,
-    MATMUL_TILE, THREADS_PER_BLOCK,
+    self as kernel_layout, FA2_BLOCK_CHOICES, FA2_ROWS_PER_WARP, Fa1Blocks, Fa2TcTiling,
+    MATMUL_DEPTH, MATMUL_TILE, THREADS_PER_BLOCK,
 };
 use flash_kernels::params::{AttentionShape, Fa1Params, Fa2Params, Operands, StandardParams};
 use ndarray::Array3;
@@ -80,8 +80,9 @@ pub struct AttentionOptions {
     pub fa1_sram_floats: Option<u32>,
     /// FA2's (B_r, B_c), each 64 or 128; default: the largest that fits in shared memory.
     pub fa2_blocks: Option<(u32, u32)>,
-    /// FA2-TC's warps per block (4 or 8; B_r = 16 per warp); default: measured per head dim.
-    pub fa2_tc_warps: Option<u32>,
+    /// FA2-TC's split of B_r over warps and row tiles (`layout::FA2_TC_TILINGS`); default:
+    /// measured per head dim.
+    pub fa2_tc_tiling: Option<Fa2TcTiling>,
 }
 
 /// The per-row statistics an algorithm returns, on the device, (batch·heads, seqlen_q) each.
@@ -527,8 +528,8 @@ pub fn attention_with_workspace<T: Element>(
         (Algorithm::Fa2Tc, RowStatistics::LogSumExp(l))
             if uses_tensor_cores(dtype, problem.head_dim, &operands) =>
         {
-            let warps = fa2_tc_warps(problem.head_dim, options.fa2_tc_warps)?;
-            let block_rows = kernel_layout::fa2_tc_block_rows(warps);
+            let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
+            let block_rows = tiling.block_rows();
             let params = Fa2Params {
                 operands,
                 shape: problem.shape(),
@@ -542,15 +543,12 @@ pub fn attention_with_workspace<T: Element>(
                     problem.batch_heads() as u32,
                     1,
                 ),
-                threads: warps * 32,
-                shared_bytes: kernel_layout::fa2_tc_shared_bytes(problem.head_dim as u32, warps),
+                threads: tiling.threads(),
+                shared_bytes: tiling.shared_bytes(problem.head_dim as u32),
             };
-            let d = problem.head_dim;
-            gpu.launch(
-                &format!("fa2tc_forward_{dtype}_d{d}_w{warps}"),
-                launch,
-                params,
-            )
+            let (d, warps, row_tiles) = (problem.head_dim, tiling.warps, tiling.row_tiles);
+            let kernel = format!("fa2tc_forward_{dtype}_d{d}_w{warps}r{row_tiles}");
+            gpu.launch(&kernel, launch, params)
         }
         (Algorithm::Fa2 | Algorithm::Fa2Tc, RowStatistics::LogSumExp(l)) => {
             let (block_rows, block_cols) =
@@ -628,12 +626,16 @@ fn run_standard(gpu: &Gpu, problem: &Problem, dtype: DType, params: StandardPara
     )
 }
 
-/// FA2-TC's warps per block: the override if valid, else the default for the head dim.
-pub fn fa2_tc_warps(head_dim: usize, warps: Option<u32>) -> Result<u32> {
-    match warps {
-        None => Ok(kernel_layout::fa2_tc_default_warps(head_dim as u32)),
-        Some(w) if kernel_layout::FA2_TC_WARP_CHOICES.contains(&w) => Ok(w),
-        Some(w) => Err(Error::invalid("fa2_tc_warps", w, "allowed: 4, 8")),
+/// FA2-TC's tiling: the override if it is one the kernel is compiled for, else the default.
+pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2TcTiling> {
+    match tiling {
+        None => Ok(Fa2TcTiling::default_for(head_dim as u32)),
+        Some(t) if kernel_layout::FA2_TC_TILINGS.contains(&t) => Ok(t),
+        Some(t) => Err(Error::invalid(
+            "fa2_tc_tiling",
+            format!("{} warps × {} row tiles", t.warps, t.row_tiles),
+            "allowed: 4×1, 8×1, 4×2 (warps × row tiles)",
+        )),
     }
 }
 

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use flash_kernels::layout::Fa2TcTiling;
 use half::{bf16, f16};
 use rand::Rng;
 
@@ -37,10 +38,10 @@ pub struct SweepConfig {
     pub max_repeats: usize,
     /// Stop repeating once this much GPU time has been measured.
     pub target_ms: f64,
-    /// FA2-TC's warps per block; `None`: the library's default. Records of an override are named
-    /// `fa2-tc-w<warps>`, so runs with different values merge into one table.
+    /// FA2-TC's (warps, row tiles); `None`: the library's default. Records of an override are
+    /// named `fa2-tc-w<warps>r<row tiles>`, so runs with different values merge into one table.
     #[serde(default)]
-    pub fa2_tc_warps: Option<u32>,
+    pub fa2_tc_tiling: Option<(u32, u32)>,
 }
 
 impl SweepConfig {
@@ -57,7 +58,7 @@ impl SweepConfig {
             min_repeats: 5,
             max_repeats: 50,
             target_ms: 300.0,
-            fa2_tc_warps: None,
+            fa2_tc_tiling: None,
         }
     }
 
@@ -202,8 +203,8 @@ pub fn run_case(
 
 /// The record name: the algorithm's, with FA2-TC's warp override appended.
 fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
-    match (algorithm, config.fa2_tc_warps) {
-        (Algorithm::Fa2Tc, Some(warps)) => format!("{algorithm}-w{warps}"),
+    match (algorithm, config.fa2_tc_tiling) {
+        (Algorithm::Fa2Tc, Some((warps, rows))) => format!("{algorithm}-w{warps}r{rows}"),
         _ => algorithm.name().to_string(),
     }
 }
@@ -241,6 +242,9 @@ fn time_case<T: Element>(
 ) -> Result<BenchRecord> {
     let options = AttentionOptions {
         causal: shape.causal,
+        fa2_tc_tiling: config
+            .fa2_tc_tiling
+            .map(|(warps, row_tiles)| Fa2TcTiling { warps, row_tiles }),
         ..Default::default()
     };
     let dims = shape.dims();

@@ -109,10 +109,33 @@ pub fn check_problem(
     layouts: &[Layout],
     rng: &mut impl Rng,
 ) -> Result<Vec<CheckResult>> {
+    check_problem_with(
+        gpu,
+        problem,
+        algorithms,
+        layouts,
+        &AttentionOptions::default(),
+        rng,
+    )
+}
+
+/// [`check_problem`] with block-size overrides from `overrides` (its `causal` is the problem's).
+pub fn check_problem_with(
+    gpu: &Gpu,
+    problem: CheckProblem,
+    algorithms: &[Algorithm],
+    layouts: &[Layout],
+    overrides: &AttentionOptions,
+    rng: &mut impl Rng,
+) -> Result<Vec<CheckResult>> {
+    let options = AttentionOptions {
+        causal: problem.causal,
+        ..*overrides
+    };
     match problem.dtype {
-        DType::F32 => check_typed::<f32>(gpu, problem, algorithms, layouts, rng),
-        DType::F16 => check_typed::<f16>(gpu, problem, algorithms, layouts, rng),
-        DType::Bf16 => check_typed::<bf16>(gpu, problem, algorithms, layouts, rng),
+        DType::F32 => check_typed::<f32>(gpu, problem, algorithms, layouts, &options, rng),
+        DType::F16 => check_typed::<f16>(gpu, problem, algorithms, layouts, &options, rng),
+        DType::Bf16 => check_typed::<bf16>(gpu, problem, algorithms, layouts, &options, rng),
     }
 }
 
@@ -131,6 +154,7 @@ fn check_typed<T: Element>(
     p: CheckProblem,
     algorithms: &[Algorithm],
     layouts: &[Layout],
+    options: &AttentionOptions,
     rng: &mut impl Rng,
 ) -> Result<Vec<CheckResult>> {
     let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
@@ -141,11 +165,7 @@ fn check_typed<T: Element>(
         random_tensor::<T>(kv_dims, rng),
     );
     let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
-    let options = AttentionOptions {
-        causal: p.causal,
-        ..Default::default()
-    };
-    let problem = Problem::new(q_dims, kv_dims, kv_dims, &options)?;
+    let problem = Problem::new(q_dims, kv_dims, kv_dims, options)?;
     let scale = problem.softmax_scale as f64;
     let rows = rows_to_compare(p.seqlen_q, rng);
     let reference =
@@ -169,7 +189,7 @@ fn check_typed<T: Element>(
             DeviceTensor::from_array(gpu, v.view(), layout)?,
         );
         for &algorithm in algorithms {
-            let (o, lse) = run_poisoned(gpu, algorithm, [&dq, &dk, &dv], &options)?;
+            let (o, lse) = run_poisoned(gpu, algorithm, [&dq, &dk, &dv], options)?;
             // Every output element must have been written (no NaN poison left: the inputs are
             // finite, so the reference has no NaN); the compared rows must also be accurate.
             let unwritten = o.iter().filter(|x| x.is_nan()).count();

@@ -931,9 +931,9 @@ pub fn io_table(shape: IoShape, dtype: DType, shared_memory_bytes: u32) -> Resul
     // to the scalar FA2 (f32, other head dims) its row would repeat FA2's.
     let tc = flash_kernels::layout::FA2_TC_HEAD_DIMS.contains(&(shape.head_dim as u32));
     if dtype != DType::F32 && tc {
-        let warps = flash_kernels::layout::fa2_tc_default_warps(shape.head_dim as u32);
+        let tiling = flash_kernels::layout::Fa2TcTiling::default_for(shape.head_dim as u32);
         let (tc_rows, tc_cols) = (
-            flash_kernels::layout::fa2_tc_block_rows(warps),
+            tiling.block_rows(),
             flash_kernels::layout::FA2_TC_BLOCK_COLS,
         );
         rows.push(row(

@@ -1,15 +1,18 @@
 //! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
 //! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
 //!
-//! Block: `WARPS` warps (4 or 8), B_r = 16·`WARPS` rows of Q (split-Q: one m16 tile per warp),
-//! B_c = 64 keys. Causal grids run the heaviest row blocks (the last) first.
+//! Block: `WARPS` warps, each owning `ROW_TILES` m16 tiles of Q (split-Q), so
+//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 64 keys. With two row tiles per warp every K/V fragment
+//! read from shared memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids
+//! run the heaviest row blocks (the last) first.
 //!
 //! ```text
-//!  shared memory (16-bit elements, rows padded by 8)      registers of one warp
-//!  ┌──────────────┐                                       Q_i fragments   16 × d   (loaded once)
-//!  │ Q_i B_r × d  │  cp.async, once                       S = Q_i·K_jᵀ    16 × 64  (f32 accum.)
-//!  ├──────────────┤                                       P̃ = exp2(S − m) repacked as A fragments
-//!  │ K_j, V_j     │  stage j % 2   ← ldmatrix            Õ              16 × d   (f32 accum.)
+//!  shared memory (16-bit elements, rows padded by 8)      registers of one warp, per row tile
+//!  ┌──────────────┐                                       Q_i fragments   16 × d   (kept when they
+//!  │ Q_i B_r × d  │  cp.async, once                                        fit in 32 registers)
+//!  ├──────────────┤                                       S = Q_i·K_jᵀ    16 × 64  (f32 accum.)
+//!  │ K_j, V_j     │  stage j % 2   ← ldmatrix            P̃ = exp2(S − m) repacked as A fragments
+//!  │              │                                       Õ              16 × d   (f32 accum.)
 //!  │ K_j+1, V_j+1 │  stage (j+1) % 2 ← cp.async in flight while block j is computed
 //!  └──────────────┘
 //! ```
@@ -24,19 +27,23 @@
 
 use crate::element::TensorCoreElement;
 use crate::gpu::{self, SharedAddress, WARP_SIZE};
-use crate::layout::{FA2_TC_BLOCK_COLS, FA2_TC_COPY_ELEMENTS, fa2_tc_block_rows, fa2_tc_stride};
+use crate::layout::{FA2_TC_BLOCK_COLS, FA2_TC_COPY_ELEMENTS, Fa2TcTiling, fa2_tc_stride};
 use crate::mask::CausalMask;
 use crate::params::{Fa2Params, TensorView};
 use crate::softmax::{LOG2_E, RowStats, fa2_rescale};
 
-/// 16×8 tiles of S per warp per K/V block (B_c / 8).
+/// 16×8 tiles of S per row tile per K/V block (B_c / 8).
 const KEY_TILES: usize = (FA2_TC_BLOCK_COLS / 8) as usize;
 /// 16-key chunks of a K/V block: the k-steps of P̃·V.
 const KEY_CHUNKS: usize = KEY_TILES / 2;
+/// Q fragments stay in registers when they take at most this many (row tiles × d/16 × 4 ≤ 32);
+/// otherwise they are re-read from shared memory at every K/V block.
+const Q_REGISTER_CHUNKS: usize = 8;
 
-/// One warp's running state: for its two rows per lane (`l/4` and `l/4 + 8`), m and partial ℓ,
+/// One row tile's running state: for the lane's two rows (`l/4` and `l/4 + 8`), m and partial ℓ,
 /// and the unnormalised Õ tile (`O_TILES` = d/8 tiles of 16×8).
-struct WarpState<const O_TILES: usize> {
+#[derive(Clone, Copy)]
+struct RowTileState<const O_TILES: usize> {
     stats: [RowStats; 2],
     acc: [[f32; 4]; O_TILES],
 }
@@ -59,7 +66,12 @@ impl SharedTiles {
         let row_bytes = fa2_tc_stride(head_dim) * 2;
         let q = SharedAddress::of(gpu::dynamic_shared_f32());
         let tile_bytes = FA2_TC_BLOCK_COLS * row_bytes;
-        Self { q, kv: q.offset(block_rows * row_bytes), row_bytes, tile_bytes }
+        Self {
+            q,
+            kv: q.offset(block_rows * row_bytes),
+            row_bytes,
+            tile_bytes,
+        }
     }
 
     #[inline(always)]
@@ -90,13 +102,19 @@ struct GlobalRows {
 impl GlobalRows {
     #[inline(always)]
     fn new(view: &TensorView, batch: u32, head: u32, rows: u32) -> Self {
-        let base = (view.addr as *const u8).wrapping_add(view.head_offset(batch, head) as usize * 2);
-        Self { base, row_bytes: view.row_stride * 2, rows }
+        let base =
+            (view.addr as *const u8).wrapping_add(view.head_offset(batch, head) as usize * 2);
+        Self {
+            base,
+            row_bytes: view.row_stride * 2,
+            rows,
+        }
     }
 
     #[inline(always)]
     fn element(&self, row: u32, col: u32) -> *const u8 {
-        self.base.wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
+        self.base
+            .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
     }
 }
 
@@ -105,14 +123,29 @@ impl GlobalRows {
 /// rows past the end are zero-filled. `rows`, `head_dim` and `threads` are compile-time
 /// constants once inlined into `forward`.
 #[inline(always)]
-fn copy_tile_async(src: &GlobalRows, first_row: u32, rows: u32, head_dim: u32, threads: u32, tiles: &SharedTiles, dst: SharedAddress) {
+fn copy_tile_async(
+    src: &GlobalRows,
+    first_row: u32,
+    rows: u32,
+    head_dim: u32,
+    threads: u32,
+    tiles: &SharedTiles,
+    dst: SharedAddress,
+) {
     let chunks_per_row = head_dim / FA2_TC_COPY_ELEMENTS;
     let mut chunk = gpu::thread_idx_x();
     while chunk < rows * chunks_per_row {
-        let (r, col) = (chunk / chunks_per_row, chunk % chunks_per_row * FA2_TC_COPY_ELEMENTS);
+        let (r, col) = (
+            chunk / chunks_per_row,
+            chunk % chunks_per_row * FA2_TC_COPY_ELEMENTS,
+        );
         let row = first_row + r;
         let valid = row < src.rows;
-        let source = if valid { src.element(row, col) } else { src.base };
+        let source = if valid {
+            src.element(row, col)
+        } else {
+            src.base
+        };
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
         unsafe { gpu::copy_async_16(tiles.at(dst, r, col), source, valid) };
@@ -120,32 +153,44 @@ fn copy_tile_async(src: &GlobalRows, first_row: u32, rows: u32, head_dim: u32, t
     }
 }
 
-/// The warp's Q_i rows as A fragments, one per 16-column chunk of d.
+/// Shared-memory row of this lane's part of an x4 A-fragment load of row tile `tile`: matrices
+/// rows 0–7 / 8–15 (lanes 8–15, 24–31) × columns 0–7 / 8–15 (lanes 16–31).
 #[inline(always)]
-fn load_q_fragments<const Q_CHUNKS: usize>(tiles: &SharedTiles) -> [[u32; 4]; Q_CHUNKS] {
+fn q_fragment_address(tiles: &SharedTiles, first_row: u32, chunk: u32) -> SharedAddress {
     let lane = gpu::lane_idx();
-    // Matrices of the x4 load: rows 0–7 / 8–15 (lanes 8–15, 24–31), columns 0–7 / 8–15 (lanes 16–31).
-    let row = gpu::warp_idx() * 16 + lane % 8 + (lane / 8) % 2 * 8;
-    let mut fragments = [[0u32; 4]; Q_CHUNKS];
-    for (chunk, fragment) in fragments.iter_mut().enumerate() {
-        *fragment = gpu::load_matrix_x4(tiles.at(tiles.q, row, chunk as u32 * 16 + lane / 16 * 8));
-    }
-    fragments
+    let row = first_row + lane % 8 + (lane / 8) % 2 * 8;
+    tiles.at(tiles.q, row, chunk * 16 + lane / 16 * 8)
 }
 
 /// The kernel body: `Q_CHUNKS` = d/16, `O_TILES` = d/8. Grid (⌈seqlen_q/B_r⌉, batch·heads),
-/// 32·`WARPS` threads, `layout::fa2_tc_shared_bytes(d, WARPS)` bytes of dynamic shared memory.
+/// 32·`WARPS` threads, `layout::Fa2TcTiling::shared_bytes(d)` bytes of dynamic shared memory.
 #[inline(always)]
-pub fn forward<T: TensorCoreElement, const Q_CHUNKS: usize, const O_TILES: usize, const WARPS: u32>(p: &Fa2Params) {
+pub fn forward<
+    T: TensorCoreElement,
+    const Q_CHUNKS: usize,
+    const O_TILES: usize,
+    const WARPS: u32,
+    const ROW_TILES: usize,
+>(
+    p: &Fa2Params,
+) {
     const { assert!(O_TILES == 2 * Q_CHUNKS) };
+    let tiling = Fa2TcTiling {
+        warps: WARPS,
+        row_tiles: ROW_TILES as u32,
+    };
     let head_dim = Q_CHUNKS as u32 * 16;
-    let block_rows = fa2_tc_block_rows(WARPS);
+    let block_rows = tiling.block_rows();
     let threads = WARPS * WARP_SIZE;
     let shape = &p.shape;
     let batch_head = gpu::block_idx_y();
     let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
     // Causal: the last row blocks see the most keys; start them first so the grid's tail is short.
-    let row_block = if shape.causal != 0 { gpu::grid_dim_x() - 1 - gpu::block_idx_x() } else { gpu::block_idx_x() };
+    let row_block = if shape.causal != 0 {
+        gpu::grid_dim_x() - 1 - gpu::block_idx_x()
+    } else {
+        gpu::block_idx_x()
+    };
     let row_start = row_block * block_rows;
     let mask = CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k);
     let q = GlobalRows::new(&p.operands.q, batch, head, shape.seqlen_q);
@@ -154,43 +199,118 @@ pub fn forward<T: TensorCoreElement, const Q_CHUNKS: usize, const O_TILES: usize
     let tiles = SharedTiles::new(head_dim, block_rows);
     let copy_kv = |block: u32, stage: u32| {
         let first = block * FA2_TC_BLOCK_COLS;
-        copy_tile_async(&k, first, FA2_TC_BLOCK_COLS, head_dim, threads, &tiles, tiles.k(stage));
-        copy_tile_async(&v, first, FA2_TC_BLOCK_COLS, head_dim, threads, &tiles, tiles.v(stage));
+        copy_tile_async(
+            &k,
+            first,
+            FA2_TC_BLOCK_COLS,
+            head_dim,
+            threads,
+            &tiles,
+            tiles.k(stage),
+        );
+        copy_tile_async(
+            &v,
+            first,
+            FA2_TC_BLOCK_COLS,
+            head_dim,
+            threads,
+            &tiles,
+            tiles.v(stage),
+        );
     };
 
     // Q_i and the first K/V block, in flight together.
-    copy_tile_async(&q, row_start, block_rows, head_dim, threads, &tiles, tiles.q);
+    copy_tile_async(
+        &q, row_start, block_rows, head_dim, threads, &tiles, tiles.q,
+    );
     copy_kv(0, 0);
     gpu::copy_async_commit();
 
-    let key_blocks = mask.key_blocks_needed(row_start + block_rows, shape.seqlen_k, FA2_TC_BLOCK_COLS);
-    let score_scale = shape.softmax_scale * LOG2_E;
-    let mut state = WarpState::<O_TILES> { stats: [RowStats::EMPTY; 2], acc: [[0.0; 4]; O_TILES] };
-    let mut q_fragments = [[0u32; 4]; Q_CHUNKS];
+    let key_blocks =
+        mask.key_blocks_needed(row_start + block_rows, shape.seqlen_k, FA2_TC_BLOCK_COLS);
+    let warp_rows = WarpRows::<ROW_TILES> {
+        first_row: gpu::warp_idx() * 16 * ROW_TILES as u32,
+    };
+    let empty = RowTileState::<O_TILES> {
+        stats: [RowStats::EMPTY; 2],
+        acc: [[0.0; 4]; O_TILES],
+    };
+    let mut state = [empty; ROW_TILES];
+    let mut q_registers = [[[0u32; 4]; Q_CHUNKS]; ROW_TILES];
+    let step_base = BlockStep {
+        tiles: &tiles,
+        stage: 0,
+        key_start: 0,
+        row_start,
+        mask,
+        seqlen_k: shape.seqlen_k,
+        score_scale: shape.softmax_scale * LOG2_E,
+    };
     for j in 0..key_blocks {
         // Block j has landed, and every warp is done with block j − 1, whose stage is reused next.
         gpu::copy_async_wait_all();
         gpu::sync_threads();
-        if j == 0 {
-            q_fragments = load_q_fragments::<Q_CHUNKS>(&tiles);
+        if j == 0 && ROW_TILES * Q_CHUNKS <= Q_REGISTER_CHUNKS {
+            for (tile, fragments) in q_registers.iter_mut().enumerate() {
+                for (chunk, fragment) in fragments.iter_mut().enumerate() {
+                    *fragment = gpu::load_matrix_x4(q_fragment_address(
+                        &tiles,
+                        warp_rows.tile_row(tile),
+                        chunk as u32,
+                    ));
+                }
+            }
         }
         if j + 1 < key_blocks {
             copy_kv(j + 1, (j + 1) % 2);
             gpu::copy_async_commit();
         }
         let key_start = j * FA2_TC_BLOCK_COLS;
-        let step = BlockStep { tiles: &tiles, stage: j % 2, key_start, row_start, mask, seqlen_k: shape.seqlen_k, score_scale };
-        if key_start + FA2_TC_BLOCK_COLS > shape.seqlen_k || mask.tile_needs_mask(row_start, key_start + FA2_TC_BLOCK_COLS) {
-            step.run::<T, true, Q_CHUNKS, O_TILES>(&q_fragments, &mut state);
+        let step = BlockStep {
+            stage: j % 2,
+            key_start,
+            ..step_base
+        };
+        if key_start + FA2_TC_BLOCK_COLS > shape.seqlen_k
+            || mask.tile_needs_mask(row_start, key_start + FA2_TC_BLOCK_COLS)
+        {
+            step.run::<T, true, Q_CHUNKS, O_TILES, ROW_TILES>(&warp_rows, &q_registers, &mut state);
         } else {
-            step.run::<T, false, Q_CHUNKS, O_TILES>(&q_fragments, &mut state);
+            step.run::<T, false, Q_CHUNKS, O_TILES, ROW_TILES>(
+                &warp_rows,
+                &q_registers,
+                &mut state,
+            );
         }
     }
     gpu::copy_async_wait_all(); // Nothing may be in flight when the block exits.
-    store_output::<T, O_TILES>(p, batch, head, batch_head, row_start, &mut state);
+    for (tile, tile_state) in state.iter_mut().enumerate() {
+        store_output::<T, O_TILES>(
+            p,
+            batch,
+            head,
+            batch_head,
+            row_start + warp_rows.tile_row(tile),
+            tile_state,
+        );
+    }
+}
+
+/// The rows of Q_i one warp owns: `ROW_TILES` consecutive m16 tiles.
+struct WarpRows<const ROW_TILES: usize> {
+    first_row: u32,
+}
+
+impl<const ROW_TILES: usize> WarpRows<ROW_TILES> {
+    /// First row (within Q_i) of row tile `tile`.
+    #[inline(always)]
+    fn tile_row(&self, tile: usize) -> u32 {
+        self.first_row + 16 * tile as u32
+    }
 }
 
 /// One step of the inner loop (one K/V block) for one warp.
+#[derive(Clone, Copy)]
 struct BlockStep<'a> {
     tiles: &'a SharedTiles,
     stage: u32,
@@ -203,49 +323,85 @@ struct BlockStep<'a> {
 
 impl BlockStep<'_> {
     /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S); P̃ = exp2(S − m^(j)); ℓ = α·ℓ + rowsum P̃;
-    /// Õ = α·Õ + P̃·V_j. `MASK`: apply the causal mask and the seqlen_k tail element-wise.
+    /// Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the causal mask and the
+    /// seqlen_k tail element-wise.
     #[inline(always)]
-    fn run<T: TensorCoreElement, const MASK: bool, const Q_CHUNKS: usize, const O_TILES: usize>(
+    fn run<
+        T: TensorCoreElement,
+        const MASK: bool,
+        const Q_CHUNKS: usize,
+        const O_TILES: usize,
+        const ROW_TILES: usize,
+    >(
         &self,
-        q_fragments: &[[u32; 4]; Q_CHUNKS],
-        state: &mut WarpState<O_TILES>,
+        rows: &WarpRows<ROW_TILES>,
+        q_registers: &[[[u32; 4]; Q_CHUNKS]; ROW_TILES],
+        state: &mut [RowTileState<O_TILES>; ROW_TILES],
     ) {
-        let mut scores = self.scores::<T, Q_CHUNKS>(q_fragments);
-        if MASK {
-            self.apply_mask(&mut scores);
+        let mut scores = self.scores::<T, Q_CHUNKS, ROW_TILES>(rows, q_registers);
+        for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
+        {
+            if MASK {
+                self.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
+            }
+            self.online_softmax(tile_scores, tile_state);
         }
-        self.online_softmax(&mut scores, state);
-        self.accumulate_pv::<T, O_TILES>(&scores, state);
+        self.accumulate_pv::<T, O_TILES, ROW_TILES>(&scores, state);
     }
 
-    /// S = Q_i·K_jᵀ for the warp's 16 rows and the block's 64 keys (8 tiles of 16×8).
+    /// S = Q_i·K_jᵀ for each row tile and the block's 64 keys (8 tiles of 16×8). Each K fragment
+    /// is read once and used by every row tile.
     #[inline(always)]
-    fn scores<T: TensorCoreElement, const Q_CHUNKS: usize>(&self, q_fragments: &[[u32; 4]; Q_CHUNKS]) -> [[f32; 4]; KEY_TILES] {
+    fn scores<T: TensorCoreElement, const Q_CHUNKS: usize, const ROW_TILES: usize>(
+        &self,
+        rows: &WarpRows<ROW_TILES>,
+        q_registers: &[[[u32; 4]; Q_CHUNKS]; ROW_TILES],
+    ) -> [[[f32; 4]; KEY_TILES]; ROW_TILES] {
         let lane = gpu::lane_idx();
         let k_tile = self.tiles.k(self.stage);
         // x4 load of two key tiles × one 16-column chunk: keys +0–7 / +8–15 (lanes 16–31),
         // columns 0–7 / 8–15 (lanes 8–15, 24–31). K's rows are B's columns: no transpose.
         let key_in_pair = lane % 8 + lane / 16 * 8;
         let col_in_chunk = (lane / 8) % 2 * 8;
-        let mut scores = [[0.0f32; 4]; KEY_TILES];
+        let mut scores = [[[0.0f32; 4]; KEY_TILES]; ROW_TILES];
         for chunk in 0..Q_CHUNKS {
+            let mut q = [[0u32; 4]; ROW_TILES];
+            for tile in 0..ROW_TILES {
+                q[tile] = if ROW_TILES * Q_CHUNKS <= Q_REGISTER_CHUNKS {
+                    q_registers[tile][chunk]
+                } else {
+                    gpu::load_matrix_x4(q_fragment_address(
+                        self.tiles,
+                        rows.tile_row(tile),
+                        chunk as u32,
+                    ))
+                };
+            }
             for pair in 0..KEY_CHUNKS {
-                let b = gpu::load_matrix_x4(self.tiles.at(k_tile, pair as u32 * 16 + key_in_pair, chunk as u32 * 16 + col_in_chunk));
-                scores[2 * pair] = T::mma(q_fragments[chunk], [b[0], b[1]], scores[2 * pair]);
-                scores[2 * pair + 1] = T::mma(q_fragments[chunk], [b[2], b[3]], scores[2 * pair + 1]);
+                let b = gpu::load_matrix_x4(self.tiles.at(
+                    k_tile,
+                    pair as u32 * 16 + key_in_pair,
+                    chunk as u32 * 16 + col_in_chunk,
+                ));
+                for tile in 0..ROW_TILES {
+                    scores[tile][2 * pair] = T::mma(q[tile], [b[0], b[1]], scores[tile][2 * pair]);
+                    scores[tile][2 * pair + 1] =
+                        T::mma(q[tile], [b[2], b[3]], scores[tile][2 * pair + 1]);
+                }
             }
         }
         scores
     }
 
-    /// −∞ where the key is past seqlen_k or hidden by the causal mask.
+    /// −∞ where the key is past seqlen_k or hidden by the causal mask (row tile starting at row
+    /// `first_row` of the sequence).
     #[inline(always)]
-    fn apply_mask(&self, scores: &mut [[f32; 4]; KEY_TILES]) {
+    fn apply_mask(&self, scores: &mut [[f32; 4]; KEY_TILES], first_row: u32) {
         let lane = gpu::lane_idx();
-        let first_row = self.row_start + gpu::warp_idx() * 16 + lane / 4;
+        let lane_row = first_row + lane / 4;
         for (tile, values) in scores.iter_mut().enumerate() {
             for (e, value) in values.iter_mut().enumerate() {
-                let row = first_row + (e as u32 / 2) * 8;
+                let row = lane_row + (e as u32 / 2) * 8;
                 let key = self.key_start + tile as u32 * 8 + lane % 4 * 2 + e as u32 % 2;
                 if key >= self.seqlen_k || !self.mask.visible(row, key) {
                     *value = f32::NEG_INFINITY;
@@ -254,10 +410,14 @@ impl BlockStep<'_> {
         }
     }
 
-    /// The FA2 update for the lane's two rows (`h` = 0: row l/4, elements 0–1 of each tile;
-    /// `h` = 1: row l/4 + 8, elements 2–3). Overwrites `scores` with P̃.
+    /// The FA2 update for the lane's two rows of one row tile (`h` = 0: row l/4, elements 0–1 of
+    /// each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3). Overwrites `scores` with P̃.
     #[inline(always)]
-    fn online_softmax<const O_TILES: usize>(&self, scores: &mut [[f32; 4]; KEY_TILES], state: &mut WarpState<O_TILES>) {
+    fn online_softmax<const O_TILES: usize>(
+        &self,
+        scores: &mut [[f32; 4]; KEY_TILES],
+        state: &mut RowTileState<O_TILES>,
+    ) {
         for h in 0..2 {
             let mut row_max = f32::NEG_INFINITY;
             for tile in scores.iter() {
@@ -271,12 +431,16 @@ impl BlockStep<'_> {
             let mut row_sum = 0.0f32;
             for tile in scores.iter_mut() {
                 for e in 2 * h..2 * h + 2 {
-                    let p = gpu::exp2(tile[e] * self.score_scale - base);
+                    // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
+                    let p = gpu::exp2(gpu::fma(tile[e], self.score_scale, -base));
                     tile[e] = p;
                     row_sum += p;
                 }
             }
-            state.stats[h] = RowStats { max: stats.max, sum: stats.sum + row_sum };
+            state.stats[h] = RowStats {
+                max: stats.max,
+                sum: stats.sum + row_sum,
+            };
             for tile in state.acc.iter_mut() {
                 tile[2 * h] *= alpha;
                 tile[2 * h + 1] *= alpha;
@@ -284,46 +448,72 @@ impl BlockStep<'_> {
         }
     }
 
-    /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`.
+    /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`, each V
+    /// fragment used by every row tile.
     #[inline(always)]
-    fn accumulate_pv<T: TensorCoreElement, const O_TILES: usize>(&self, p: &[[f32; 4]; KEY_TILES], state: &mut WarpState<O_TILES>) {
+    fn accumulate_pv<T: TensorCoreElement, const O_TILES: usize, const ROW_TILES: usize>(
+        &self,
+        p: &[[[f32; 4]; KEY_TILES]; ROW_TILES],
+        state: &mut [RowTileState<O_TILES>; ROW_TILES],
+    ) {
         let lane = gpu::lane_idx();
         let v_tile = self.tiles.v(self.stage);
         // x4.trans load: keys +0–7 / +8–15 (lanes 8–15, 24–31), columns +0–7 / +8–15 (lanes 16–31).
         let key_in_chunk = lane % 8 + (lane / 8) % 2 * 8;
         let col_in_pair = lane / 16 * 8;
         for chunk in 0..KEY_CHUNKS {
-            let (low, high) = (p[2 * chunk], p[2 * chunk + 1]);
-            let a = [T::pack2(low[0], low[1]), T::pack2(low[2], low[3]), T::pack2(high[0], high[1]), T::pack2(high[2], high[3])];
+            let mut a = [[0u32; 4]; ROW_TILES];
+            for tile in 0..ROW_TILES {
+                let (low, high) = (p[tile][2 * chunk], p[tile][2 * chunk + 1]);
+                a[tile] = [
+                    T::pack2(low[0], low[1]),
+                    T::pack2(low[2], low[3]),
+                    T::pack2(high[0], high[1]),
+                    T::pack2(high[2], high[3]),
+                ];
+            }
             for pair in 0..O_TILES / 2 {
-                let b = gpu::load_matrix_x4_transposed(self.tiles.at(v_tile, chunk as u32 * 16 + key_in_chunk, pair as u32 * 16 + col_in_pair));
-                state.acc[2 * pair] = T::mma(a, [b[0], b[1]], state.acc[2 * pair]);
-                state.acc[2 * pair + 1] = T::mma(a, [b[2], b[3]], state.acc[2 * pair + 1]);
+                let b = gpu::load_matrix_x4_transposed(self.tiles.at(
+                    v_tile,
+                    chunk as u32 * 16 + key_in_chunk,
+                    pair as u32 * 16 + col_in_pair,
+                ));
+                for tile in 0..ROW_TILES {
+                    state[tile].acc[2 * pair] =
+                        T::mma(a[tile], [b[0], b[1]], state[tile].acc[2 * pair]);
+                    state[tile].acc[2 * pair + 1] =
+                        T::mma(a[tile], [b[2], b[3]], state[tile].acc[2 * pair + 1]);
+                }
             }
         }
     }
 }
 
-/// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ.
+/// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ, for the
+/// row tile whose first row (in the sequence) is `first_row`.
 #[inline(always)]
 fn store_output<T: TensorCoreElement, const O_TILES: usize>(
     p: &Fa2Params,
     batch: u32,
     head: u32,
     batch_head: u32,
-    row_start: u32,
-    state: &mut WarpState<O_TILES>,
+    first_row: u32,
+    state: &mut RowTileState<O_TILES>,
 ) {
     let lane = gpu::lane_idx();
     let o = GlobalRows::new(&p.operands.o, batch, head, p.shape.seqlen_q);
-    let logsumexp = (p.logsumexp as *mut f32).wrapping_add(batch_head as usize * p.shape.seqlen_q as usize);
+    let logsumexp =
+        (p.logsumexp as *mut f32).wrapping_add(batch_head as usize * p.shape.seqlen_q as usize);
     for h in 0..2 {
         // Complete ℓ: each lane summed its own columns; the quad adds the four partial sums.
         let mut sum = state.stats[h].sum;
         sum += gpu::shuffle_xor(sum, 1);
         sum += gpu::shuffle_xor(sum, 2);
-        let stats = RowStats { max: state.stats[h].max, sum };
-        let row = row_start + gpu::warp_idx() * 16 + lane / 4 + h as u32 * 8;
+        let stats = RowStats {
+            max: state.stats[h].max,
+            sum,
+        };
+        let row = first_row + lane / 4 + h as u32 * 8;
         if row >= p.shape.seqlen_q {
             continue;
         }

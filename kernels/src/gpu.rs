@@ -25,6 +25,8 @@ unsafe extern "C" {
     fn nvvm_ex2_approx_ftz(x: f32) -> f32;
     #[link_name = "llvm.nvvm.lg2.approx.ftz.f"]
     fn nvvm_lg2_approx_ftz(x: f32) -> f32;
+    #[link_name = "llvm.fma.f32"]
+    fn llvm_fma_f32(a: f32, b: f32, c: f32) -> f32;
 }
 
 /// `threadIdx.x`.
@@ -130,6 +132,13 @@ pub fn shuffle_broadcast(value: f32, source_lane: u32) -> f32 {
 pub fn exp2(x: f32) -> f32 {
     // SAFETY: a pure arithmetic instruction.
     unsafe { nvvm_ex2_approx_ftz(x) }
+}
+
+/// a·b + c with one rounding (`fma.rn.f32`); Rust does not contract a·b + c on its own.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    // SAFETY: a pure arithmetic intrinsic.
+    unsafe { llvm_fma_f32(a, b, c) }
 }
 
 /// `log2(x)` on the special-function unit (`lg2.approx.ftz.f32`). `log2(0) = -inf`.

@@ -134,9 +134,13 @@ mod tests {
 /// each) instead of assuming the worst, and the host checks launches against it.
 pub fn kernel_max_threads(name: &str) -> u32 {
     if name.starts_with("fa2tc_forward_") {
-        // `fa2tc_forward_<dtype>_d<d>_w<warps>`.
-        let warps = name.rsplit("_w").next().and_then(|w| w.parse::<u32>().ok()).unwrap_or(8);
-        return warps * 32;
+        // `fa2tc_forward_<dtype>_d<d>_w<warps>r<row tiles>`.
+        let warps = name
+            .rsplit("_w")
+            .next()
+            .and_then(|w| w.split('r').next())
+            .and_then(|w| w.parse::<u32>().ok());
+        return warps.unwrap_or(8) * 32;
     }
     if let Some(rest) = name.strip_prefix("fa2_forward_") {
         // At head dim 256 only B_r = 64 fits in shared memory; smaller dims may use B_r = 128.
@@ -147,23 +151,58 @@ pub fn kernel_max_threads(name: &str) -> u32 {
     }
 }
 
-/// FA2 on tensor cores (`fa2_tc`): the warp counts it is compiled for. Each warp owns 16 rows of
-/// Q (one m16 tile), so B_r = 16 · warps; more warps share each K/V tile copied into shared memory.
-pub const FA2_TC_WARP_CHOICES: [u32; 2] = [4, 8];
+/// How the tensor-core FA2 (`fa2_tc`) splits a block's rows: `warps` warps, each owning
+/// `row_tiles` m16 tiles of Q (split-Q), so B_r = 16 · warps · row_tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fa2TcTiling {
+    pub warps: u32,
+    pub row_tiles: u32,
+}
+
+/// The tilings the tensor-core kernel is compiled for.
+pub const FA2_TC_TILINGS: [Fa2TcTiling; 3] = [
+    Fa2TcTiling {
+        warps: 4,
+        row_tiles: 1,
+    },
+    Fa2TcTiling {
+        warps: 8,
+        row_tiles: 1,
+    },
+    Fa2TcTiling {
+        warps: 4,
+        row_tiles: 2,
+    },
+];
 /// B_c of the tensor-core kernel.
 pub const FA2_TC_BLOCK_COLS: u32 = 64;
 /// Head dims the tensor-core kernel is compiled for; others use the scalar FA2.
 pub const FA2_TC_HEAD_DIMS: [u32; 2] = [64, 128];
 
-/// B_r of the tensor-core kernel with `warps` warps.
-pub const fn fa2_tc_block_rows(warps: u32) -> u32 {
-    16 * warps
-}
+impl Fa2TcTiling {
+    /// B_r.
+    pub const fn block_rows(self) -> u32 {
+        16 * self.warps * self.row_tiles
+    }
 
-/// The warp count the host picks for a head dim (by measurement: PERF.md).
-pub const fn fa2_tc_default_warps(head_dim: u32) -> u32 {
-    let _ = head_dim;
-    8
+    pub const fn threads(self) -> u32 {
+        32 * self.warps
+    }
+
+    /// Shared memory: Q_i, and K_j, V_j in two stages (the next block's copies land while the
+    /// current one is computed), 16-bit elements.
+    pub const fn shared_bytes(self, head_dim: u32) -> u32 {
+        (self.block_rows() + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
+    }
+
+    /// The tiling the host picks for a head dim (by measurement: PERF.md).
+    pub const fn default_for(head_dim: u32) -> Self {
+        let _ = head_dim;
+        Fa2TcTiling {
+            warps: 4,
+            row_tiles: 2,
+        }
+    }
 }
 
 /// Elements of the global-memory rows a tensor-core kernel copies with one 16-byte `cp.async`;
@@ -175,10 +214,4 @@ pub const FA2_TC_COPY_ELEMENTS: u32 = 8;
 /// eight different bank groups.
 pub const fn fa2_tc_stride(head_dim: u32) -> u32 {
     head_dim + 8
-}
-
-/// Shared memory of the tensor-core kernel: Q_i, and K_j, V_j in two stages (the next block's
-/// copies land while the current one is computed), 16-bit elements.
-pub const fn fa2_tc_shared_bytes(head_dim: u32, warps: u32) -> u32 {
-    (fa2_tc_block_rows(warps) + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
 }

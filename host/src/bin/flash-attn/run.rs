@@ -72,7 +72,7 @@ impl RunArgs {
             softmax_scale: self.scale,
             fa1_sram_floats: self.fa1_sram_floats,
             fa2_blocks: self.fa2_blocks,
-            fa2_tc_warps: None,
+            fa2_tc_tiling: None,
         })
     }
 }
