@@ -23,7 +23,7 @@ pub const PINNED_TOOLCHAIN: &str = "nightly-2026-05-20";
 /// LLVM's loop-unroll size threshold for the kernels. Per-thread register arrays (a warp's rows
 /// of Õ, its scores) stay in registers only if every loop that indexes them is fully unrolled;
 /// LLVM's default (300) leaves the larger of those loops rolled and the arrays in local memory.
-const UNROLL_THRESHOLD: u32 = 1000;
+const UNROLL_THRESHOLD: u32 = 2000;
 
 /// GPU architectures the PTX can target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
