@@ -46,8 +46,10 @@ logs=${1:-sanitizer-logs}
 mkdir -p "$logs"
 passed=0; failed=0
 for tool in memcheck racecheck synccheck initcheck; do
-  if compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      bin/flash-attn check --require-gpu --shapes sanitizer > "$logs/$tool.log" 2>&1; then
+  # SANITIZER_TIMEOUT (seconds per tool) bounds a slow tool; unset or 0: no bound.
+  if timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      --print-limit 20 bin/flash-attn check --require-gpu --shapes sanitizer \
+      > "$logs/$tool.log" 2>&1; then
     passed=$((passed + 1)); echo "$tool: pass ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.log" | tail -1))"
   else
     failed=$((failed + 1)); echo "$tool: FAIL"; tail -30 "$logs/$tool.log"
