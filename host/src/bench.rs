@@ -216,23 +216,6 @@ struct Inputs<T> {
     v: DeviceTensor<T>,
 }
 
-impl<T: Element> Inputs<T> {
-    fn random(gpu: &Gpu, dims: [usize; 4], rng: &mut impl Rng) -> Result<Self> {
-        let mut upload = || {
-            DeviceTensor::from_array(
-                gpu,
-                random_tensor::<T>(dims, rng).view(),
-                Layout::BatchHeadSeqDim,
-            )
-        };
-        Ok(Self {
-            q: upload()?,
-            k: upload()?,
-            v: upload()?,
-        })
-    }
-}
-
 fn time_case<T: Element>(
     gpu: &Gpu,
     algorithm: Algorithm,
@@ -250,12 +233,33 @@ fn time_case<T: Element>(
     let dims = shape.dims();
     let problem = Problem::new(dims, dims, dims, &options)?;
 
+    // Fresh N(0, 1) inputs, drawn once per case; every set of device buffers holds them.
+    let host = [(); 3].map(|_| random_tensor::<T>(dims, rng));
+    let upload_set = || -> Result<Inputs<T>> {
+        let upload = |a: &ndarray::Array4<T>| {
+            DeviceTensor::from_array(gpu, a.view(), Layout::BatchHeadSeqDim)
+        };
+        Ok(Inputs {
+            q: upload(&host[0])?,
+            k: upload(&host[1])?,
+            v: upload(&host[2])?,
+        })
+    };
+
     // Peak memory of one call, from an empty pool: its inputs, output and workspace.
     gpu.synchronize()?;
     gpu.reset_peak_memory()?;
-    let first = Inputs::<T>::random(gpu, dims, rng)?;
-    let mut output = new_output(gpu, algorithm, &first.q, &first.k, &first.v, &options)?;
+    let mut inputs = vec![upload_set()?];
+    let mut output = new_output(
+        gpu,
+        algorithm,
+        &inputs[0].q,
+        &inputs[0].k,
+        &inputs[0].v,
+        &options,
+    )?;
     let workspace = Workspace::<T>::new(gpu, algorithm, &problem)?;
+    let first = &inputs[0];
     attention_with_workspace(
         gpu,
         algorithm,
@@ -269,14 +273,14 @@ fn time_case<T: Element>(
     gpu.synchronize()?;
     let peak_memory_bytes = gpu.peak_memory()?;
 
-    // Rotate through enough input sets that they cannot all sit in L2.
+    // Rotate through enough sets of buffers (same values, different addresses) that they cannot
+    // all sit in L2.
     let set_bytes = 3 * dims.iter().product::<usize>() * T::DTYPE.size_bytes();
     let sets = (4 * gpu.info().l2_cache_bytes)
         .div_ceil(set_bytes.max(1))
         .clamp(2, 16);
-    let mut inputs = vec![first];
     for _ in 1..sets {
-        inputs.push(Inputs::random(gpu, dims, rng)?);
+        inputs.push(upload_set()?);
     }
     let mut launch = |i: usize| {
         let set = &inputs[i % inputs.len()];
@@ -364,6 +368,7 @@ pub fn max_seqlen(
 /// Allocates everything one call needs (zero-filled inputs: nothing is computed or timed on them).
 fn allocate_call<T: Element>(gpu: &Gpu, algorithm: Algorithm, dims: [usize; 4]) -> Result<()> {
     let problem = Problem::new(dims, dims, dims, &AttentionOptions::default())?;
+    // Zero-filled on the device (a memset): nothing is computed on them.
     let q = DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?;
     let k = DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?;
     let v = DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?;

@@ -197,7 +197,18 @@ impl Gpu {
     /// and how much is free, and leaves the context usable.
     pub fn alloc<T: Element>(&self, len: usize, what: &'static str) -> Result<CudaSlice<T>> {
         let requested = len.saturating_mul(std::mem::size_of::<T>());
-        let (free, total) = self.memory()?;
+        let (mut free, total) = self.memory()?;
+        if requested > free {
+            // Memory freed into the pool (kept there for speed) is not "free" to the driver:
+            // hand it back before concluding there is not enough.
+            self.synchronize()?;
+            let pool = self.memory_pool()?;
+            // SAFETY: trims unused pool memory; live allocations are untouched.
+            unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+                .result()
+                .context(|| "cuMemPoolTrimTo".into())?;
+            free = self.memory()?.0;
+        }
         if requested > free {
             return Err(Error::OutOfMemory {
                 what,
@@ -351,6 +362,14 @@ impl Gpu {
 
     /// Fills a buffer with `value` (from the host).
     pub fn fill<T: Element>(&self, slice: &mut CudaSlice<T>, value: T) -> Result<()> {
+        let as_f64 = value.to_f64();
+        if as_f64 == 0.0 && as_f64.is_sign_positive() {
+            // +0.0 is all-zero bits in every dtype: a device memset, no host buffer.
+            return self
+                .stream
+                .memset_zeros(slice)
+                .context(|| "zeroing a buffer".into());
+        }
         let data = vec![value; slice.len()];
         self.stream
             .memcpy_htod(&data, slice)
