@@ -2,31 +2,10 @@
 //! was skipped and passes; with `FLASH_ATTN_REQUIRE_GPU=1` (the bundle's run script) a missing
 //! GPU fails instead.
 
+mod common;
+
 use flash_attn::check::{CheckProblem, CheckResult, check_problem, describe};
-use flash_attn::{Algorithm, DType, Error, Gpu, Layout};
-use std::io::Write;
-
-use rand::SeedableRng;
-
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match Gpu::open(0) {
-        Ok(gpu) => Some(gpu),
-        Err(e @ (Error::NoDriver | Error::NoDevice { .. }))
-            if std::env::var_os("FLASH_ATTN_REQUIRE_GPU").is_none() =>
-        {
-            // Written straight to stderr: the test harness captures println!, and a skip must show.
-            let _ = writeln!(std::io::stderr(), "{test}: skipped: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: cannot open the GPU: {e}"),
-    }
-}
-
-fn rng(test: &str) -> rand::rngs::StdRng {
-    let seed: u64 = rand::random();
-    println!("{test}: seed {seed}");
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
+use flash_attn::{Algorithm, DType, Gpu, Layout};
 
 /// Runs the problems, prints every result and the worst error/bound ratio, and fails on any miss.
 fn run_all(
@@ -36,7 +15,7 @@ fn run_all(
     algorithms: &[Algorithm],
     layouts: &[Layout],
 ) {
-    let mut rng = rng(test);
+    let mut rng = common::seeded_rng(test);
     let mut results: Vec<CheckResult> = Vec::new();
     for &problem in problems {
         results.extend(
@@ -84,7 +63,7 @@ fn problem(
 
 #[test]
 fn standard_attention_f32_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("standard_attention_f32_matches_the_reference") else {
+    let Some(gpu) = common::gpu_or_skip("standard_attention_f32_matches_the_reference") else {
         return;
     };
     let mut problems = Vec::new();
@@ -113,7 +92,7 @@ fn standard_attention_f32_matches_the_reference() {
 /// run its scalar fallback).
 #[test]
 fn fa1_and_fa2_pass_the_grid() {
-    let Some(gpu) = gpu_or_skip("fa1_and_fa2_pass_the_grid") else {
+    let Some(gpu) = common::gpu_or_skip("fa1_and_fa2_pass_the_grid") else {
         return;
     };
     const LENGTHS: [(usize, usize); 9] = [
@@ -152,10 +131,10 @@ fn fa1_and_fa2_pass_the_grid() {
 /// both 16-bit dtypes, at tails in both directions and causal both ways.
 #[test]
 fn every_fa2_tc_tiling_matches_the_reference() {
-    let Some(gpu) = gpu_or_skip("every_fa2_tc_tiling_matches_the_reference") else {
+    let Some(gpu) = common::gpu_or_skip("every_fa2_tc_tiling_matches_the_reference") else {
         return;
     };
-    let mut rng = rng("fa2_tc_tilings");
+    let mut rng = common::seeded_rng("fa2_tc_tilings");
     let mut results = Vec::new();
     for tiling in flash_kernels::layout::FA2_TC_TILINGS {
         let overrides = flash_attn::AttentionOptions {

@@ -2,7 +2,7 @@
 //! out-of-memory recovery, and 200 randomized shapes per run. Without a GPU each test says it was
 //! skipped; `FLASH_ATTN_REQUIRE_GPU=1` turns that into a failure.
 
-use std::io::Write;
+mod common;
 
 use flash_attn::check::{
     CheckProblem, check_problem, describe, random_tensor, run_poisoned, to_f64,
@@ -11,31 +11,7 @@ use flash_attn::reference::attention_reference;
 use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Error, Gpu, Layout, Problem};
 use half::bf16;
 use ndarray::{Array4, Axis, s};
-use rand::{Rng, SeedableRng};
-
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match Gpu::open(0) {
-        Ok(gpu) => Some(gpu),
-        Err(e @ (Error::NoDriver | Error::NoDevice { .. }))
-            if std::env::var_os("FLASH_ATTN_REQUIRE_GPU").is_none() =>
-        {
-            // Straight to stderr: the harness captures println!, and a skip must show.
-            let _ = writeln!(std::io::stderr(), "{test}: skipped: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: cannot open the GPU: {e}"),
-    }
-}
-
-fn seeded(test: &str) -> rand::rngs::StdRng {
-    let seed: u64 = rand::random();
-    println!("{test}: seed {seed} (FLASH_ATTN_SEED={seed} reproduces it)");
-    let seed = std::env::var("FLASH_ATTN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(seed);
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
+use rand::Rng;
 
 /// Uploads host arrays in PyTorch's layout and runs one algorithm.
 fn run<T: flash_attn::Element>(
@@ -57,10 +33,10 @@ fn run<T: flash_attn::Element>(
 
 #[test]
 fn logits_of_magnitude_1e4_neither_overflow_nor_lose_accuracy() {
-    let Some(gpu) = gpu_or_skip("large_logits") else {
+    let Some(gpu) = common::gpu_or_skip("large_logits") else {
         return;
     };
-    let mut rng = seeded("large_logits");
+    let mut rng = common::seeded_rng("large_logits");
     // σ_q·σ_k = 1e4 gives scaled logits scale·q·k of standard deviation about 1e4.
     for algorithm in Algorithm::ALL {
         for causal in [false, true] {
@@ -125,10 +101,10 @@ fn nan_rows(o: &Array4<f64>) -> Vec<bool> {
 /// 0, and 0·NaN = NaN), which the README documents.
 #[test]
 fn nan_inputs_propagate_as_documented() {
-    let Some(gpu) = gpu_or_skip("nan_propagation") else {
+    let Some(gpu) = common::gpu_or_skip("nan_propagation") else {
         return;
     };
-    let mut rng = seeded("nan_propagation");
+    let mut rng = common::seeded_rng("nan_propagation");
     let dims = [1, 2, 70, 64];
     for algorithm in Algorithm::ALL {
         for causal in [false, true] {
@@ -169,10 +145,10 @@ fn nan_inputs_propagate_as_documented() {
 
 #[test]
 fn rows_with_no_visible_key_give_zero_and_minus_infinity() {
-    let Some(gpu) = gpu_or_skip("fully_masked_rows") else {
+    let Some(gpu) = common::gpu_or_skip("fully_masked_rows") else {
         return;
     };
-    let mut rng = seeded("fully_masked_rows");
+    let mut rng = common::seeded_rng("fully_masked_rows");
     // Causal with seqlen_q = 150 > seqlen_k = 40: the first 110 queries see no key.
     let (q, k, v) = (
         random_tensor::<bf16>([2, 2, 150, 64], &mut rng),
@@ -202,10 +178,10 @@ fn rows_with_no_visible_key_give_zero_and_minus_infinity() {
 
 #[test]
 fn repeated_runs_are_bitwise_identical() {
-    let Some(gpu) = gpu_or_skip("determinism") else {
+    let Some(gpu) = common::gpu_or_skip("determinism") else {
         return;
     };
-    let mut rng = seeded("determinism");
+    let mut rng = common::seeded_rng("determinism");
     let dims = [2, 3, 777, 128];
     let (q, k, v) = (
         random_tensor::<bf16>(dims, &mut rng),
@@ -236,7 +212,7 @@ fn repeated_runs_are_bitwise_identical() {
 
 #[test]
 fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
-    let Some(gpu) = gpu_or_skip("out_of_memory") else {
+    let Some(gpu) = common::gpu_or_skip("out_of_memory") else {
         return;
     };
     // Standard attention at N = 2^19 needs a 2^38-float S (1 TiB): far beyond any GPU.
@@ -272,7 +248,7 @@ fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
         Ok(_) => panic!("expected OutOfMemory"),
     }
     // The context is still usable.
-    let mut rng = seeded("out_of_memory");
+    let mut rng = common::seeded_rng("out_of_memory");
     let problem = CheckProblem {
         batch: 1,
         heads: 2,
@@ -299,10 +275,10 @@ fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
 /// supported head dim, causal, dtype, algorithm; the FA1/FA2 tolerance rule for each.
 #[test]
 fn two_hundred_random_cases_pass_the_tolerance_rule() {
-    let Some(gpu) = gpu_or_skip("randomized") else {
+    let Some(gpu) = common::gpu_or_skip("randomized") else {
         return;
     };
-    let mut rng = seeded("randomized");
+    let mut rng = common::seeded_rng("randomized");
     const HEAD_DIMS: [usize; 12] = [1, 8, 16, 32, 40, 59, 64, 80, 96, 111, 128, 256];
     let mut worst: Option<flash_attn::check::CheckResult> = None;
     for case in 0..200 {

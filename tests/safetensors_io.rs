@@ -5,8 +5,9 @@
 //!
 //! Test files are encoded here with plain `to_le_bytes`, independently of the module's encoder.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -14,7 +15,7 @@ use flash_attn::safetensors_io::{
     AttentionFileOutput, HostQkv, INPUT_ROLES, LOGSUMEXP_NAME, OUTPUT_NAME, Qkv, ROW_MAX_NAME,
     ROW_SUM_NAME, read_qkv, write_outputs,
 };
-use flash_attn::{AttentionOptions, DType, Element, Error, Gpu, Problem};
+use flash_attn::{AttentionOptions, DType, Element, Error, Problem};
 use half::{bf16, f16};
 use ndarray::{Array3, Array4};
 use rand::SeedableRng;
@@ -419,20 +420,6 @@ fn cli_reports_file_and_shape_errors_before_looking_for_a_gpu() {
     }
 }
 
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match Gpu::open(0) {
-        Ok(gpu) => Some(gpu),
-        Err(e @ (Error::NoDriver | Error::NoDevice { .. }))
-            if std::env::var_os("FLASH_ATTN_REQUIRE_GPU").is_none() =>
-        {
-            // Written straight to stderr: the test harness captures println!, and a skip must show.
-            let _ = writeln!(std::io::stderr(), "{test}: skipped: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: cannot open the GPU: {e}"),
-    }
-}
-
 /// max |got − want| / max |want|, the f32 rule of `flash_attn::check`.
 fn relative_error(got: &[f64], want: &[f64]) -> f64 {
     let max_error = got
@@ -449,7 +436,7 @@ fn relative_error(got: &[f64], want: &[f64]) -> f64 {
 #[test]
 fn run_command_matches_the_reference_on_a_gpu() {
     let test = "run_command_matches_the_reference_on_a_gpu";
-    let Some(gpu) = gpu_or_skip(test) else {
+    let Some(gpu) = common::gpu_or_skip(test) else {
         return;
     };
     drop(gpu);

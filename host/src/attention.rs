@@ -529,64 +529,24 @@ pub fn attention_with_workspace<T: Element>(
             if uses_tensor_cores(dtype, problem.head_dim, &operands) =>
         {
             let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
-            let block_rows = tiling.block_rows();
-            let params = Fa2Params {
-                operands,
-                shape: problem.shape(),
-                logsumexp: gpu.address(l),
-                block_rows,
-                _pad: 0,
-            };
-            let launch = Launch {
-                grid: (
-                    problem.seqlen_q.div_ceil(block_rows as usize) as u32,
-                    problem.batch_heads() as u32,
-                    1,
-                ),
-                threads: tiling.threads(),
-                shared_bytes: tiling.shared_bytes(problem.head_dim as u32),
-            };
             let (d, warps, row_tiles) = (problem.head_dim, tiling.warps, tiling.row_tiles);
             let kernel = format!("fa2tc_forward_{dtype}_d{d}_w{warps}r{row_tiles}");
-            gpu.launch(&kernel, launch, params)
+            let shared_bytes = tiling.shared_bytes(d as u32);
+            let rows = (tiling.block_rows(), tiling.threads());
+            launch_fa2_grid(gpu, &kernel, &problem, operands, l, rows, shared_bytes)
         }
         (Algorithm::Fa2 | Algorithm::Fa2Tc, RowStatistics::LogSumExp(l)) => {
             let (block_rows, block_cols) =
                 fa2_blocks(problem.head_dim, shared_limit, options.fa2_blocks)?;
-            let capacity = kernel_layout::fa2_head_dim_capacity(problem.head_dim as u32)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "head_dim",
-                        problem.head_dim,
-                        format!("allowed: 1 to {MAX_HEAD_DIM}"),
-                    )
-                })?;
-            let params = Fa2Params {
-                operands,
-                shape: problem.shape(),
-                logsumexp: gpu.address(l),
-                block_rows,
-                _pad: 0,
-            };
-            let launch = Launch {
-                grid: (
-                    problem.seqlen_q.div_ceil(block_rows as usize) as u32,
-                    problem.batch_heads() as u32,
-                    1,
-                ),
-                threads: kernel_layout::fa2_threads(block_rows),
-                shared_bytes: kernel_layout::fa2_shared_bytes(
-                    block_rows,
-                    block_cols,
-                    problem.head_dim as u32,
-                ) as u32,
-            };
+            let d = problem.head_dim as u32;
+            let capacity = kernel_layout::fa2_head_dim_capacity(d).ok_or_else(|| {
+                Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
+            })?;
             debug_assert_eq!(block_rows % FA2_ROWS_PER_WARP, 0);
-            gpu.launch(
-                &format!("fa2_forward_{dtype}_d{capacity}_bc{block_cols}"),
-                launch,
-                params,
-            )
+            let kernel = format!("fa2_forward_{dtype}_d{capacity}_bc{block_cols}");
+            let shared_bytes = kernel_layout::fa2_shared_bytes(block_rows, block_cols, d) as u32;
+            let rows = (block_rows, kernel_layout::fa2_threads(block_rows));
+            launch_fa2_grid(gpu, &kernel, &problem, operands, l, rows, shared_bytes)
         }
         _ => Err(Error::invalid(
             "output.stats",
@@ -594,6 +554,37 @@ pub fn attention_with_workspace<T: Element>(
             format!("use `new_statistics` for {algorithm}"),
         )),
     }
+}
+
+/// Launches an FA2-family kernel over its grid (⌈seqlen_q/B_r⌉, batch·heads); `rows` is
+/// (B_r, threads per block).
+fn launch_fa2_grid(
+    gpu: &Gpu,
+    kernel: &str,
+    problem: &Problem,
+    operands: Operands,
+    logsumexp: &CudaSlice<f32>,
+    (block_rows, threads): (u32, u32),
+    shared_bytes: u32,
+) -> Result<()> {
+    let params = Fa2Params {
+        operands,
+        shape: problem.shape(),
+        logsumexp: gpu.address(logsumexp),
+        block_rows,
+        _pad: 0,
+    };
+    let row_blocks = problem.seqlen_q.div_ceil(block_rows as usize) as u32;
+    let grid = (row_blocks, problem.batch_heads() as u32, 1);
+    gpu.launch(
+        kernel,
+        Launch {
+            grid,
+            threads,
+            shared_bytes,
+        },
+        params,
+    )
 }
 
 /// The three kernels of standard attention, with S and P in device memory.

@@ -24,7 +24,7 @@ pub fn attention_reference(
     scale: f64,
 ) -> Reference {
     let all: Vec<usize> = (0..q.dim().2).collect();
-    attention_with_rounding(q, k, v, causal, scale, &all, |p| p, |o| o)
+    attention_reference_rows(q, k, v, causal, scale, &all)
 }
 
 /// [`attention_reference`] for the query rows `rows` only (row indices into seqlen_q, which the

@@ -56,27 +56,21 @@ fn tile_product(
                 0.0
             },
         );
-        if b_rows_are_columns {
-            b_tile.set(
-                tx,
-                ty,
-                if k_in(tx) {
-                    b(k0 + tx, tile_col + ty)
-                } else {
-                    0.0
-                },
-            );
+        // B's tile is B[k][col]; loading it transposed (thread x walks k) keeps B = Kᵀ coalesced.
+        let (k, col) = if b_rows_are_columns {
+            (tx, ty)
         } else {
-            b_tile.set(
-                ty,
-                tx,
-                if k_in(ty) {
-                    b(k0 + ty, tile_col + tx)
-                } else {
-                    0.0
-                },
-            );
-        }
+            (ty, tx)
+        };
+        b_tile.set(
+            k,
+            col,
+            if k_in(k) {
+                b(k0 + k, tile_col + col)
+            } else {
+                0.0
+            },
+        );
         gpu::sync_threads();
         for k in 0..MATMUL_DEPTH {
             acc += a_tile.get(ty, k) * b_tile.get(k, tx);

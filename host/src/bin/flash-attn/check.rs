@@ -56,23 +56,21 @@ fn shapes(set: &str) -> flash_attn::Result<Vec<Shape>> {
     }
 }
 
+/// Every item parsed (an error names the bad one and the allowed values), or `all` when empty.
+fn parse_or_all<T: std::str::FromStr<Err = flash_attn::Error> + Copy>(
+    items: &[String],
+    all: &[T],
+) -> flash_attn::Result<Vec<T>> {
+    if items.is_empty() {
+        Ok(all.to_vec())
+    } else {
+        items.iter().map(|i| i.parse()).collect()
+    }
+}
+
 pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
-    let algorithms: Vec<Algorithm> = if args.algorithms.is_empty() {
-        Algorithm::ALL.to_vec()
-    } else {
-        args.algorithms
-            .iter()
-            .map(|a| a.parse())
-            .collect::<Result<_, _>>()?
-    };
-    let dtypes: Vec<DType> = if args.dtypes.is_empty() {
-        DType::ALL.to_vec()
-    } else {
-        args.dtypes
-            .iter()
-            .map(|d| d.parse())
-            .collect::<Result<_, _>>()?
-    };
+    let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
+    let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
     let shapes = shapes(&args.shapes)?;
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,

@@ -1,0 +1,34 @@
+//! Helpers shared by the integration tests (each test binary compiles this module and uses a
+//! subset of it, hence the `dead_code` allowance).
+#![allow(dead_code)]
+
+use std::io::Write;
+
+use flash_attn::{Error, Gpu};
+use rand::SeedableRng;
+
+/// The GPU, or `None` after saying why the test is skipped. With `FLASH_ATTN_REQUIRE_GPU` set (the
+/// bundle's run script sets it) a missing GPU is a failure instead.
+pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
+    match Gpu::open(0) {
+        Ok(gpu) => Some(gpu),
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. }))
+            if std::env::var_os("FLASH_ATTN_REQUIRE_GPU").is_none() =>
+        {
+            // Written straight to stderr: the test harness captures println!, and a skip must show.
+            let _ = writeln!(std::io::stderr(), "{test}: skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: cannot open the GPU: {e}"),
+    }
+}
+
+/// A fresh random generator whose seed is printed; `FLASH_ATTN_SEED` replays a run.
+pub fn seeded_rng(test: &str) -> rand::rngs::StdRng {
+    let seed = std::env::var("FLASH_ATTN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("{test}: seed {seed} (FLASH_ATTN_SEED={seed} reproduces it)");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
