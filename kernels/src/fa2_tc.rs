@@ -525,7 +525,7 @@ fn store_output<T: TensorCoreElement, const O_TILES: usize>(
             // of 8 elements, so the 4-byte store is aligned.
             unsafe { *(o.element(row, col) as *mut u32) = packed };
         }
-        if lane % 4 == 0 {
+        if lane.is_multiple_of(4) {
             // SAFETY: row < seqlen_q; the host allocated batch·heads·seqlen_q floats.
             unsafe { *logsumexp.add(row as usize) = stats.logsumexp(gpu::log2) };
         }

@@ -232,6 +232,8 @@ pub struct SharedAddress(pub u32);
 impl SharedAddress {
     /// The shared-window address of a generic pointer into shared memory.
     #[inline(always)]
+    // The asm converts the pointer's value and never dereferences it, so `nomem` is right.
+    #[allow(clippy::pointers_in_nomem_asm_block)]
     pub fn of<T>(pointer: *const T) -> Self {
         let address: u32;
         // SAFETY: an address conversion; no memory is touched.
