@@ -260,3 +260,37 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
             && sample[sample.len() - 1] == 4999
     );
 }
+
+#[test]
+fn device_errors_say_which_problem_it_is() {
+    use flash_attn::device::check_capability;
+    // A device older than the PTX's target: named, with both capabilities.
+    let err = check_capability(0, "Tesla T4", (7, 5), "sm_90")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Tesla T4")
+            && err.contains("7.5")
+            && err.contains("sm_90")
+            && err.contains("9.0"),
+        "{err}"
+    );
+    assert!(check_capability(0, "NVIDIA H200", (9, 0), "sm_90").is_ok());
+    assert!(check_capability(0, "NVIDIA A100", (8, 0), "sm_80").is_ok());
+    // Module-load and driver errors name what failed.
+    let load = Error::ModuleLoad {
+        ordinal: 0,
+        arch: "sm_90",
+        detail: "CUDA_ERROR_INVALID_PTX".into(),
+    }
+    .to_string();
+    assert!(
+        load.contains("failed to load") && load.contains("CUDA_ERROR_INVALID_PTX"),
+        "{load}"
+    );
+    assert!(Error::NoDriver.to_string().contains("libcuda"));
+    // On a machine without a driver (CI), opening a GPU is that typed error, not a panic.
+    if let Err(e) = flash_attn::Gpu::open(0) {
+        assert!(matches!(e, Error::NoDriver | Error::NoDevice { .. }), "{e}");
+    }
+}

@@ -80,18 +80,7 @@ impl Gpu {
             detail: e.to_string(),
         })?;
         let info = device_info(&ctx, ordinal)?;
-        let (required_major, required_minor) = required_capability(PTX_ARCH);
-        if info.compute_capability < (required_major, required_minor) {
-            return Err(Error::DeviceTooOld {
-                ordinal,
-                name: info.name.clone(),
-                major: info.compute_capability.0,
-                minor: info.compute_capability.1,
-                arch: PTX_ARCH,
-                required_major,
-                required_minor,
-            });
-        }
+        check_capability(ordinal, &info.name, info.compute_capability, PTX_ARCH)?;
         let module = ctx
             .load_module(Ptx::from_src(PTX))
             .map_err(|e| Error::ModuleLoad {
@@ -377,11 +366,34 @@ impl Gpu {
     }
 }
 
+/// The compute capability `arch`'s PTX needs.
 fn required_capability(arch: &str) -> (i32, i32) {
     match arch {
         "sm_80" => (8, 0),
         _ => (9, 0),
     }
+}
+
+/// A typed error when a device of `capability` cannot run PTX built for `arch`.
+pub fn check_capability(
+    ordinal: usize,
+    name: &str,
+    capability: (i32, i32),
+    arch: &'static str,
+) -> Result<()> {
+    let (required_major, required_minor) = required_capability(arch);
+    if capability >= (required_major, required_minor) {
+        return Ok(());
+    }
+    Err(Error::DeviceTooOld {
+        ordinal,
+        name: name.to_string(),
+        major: capability.0,
+        minor: capability.1,
+        arch,
+        required_major,
+        required_minor,
+    })
 }
 
 fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {
