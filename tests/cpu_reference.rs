@@ -294,3 +294,35 @@ fn device_errors_say_which_problem_it_is() {
         assert!(matches!(e, Error::NoDriver | Error::NoDevice { .. }), "{e}");
     }
 }
+
+/// The README's main command on a machine without a GPU: one line saying so, then the predicted
+/// HBM-traffic table, exit 0. (With a GPU this test leaves the sweep to the bundle's scripts.)
+#[test]
+fn bench_without_a_gpu_prints_the_predicted_traffic() {
+    if flash_attn::Gpu::open(0).is_ok() {
+        return;
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flash-attn"))
+        .args(["bench", "--quick"])
+        .output()
+        .expect("the CLI runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("no GPU")),
+        "{stdout}"
+    );
+    for algorithm in ["standard", "fa1", "fa2", "fa2-tc"] {
+        assert!(
+            stdout.contains(&format!("| {algorithm} |")),
+            "{algorithm} missing:\n{stdout}"
+        );
+    }
+}
