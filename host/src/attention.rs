@@ -426,15 +426,6 @@ impl<T: Element> Workspace<T> {
         })
     }
 
-    /// Bytes `algorithm` allocates as workspace for `problem`.
-    pub fn bytes(algorithm: Algorithm, problem: &Problem) -> usize {
-        match algorithm {
-            Algorithm::Standard => problem.rows() * problem.seqlen_k * (4 + T::DTYPE.size_bytes()),
-            Algorithm::Fa1 => problem.rows() * problem.head_dim * 4,
-            Algorithm::Fa2 | Algorithm::Fa2Tc => 0,
-        }
-    }
-
     fn address<E>(gpu: &Gpu, buffer: &Option<CudaSlice<E>>, what: &'static str) -> Result<u64> {
         buffer.as_ref().map(|b| gpu.address(b)).ok_or_else(|| {
             Error::invalid(
