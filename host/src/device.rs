@@ -15,6 +15,10 @@ use crate::error::{CudaContextExt, Error, Result};
 
 /// The PTX module with every kernel, built by `host/build.rs` and embedded in the library.
 pub const PTX: &str = include_str!(env!("FLASH_ATTN_PTX_PATH"));
+/// Environment variable naming a PTX file to load instead of the embedded module: for A/B
+/// experiments on kernel variants with one host binary. The file must define the same kernels
+/// (same names and parameters) for the same architecture.
+pub const PTX_OVERRIDE_VAR: &str = "FLASH_ATTN_PTX";
 /// The architecture the embedded PTX targets.
 pub const PTX_ARCH: &str = env!("FLASH_ATTN_PTX_ARCH");
 
@@ -82,7 +86,7 @@ impl Gpu {
         let info = device_info(&ctx, ordinal)?;
         check_capability(ordinal, &info.name, info.compute_capability, PTX_ARCH)?;
         let module = ctx
-            .load_module(Ptx::from_src(PTX))
+            .load_module(Ptx::from_src(module_source()?))
             .map_err(|e| Error::ModuleLoad {
                 ordinal,
                 arch: PTX_ARCH,
@@ -174,7 +178,7 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Names of the module's kernels, from the PTX's `.entry` directives.
+    /// Names of the embedded module's kernels, from the PTX's `.entry` directives.
     pub fn kernel_names() -> Vec<&'static str> {
         PTX.lines()
             .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
@@ -363,6 +367,20 @@ impl Gpu {
         self.stream
             .memcpy_htod(&data, slice)
             .context(|| "filling a buffer".into())
+    }
+}
+
+/// The PTX to load: the embedded module, or the file named by [`PTX_OVERRIDE_VAR`].
+fn module_source() -> Result<String> {
+    match std::env::var_os(PTX_OVERRIDE_VAR) {
+        None => Ok(PTX.to_string()),
+        Some(path) => std::fs::read_to_string(&path).map_err(|e| {
+            Error::invalid(
+                "FLASH_ATTN_PTX",
+                path.to_string_lossy(),
+                format!("a readable PTX file, or unset to use the embedded module ({e})"),
+            )
+        }),
     }
 }
 

@@ -119,9 +119,11 @@ impl GlobalRows {
 }
 
 /// Issues the copies of one tile (Q_i, K_j or V_j): rows `[first_row, first_row + rows)` of `src`
-/// into the shared tile at `dst`, 16 bytes per `cp.async`, spread over the block's `threads`;
-/// rows past the end are zero-filled. `rows`, `head_dim` and `threads` are compile-time
-/// constants once inlined into `forward`.
+/// into the shared tile at `dst`, 16 bytes per `cp.async`; rows past the end are zero-filled.
+/// The block's `threads` cover `threads / (d/8)` whole rows per pass, so each thread copies the
+/// same column of rows `r₀, r₀ + rows_per_pass, …`. `rows`, `head_dim` and `threads` are
+/// compile-time constants once inlined into `forward` (which checks the divisibility), so the
+/// passes unroll into straight-line copies.
 #[inline(always)]
 fn copy_tile_async(
     src: &GlobalRows,
@@ -133,12 +135,14 @@ fn copy_tile_async(
     dst: SharedAddress,
 ) {
     let chunks_per_row = head_dim / FA2_TC_COPY_ELEMENTS;
-    let mut chunk = gpu::thread_idx_x();
-    while chunk < rows * chunks_per_row {
-        let (r, col) = (
-            chunk / chunks_per_row,
-            chunk % chunks_per_row * FA2_TC_COPY_ELEMENTS,
-        );
+    let rows_per_pass = threads / chunks_per_row;
+    let thread = gpu::thread_idx_x();
+    let (first_tile_row, col) = (
+        thread / chunks_per_row,
+        thread % chunks_per_row * FA2_TC_COPY_ELEMENTS,
+    );
+    for pass in 0..rows / rows_per_pass {
+        let r = first_tile_row + pass * rows_per_pass;
         let row = first_row + r;
         let valid = row < src.rows;
         let source = if valid {
@@ -149,7 +153,6 @@ fn copy_tile_async(
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
         unsafe { gpu::copy_async_16(tiles.at(dst, r, col), source, valid) };
-        chunk += threads;
     }
 }
 
@@ -174,7 +177,15 @@ pub fn forward<
 >(
     p: &Fa2Params,
 ) {
-    const { assert!(O_TILES == 2 * Q_CHUNKS) };
+    const {
+        assert!(O_TILES == 2 * Q_CHUNKS);
+        // copy_tile_async: the block copies whole rows per pass, and every tile is whole passes.
+        let chunks_per_row = Q_CHUNKS as u32 * 16 / FA2_TC_COPY_ELEMENTS;
+        let rows_per_pass = WARPS * WARP_SIZE / chunks_per_row;
+        assert!((WARPS * WARP_SIZE).is_multiple_of(chunks_per_row));
+        assert!(FA2_TC_BLOCK_COLS.is_multiple_of(rows_per_pass));
+        assert!((16 * WARPS * ROW_TILES as u32).is_multiple_of(rows_per_pass));
+    };
     let tiling = Fa2TcTiling {
         warps: WARPS,
         row_tiles: ROW_TILES as u32,
@@ -339,14 +350,15 @@ impl BlockStep<'_> {
         state: &mut [RowTileState<O_TILES>; ROW_TILES],
     ) {
         let mut scores = self.scores::<T, Q_CHUNKS, ROW_TILES>(rows, q_registers);
+        let mut p = [[[0u32; 4]; KEY_CHUNKS]; ROW_TILES];
         for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
         {
             if MASK {
                 self.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
             }
-            self.online_softmax(tile_scores, tile_state);
+            p[tile] = self.online_softmax::<T, O_TILES>(tile_scores, tile_state);
         }
-        self.accumulate_pv::<T, O_TILES, ROW_TILES>(&scores, state);
+        self.accumulate_pv::<T, O_TILES, ROW_TILES>(&p, state);
     }
 
     /// S = Q_i·K_jᵀ for each row tile and the block's 64 keys (8 tiles of 16×8). Each K fragment
@@ -411,41 +423,46 @@ impl BlockStep<'_> {
     }
 
     /// The FA2 update for the lane's two rows of one row tile (`h` = 0: row l/4, elements 0–1 of
-    /// each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3). Overwrites `scores` with P̃.
+    /// each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3). Overwrites `scores` with P̃ and
+    /// returns P̃ packed to 16 bits as the A fragments of P̃·V (one per 16-key chunk): from here on
+    /// only half the registers of S stay live. ℓ adds the f32 values, before rounding.
     #[inline(always)]
-    fn online_softmax<const O_TILES: usize>(
+    fn online_softmax<T: TensorCoreElement, const O_TILES: usize>(
         &self,
         scores: &mut [[f32; 4]; KEY_TILES],
         state: &mut RowTileState<O_TILES>,
-    ) {
+    ) -> [[u32; 4]; KEY_CHUNKS] {
+        // The S tile of keys 16c..16c+8 gives fragment registers 0 (row l/4) and 1 (row l/4 + 8)
+        // of chunk c; keys 16c+8..16c+16 give registers 2 and 3 (mma.m16n8k16's A layout).
+        let mut fragments = [[0u32; 4]; KEY_CHUNKS];
         for h in 0..2 {
-            let mut row_max = f32::NEG_INFINITY;
-            for tile in scores.iter() {
-                row_max = row_max.max(tile[2 * h]).max(tile[2 * h + 1]);
-            }
+            let row_max = pairwise(row_half(scores, h), f32::max);
             // The quad (lanes 4g..4g+3) holds the row's 64 keys between them.
-            row_max = row_max.max(gpu::shuffle_xor(row_max, 1));
-            row_max = row_max.max(gpu::shuffle_xor(row_max, 2));
+            let row_max = row_max.max(gpu::shuffle_xor(row_max, 1));
+            let row_max = row_max.max(gpu::shuffle_xor(row_max, 2));
             let (stats, alpha) = fa2_rescale(state.stats[h], row_max * self.score_scale, gpu::exp2);
             let base = RowStats::exp_base(stats.max);
-            let mut row_sum = 0.0f32;
             for tile in scores.iter_mut() {
-                for e in 2 * h..2 * h + 2 {
+                for value in &mut tile[2 * h..2 * h + 2] {
                     // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
-                    let p = gpu::exp2(gpu::fma(tile[e], self.score_scale, -base));
-                    tile[e] = p;
-                    row_sum += p;
+                    *value = gpu::exp2(gpu::fma(*value, self.score_scale, -base));
                 }
             }
             state.stats[h] = RowStats {
                 max: stats.max,
-                sum: stats.sum + row_sum,
+                sum: stats.sum + pairwise(row_half(scores, h), |a, b| a + b),
             };
+            for (tile, values) in scores.iter().enumerate() {
+                fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
+            }
+            // Õ = diag(α)·Õ. (Skipping it when α = 1 warp-wide, exact, measured slower: the
+            // branch costs more than the multiplies it saves; PERF.md, FA2-TC v4.)
             for tile in state.acc.iter_mut() {
                 tile[2 * h] *= alpha;
                 tile[2 * h + 1] *= alpha;
             }
         }
+        fragments
     }
 
     /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`, each V
@@ -453,7 +470,7 @@ impl BlockStep<'_> {
     #[inline(always)]
     fn accumulate_pv<T: TensorCoreElement, const O_TILES: usize, const ROW_TILES: usize>(
         &self,
-        p: &[[[f32; 4]; KEY_TILES]; ROW_TILES],
+        p: &[[[u32; 4]; KEY_CHUNKS]; ROW_TILES],
         state: &mut [RowTileState<O_TILES>; ROW_TILES],
     ) {
         let lane = gpu::lane_idx();
@@ -462,16 +479,6 @@ impl BlockStep<'_> {
         let key_in_chunk = lane % 8 + (lane / 8) % 2 * 8;
         let col_in_pair = lane / 16 * 8;
         for chunk in 0..KEY_CHUNKS {
-            let mut a = [[0u32; 4]; ROW_TILES];
-            for tile in 0..ROW_TILES {
-                let (low, high) = (p[tile][2 * chunk], p[tile][2 * chunk + 1]);
-                a[tile] = [
-                    T::pack2(low[0], low[1]),
-                    T::pack2(low[2], low[3]),
-                    T::pack2(high[0], high[1]),
-                    T::pack2(high[2], high[3]),
-                ];
-            }
             for pair in 0..O_TILES / 2 {
                 let b = gpu::load_matrix_x4_transposed(self.tiles.at(
                     v_tile,
@@ -480,13 +487,40 @@ impl BlockStep<'_> {
                 ));
                 for tile in 0..ROW_TILES {
                     state[tile].acc[2 * pair] =
-                        T::mma(a[tile], [b[0], b[1]], state[tile].acc[2 * pair]);
+                        T::mma(p[tile][chunk], [b[0], b[1]], state[tile].acc[2 * pair]);
                     state[tile].acc[2 * pair + 1] =
-                        T::mma(a[tile], [b[2], b[3]], state[tile].acc[2 * pair + 1]);
+                        T::mma(p[tile][chunk], [b[2], b[3]], state[tile].acc[2 * pair + 1]);
                 }
             }
         }
     }
+}
+
+/// The lane's values of one row of a row tile's S (or P̃): elements 2h and 2h + 1 of each 16×8
+/// tile (`h` = 0: row l/4; `h` = 1: row l/4 + 8).
+#[inline(always)]
+fn row_half(scores: &[[f32; 4]; KEY_TILES], h: usize) -> [f32; 2 * KEY_TILES] {
+    let mut values = [0.0; 2 * KEY_TILES];
+    for (tile, pair) in scores.iter().zip(values.chunks_exact_mut(2)) {
+        pair.copy_from_slice(&tile[2 * h..2 * h + 2]);
+    }
+    values
+}
+
+/// Reduces `values` by `op` as a balanced tree: log2(N) dependent steps instead of N − 1, so the
+/// warp's row max and row sum do not serialise on the ALU latency. For max the order does not
+/// change the result; for the sum it is the (more accurate) pairwise sum.
+#[inline(always)]
+fn pairwise<const N: usize>(mut values: [f32; N], op: impl Fn(f32, f32) -> f32) -> f32 {
+    const { assert!(N.is_power_of_two()) };
+    let mut width = N;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            values[i] = op(values[i], values[i + width]);
+        }
+    }
+    values[0]
 }
 
 /// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ, for the

@@ -45,7 +45,8 @@ cd "$(dirname "$0")"
 logs=${1:-sanitizer-logs}
 mkdir -p "$logs"
 passed=0; failed=0
-for tool in memcheck racecheck synccheck initcheck; do
+# SANITIZER_TOOLS picks a subset (e.g. to run the tools as parallel processes).
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
   # SANITIZER_TIMEOUT (seconds per tool) bounds a slow tool; unset or 0: no bound.
   if timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
       --print-limit 20 bin/flash-attn check --require-gpu --shapes sanitizer \
