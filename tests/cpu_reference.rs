@@ -326,3 +326,26 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
         );
     }
 }
+
+#[test]
+fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
+    use flash_attn::device::{PTX, module_source};
+    assert_eq!(module_source(None).unwrap(), PTX);
+    let dir = std::env::temp_dir().join(format!("flash-attn-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let variant = dir.join("variant.ptx");
+    std::fs::write(&variant, ".version 8.0\n.target sm_90\n").unwrap();
+    assert_eq!(
+        module_source(Some(variant.clone().into())).unwrap(),
+        ".version 8.0\n.target sm_90\n"
+    );
+    let missing = dir.join("missing.ptx");
+    let err = module_source(Some(missing.clone().into()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("FLASH_ATTN_PTX") && err.contains("missing.ptx") && err.contains("readable"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

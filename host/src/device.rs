@@ -86,7 +86,9 @@ impl Gpu {
         let info = device_info(&ctx, ordinal)?;
         check_capability(ordinal, &info.name, info.compute_capability, PTX_ARCH)?;
         let module = ctx
-            .load_module(Ptx::from_src(module_source()?))
+            .load_module(Ptx::from_src(module_source(std::env::var_os(
+                PTX_OVERRIDE_VAR,
+            ))?))
             .map_err(|e| Error::ModuleLoad {
                 ordinal,
                 arch: PTX_ARCH,
@@ -370,9 +372,10 @@ impl Gpu {
     }
 }
 
-/// The PTX to load: the embedded module, or the file named by [`PTX_OVERRIDE_VAR`].
-fn module_source() -> Result<String> {
-    match std::env::var_os(PTX_OVERRIDE_VAR) {
+/// The PTX to load: the embedded module, or the file `override_path` names (the value of
+/// [`PTX_OVERRIDE_VAR`]).
+pub fn module_source(override_path: Option<std::ffi::OsString>) -> Result<String> {
+    match override_path {
         None => Ok(PTX.to_string()),
         Some(path) => std::fs::read_to_string(&path).map_err(|e| {
             Error::invalid(
