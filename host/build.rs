@@ -1,5 +1,6 @@
-//! Builds the kernels crate into PTX (see `ptx-build`) and hands its path to the library, which
-//! embeds it with `include_str!`. A plain `cargo build` or `cargo test` needs nothing else.
+//! Builds the kernels crate into PTX (see `ptx-build`), deflates it (PTX text shrinks about 7×,
+//! and every binary of the workspace embeds it) and hands the path to the library, which embeds
+//! it with `include_bytes!`. A plain `cargo build` or `cargo test` needs nothing else.
 //!
 //! `FLASH_ATTN_PTX_ARCH` (sm_80, sm_90 or sm_90a; default sm_90) picks the target.
 
@@ -32,7 +33,16 @@ fn main() {
     };
     match build.run() {
         Ok(ptx) => {
-            println!("cargo:rustc-env=FLASH_ATTN_PTX_PATH={}", ptx.path.display());
+            let text = std::fs::read(&ptx.path)
+                .unwrap_or_else(|e| fail(&format!("reading {}: {e}", ptx.path.display())));
+            let deflated_path = out_dir.join("flash_attn.ptx.deflate");
+            let deflated = miniz_oxide::deflate::compress_to_vec(&text, 9);
+            std::fs::write(&deflated_path, deflated)
+                .unwrap_or_else(|e| fail(&format!("writing {}: {e}", deflated_path.display())));
+            println!(
+                "cargo:rustc-env=FLASH_ATTN_PTX_DEFLATED={}",
+                deflated_path.display()
+            );
             println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={arch}");
         }
         Err(e) => fail(&e.to_string()),

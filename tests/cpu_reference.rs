@@ -329,8 +329,9 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
 
 #[test]
 fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
-    use flash_attn::device::{PTX, module_source};
-    assert_eq!(module_source(None).unwrap(), PTX);
+    use flash_attn::device::{module_source, ptx};
+    assert_eq!(module_source(None).unwrap(), ptx());
+    assert!(ptx().contains(".visible .entry fa2tc_forward_bf16_d128_w4r2("));
     let dir = std::env::temp_dir().join(format!("flash-attn-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let variant = dir.join("variant.ptx");

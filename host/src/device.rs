@@ -1,7 +1,7 @@
 //! One GPU: its context, a stream, the embedded kernel module, and typed launches.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUmemPool_attribute};
 use cudarc::driver::{
@@ -13,8 +13,18 @@ use cudarc::nvrtc::Ptx;
 use crate::dtype::Element;
 use crate::error::{CudaContextExt, Error, Result};
 
-/// The PTX module with every kernel, built by `host/build.rs` and embedded in the library.
-pub const PTX: &str = include_str!(env!("FLASH_ATTN_PTX_PATH"));
+/// The PTX module with every kernel, built and deflated by `host/build.rs`.
+static PTX_DEFLATED: &[u8] = include_bytes!(env!("FLASH_ATTN_PTX_DEFLATED"));
+
+/// The embedded PTX module with every kernel (inflated on first use).
+pub fn ptx() -> &'static str {
+    static PTX: OnceLock<String> = OnceLock::new();
+    PTX.get_or_init(|| {
+        let bytes = miniz_oxide::inflate::decompress_to_vec(PTX_DEFLATED)
+            .expect("host/build.rs deflated the PTX");
+        String::from_utf8(bytes).expect("PTX is ASCII text")
+    })
+}
 /// Environment variable naming a PTX file to load instead of the embedded module: for A/B
 /// experiments on kernel variants with one host binary. The file must define the same kernels
 /// (same names and parameters) for the same architecture.
@@ -182,7 +192,8 @@ impl Gpu {
 
     /// Names of the embedded module's kernels, from the PTX's `.entry` directives.
     pub fn kernel_names() -> Vec<&'static str> {
-        PTX.lines()
+        ptx()
+            .lines()
             .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
             .map(|l| l.split('(').next().unwrap_or(l).trim())
             .collect()
@@ -376,7 +387,7 @@ impl Gpu {
 /// [`PTX_OVERRIDE_VAR`]).
 pub fn module_source(override_path: Option<std::ffi::OsString>) -> Result<String> {
     match override_path {
-        None => Ok(PTX.to_string()),
+        None => Ok(ptx().to_string()),
         Some(path) => std::fs::read_to_string(&path).map_err(|e| {
             Error::invalid(
                 "FLASH_ATTN_PTX",
