@@ -100,6 +100,8 @@ pub fn ptxas_report(arch: Arch) -> Result<Vec<KernelResources>> {
 }
 
 /// Parses `ptxas -v` output: per entry, its stack/spill line and its register/shared line.
+/// ptxas also prints "Function properties" for the device functions an entry calls (core's panic
+/// paths, for one) after the entry's own: only the block that names the entry is its own.
 fn parse_ptxas(log: &str) -> Vec<KernelResources> {
     let number_before = |line: &str, unit: &str| -> u32 {
         line.split(',')
@@ -108,6 +110,8 @@ fn parse_ptxas(log: &str) -> Vec<KernelResources> {
             .unwrap_or(0)
     };
     let mut kernels: Vec<KernelResources> = Vec::new();
+    // The function the last "Function properties for" line named.
+    let mut properties_of = String::new();
     for line in log.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default().to_string();
@@ -115,8 +119,10 @@ fn parse_ptxas(log: &str) -> Vec<KernelResources> {
                 name,
                 ..Default::default()
             });
+        } else if let Some(name) = line.split("Function properties for ").nth(1) {
+            properties_of = name.trim().to_string();
         } else if let Some(k) = kernels.last_mut() {
-            if line.contains("bytes stack frame") {
+            if line.contains("bytes stack frame") && properties_of == k.name {
                 k.stack_bytes = number_before(line, "stack frame");
                 k.spill_stores = number_before(line, "spill stores");
                 k.spill_loads = number_before(line, "spill loads");
@@ -136,7 +142,9 @@ mod tests {
         let log = "ptxas info    : Compiling entry function 'k1' for 'sm_90'\n\
                    ptxas info    : Function properties for k1\n    \
                    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
-                   ptxas info    : Used 40 registers, used 1 barriers, 2176 bytes smem, 384 bytes cmem[0]\n";
+                   ptxas info    : Used 40 registers, used 1 barriers, 2176 bytes smem, 384 bytes cmem[0]\n\
+                   ptxas info    : Function properties for _RNvNtCs_4core9panicking9panic_fmt\n    \
+                   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
         let k = &super::parse_ptxas(log)[0];
         assert_eq!(
             (k.name.as_str(), k.registers, k.shared_bytes),
