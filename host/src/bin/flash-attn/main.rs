@@ -47,6 +47,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `flash-attn info | head`: end quietly when the reader goes away, as Unix tools do, instead
+    // of panicking in println! on the broken pipe (Rust ignores SIGPIPE by default).
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info(cli.device),
