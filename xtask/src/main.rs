@@ -2,11 +2,13 @@
 //!
 //! - `ptx [--arch sm_90]`    build the PTX module (the same build the host crate's build script runs)
 //! - `ptxas [--arch sm_90]`  assemble it with ptxas and print registers, shared memory, stack, spills
-//! - `test`                  PTX build, ptxas check, and every test (the README's test command)
+//! - `sass [--kernel NAME]`  SASS of the tensor-core kernels: HMMA, ldmatrix, MUFU, spills in the main loop
+//! - `test`                  PTX build, ptxas and SASS checks, and every test (the README's test command)
 //! - `bundle`                release binaries + PTX + a run script for a GPU machine without Rust
 
 mod bundle;
 mod ptx;
+mod sass;
 mod test;
 
 use std::path::{Path, PathBuf};
@@ -36,7 +38,17 @@ enum Command {
         #[arg(long, default_value = "sm_90")]
         arch: ptx_build::Arch,
     },
-    /// PTX build, ptxas check, then every test. GPU tests skip (and say so) without a GPU.
+    /// Disassemble the module (cuobjdump/nvdisasm from PyPI) and count, per tensor-core kernel,
+    /// the HMMA, ldmatrix, MUFU and local-memory instructions of its main loop; fails when a
+    /// tensor-core kernel has no HMMA in a loop. Writes the full SASS beside the PTX.
+    Sass {
+        #[arg(long, default_value = "sm_90")]
+        arch: ptx_build::Arch,
+        /// Kernels whose name contains this (default: the tensor-core kernels).
+        #[arg(long)]
+        kernel: Option<String>,
+    },
+    /// PTX build, ptxas and SASS checks, then every test. GPU tests skip (and say so) without a GPU.
     Test,
     /// Release binaries and a run script, in one folder, for a GPU machine with no Rust toolchain.
     Bundle {
@@ -52,6 +64,7 @@ fn main() -> ExitCode {
             println!("{} kernels in {}", ptx.kernels.len(), ptx.path.display());
         }),
         Command::Ptxas { arch } => ptx::ptxas_report(arch).map(|_| ()),
+        Command::Sass { arch, kernel } => sass::report(arch, kernel.as_deref()).map(|_| ()),
         Command::Test => test::run(),
         Command::Bundle { out } => bundle::run(&out),
     };

@@ -23,24 +23,30 @@ pub fn build(arch: Arch) -> Result<Ptx> {
 
 /// ptxas from the PyPI wheel, installed into `.tools/` (git-ignored) on first use.
 pub fn ptxas() -> Result<PathBuf> {
-    let tools = root().join(".tools/cuda-nvcc");
-    let ptxas = tools.join("nvidia/cu13/bin/ptxas");
-    if !ptxas.exists() {
-        eprintln!("installing ptxas ({PTXAS_WHEEL}) into {}", tools.display());
+    tool_from_wheel("cuda-nvcc", PTXAS_WHEEL, "ptxas")
+}
+
+/// `binary` from a CUDA PyPI wheel (`nvidia/cu13/bin/`), installed into `.tools/<dir>` on first
+/// use, so CI and machines without a CUDA toolkit get NVIDIA's own tools.
+pub fn tool_from_wheel(dir: &str, wheel: &str, binary: &str) -> Result<PathBuf> {
+    let tools = root().join(".tools").join(dir);
+    let path = tools.join("nvidia/cu13/bin").join(binary);
+    if !path.exists() {
+        eprintln!("installing {binary} ({wheel}) into {}", tools.display());
         let status = Command::new("python3")
             .args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
             .arg(&tools)
-            .arg(PTXAS_WHEEL)
+            .arg(wheel)
             .status()
-            .map_err(|e| format!("cannot run python3 -m pip (needed to install ptxas): {e}"))?;
-        if !status.success() || !ptxas.exists() {
+            .map_err(|e| format!("cannot run python3 -m pip (needed to install {binary}): {e}"))?;
+        if !status.success() || !path.exists() {
             return Err(format!(
-                "installing {PTXAS_WHEEL} failed; install it with: python3 -m pip install --target {} {PTXAS_WHEEL}",
+                "installing {wheel} failed; install it with: python3 -m pip install --target {} {wheel}",
                 tools.display()
             ));
         }
     }
-    Ok(ptxas)
+    Ok(path)
 }
 
 /// One kernel's resources as ptxas reports them.
