@@ -25,6 +25,7 @@ pub fn ptx() -> &'static str {
         String::from_utf8(bytes).expect("PTX is ASCII text")
     })
 }
+
 /// Environment variable naming a PTX file to load instead of the embedded module: for A/B
 /// experiments on kernel variants with one host binary. The file must define the same kernels
 /// (same names and parameters) for the same architecture.
@@ -390,7 +391,7 @@ pub fn module_source(override_path: Option<std::ffi::OsString>) -> Result<String
         None => Ok(ptx().to_string()),
         Some(path) => std::fs::read_to_string(&path).map_err(|e| {
             Error::invalid(
-                "FLASH_ATTN_PTX",
+                PTX_OVERRIDE_VAR,
                 path.to_string_lossy(),
                 format!("a readable PTX file, or unset to use the embedded module ({e})"),
             )
