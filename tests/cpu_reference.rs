@@ -350,3 +350,45 @@ fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn fa2_tc_tilings_are_checked_per_head_dim() {
+    use flash_attn::attention::fa2_tc_tiling;
+    use flash_kernels::layout::Fa2TcTiling;
+    let two_row_tiles = Fa2TcTiling {
+        warps: 4,
+        row_tiles: 2,
+    };
+    for d in [32, 64, 96, 128] {
+        assert_eq!(fa2_tc_tiling(d, None).unwrap(), two_row_tiles);
+        assert_eq!(
+            fa2_tc_tiling(d, Some(two_row_tiles)).unwrap(),
+            two_row_tiles
+        );
+    }
+    // d = 256: one row tile per warp only (two would need 512 accumulator registers per lane).
+    let default_256 = fa2_tc_tiling(256, None).unwrap();
+    assert_eq!((default_256.warps, default_256.row_tiles), (8, 1));
+    let err = fa2_tc_tiling(256, Some(two_row_tiles))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("fa2_tc_tiling")
+            && err.contains("4 warps × 2 row tiles")
+            && err.contains("4×1, 8×1"),
+        "{err}"
+    );
+    let err = fa2_tc_tiling(
+        64,
+        Some(Fa2TcTiling {
+            warps: 2,
+            row_tiles: 4,
+        }),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("allowed at head_dim 64: 4×1, 8×1, 4×2"),
+        "{err}"
+    );
+}

@@ -608,16 +608,28 @@ fn run_standard(gpu: &Gpu, problem: &Problem, dtype: DType, params: StandardPara
     )
 }
 
-/// FA2-TC's tiling: the override if it is one the kernel is compiled for, else the default.
+/// FA2-TC's tiling: the override if the kernel is compiled with it at this head dim, else the
+/// default for the head dim.
 pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2TcTiling> {
+    let d = head_dim as u32;
     match tiling {
-        None => Ok(Fa2TcTiling::default_for(head_dim as u32)),
-        Some(t) if kernel_layout::FA2_TC_TILINGS.contains(&t) => Ok(t),
-        Some(t) => Err(Error::invalid(
-            "fa2_tc_tiling",
-            format!("{} warps × {} row tiles", t.warps, t.row_tiles),
-            "allowed: 4×1, 8×1, 4×2 (warps × row tiles)",
-        )),
+        None => Ok(Fa2TcTiling::default_for(d)),
+        Some(t) if t.is_compiled_for(d) => Ok(t),
+        Some(t) => {
+            let allowed: Vec<String> = kernel_layout::FA2_TC_TILINGS
+                .iter()
+                .filter(|t| t.is_compiled_for(d))
+                .map(|t| format!("{}×{}", t.warps, t.row_tiles))
+                .collect();
+            Err(Error::invalid(
+                "fa2_tc_tiling",
+                format!("{} warps × {} row tiles", t.warps, t.row_tiles),
+                format!(
+                    "allowed at head_dim {head_dim}: {} (warps × row tiles)",
+                    allowed.join(", ")
+                ),
+            ))
+        }
     }
 }
 

@@ -64,11 +64,14 @@ macro_rules! fa2_kernels {
 }
 
 /// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>r<row tiles>` for the tensor-core FA2
-/// (`layout::FA2_TC_HEAD_DIMS` × `layout::FA2_TC_TILINGS`).
+/// (`layout::FA2_TC_HEAD_DIMS` × the `layout::FA2_TC_TILINGS` each is compiled for).
 macro_rules! fa2_tc_kernels {
     ($($dtype:ident => $t:ty),*) => {$(
+        fa2_tc_kernels!(@tilings $dtype, $t, 32; (4, 1) (8, 1) (4, 2));
         fa2_tc_kernels!(@tilings $dtype, $t, 64; (4, 1) (8, 1) (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 96; (4, 1) (8, 1) (4, 2));
         fa2_tc_kernels!(@tilings $dtype, $t, 128; (4, 1) (8, 1) (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 256; (4, 1) (8, 1));
     )*};
     (@tilings $dtype:ident, $t:ty, $d:literal; $(($warps:literal, $rows:literal))*) => {$(
         const _: () = {

@@ -120,10 +120,11 @@ impl GlobalRows {
 
 /// Issues the copies of one tile (Q_i, K_j or V_j): rows `[first_row, first_row + rows)` of `src`
 /// into the shared tile at `dst`, 16 bytes per `cp.async`; rows past the end are zero-filled.
-/// The block's `threads` cover `threads / (d/8)` whole rows per pass, so each thread copies the
-/// same column of rows `r₀, r₀ + rows_per_pass, …`. `rows`, `head_dim` and `threads` are
-/// compile-time constants once inlined into `forward` (which checks the divisibility), so the
-/// passes unroll into straight-line copies.
+/// When the block's `threads` cover whole rows per pass (`threads` a multiple of d/8), each
+/// thread copies the same column of rows `r₀, r₀ + rows_per_pass, …` and, `rows`, `head_dim`
+/// and `threads` being compile-time constants once inlined into `forward`, the passes unroll
+/// into straight-line copies. Otherwise (d = 96: 12 copies per row) the threads stride over the
+/// tile's copies.
 #[inline(always)]
 fn copy_tile_async(
     src: &GlobalRows,
@@ -137,12 +138,7 @@ fn copy_tile_async(
     let chunks_per_row = head_dim / FA2_TC_COPY_ELEMENTS;
     let rows_per_pass = threads / chunks_per_row;
     let thread = gpu::thread_idx_x();
-    let (first_tile_row, col) = (
-        thread / chunks_per_row,
-        thread % chunks_per_row * FA2_TC_COPY_ELEMENTS,
-    );
-    for pass in 0..rows / rows_per_pass {
-        let r = first_tile_row + pass * rows_per_pass;
+    let copy_chunk = |r: u32, col: u32| {
         let row = first_row + r;
         let valid = row < src.rows;
         let source = if valid {
@@ -153,6 +149,24 @@ fn copy_tile_async(
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
         unsafe { gpu::copy_async_16(tiles.at(dst, r, col), source, valid) };
+    };
+    if threads.is_multiple_of(chunks_per_row) && rows.is_multiple_of(rows_per_pass) {
+        let (first_tile_row, col) = (
+            thread / chunks_per_row,
+            thread % chunks_per_row * FA2_TC_COPY_ELEMENTS,
+        );
+        for pass in 0..rows / rows_per_pass {
+            copy_chunk(first_tile_row + pass * rows_per_pass, col);
+        }
+    } else {
+        let mut chunk = thread;
+        while chunk < rows * chunks_per_row {
+            copy_chunk(
+                chunk / chunks_per_row,
+                chunk % chunks_per_row * FA2_TC_COPY_ELEMENTS,
+            );
+            chunk += threads;
+        }
     }
 }
 
@@ -177,15 +191,7 @@ pub fn forward<
 >(
     p: &Fa2Params,
 ) {
-    const {
-        assert!(O_TILES == 2 * Q_CHUNKS);
-        // copy_tile_async: the block copies whole rows per pass, and every tile is whole passes.
-        let chunks_per_row = Q_CHUNKS as u32 * 16 / FA2_TC_COPY_ELEMENTS;
-        let rows_per_pass = WARPS * WARP_SIZE / chunks_per_row;
-        assert!((WARPS * WARP_SIZE).is_multiple_of(chunks_per_row));
-        assert!(FA2_TC_BLOCK_COLS.is_multiple_of(rows_per_pass));
-        assert!((16 * WARPS * ROW_TILES as u32).is_multiple_of(rows_per_pass));
-    };
+    const { assert!(O_TILES == 2 * Q_CHUNKS) };
     let tiling = Fa2TcTiling {
         warps: WARPS,
         row_tiles: ROW_TILES as u32,

@@ -177,7 +177,7 @@ pub const FA2_TC_TILINGS: [Fa2TcTiling; 3] = [
 /// B_c of the tensor-core kernel.
 pub const FA2_TC_BLOCK_COLS: u32 = 64;
 /// Head dims the tensor-core kernel is compiled for; others use the scalar FA2.
-pub const FA2_TC_HEAD_DIMS: [u32; 2] = [64, 128];
+pub const FA2_TC_HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
 
 impl Fa2TcTiling {
     /// B_r.
@@ -195,13 +195,34 @@ impl Fa2TcTiling {
         (self.block_rows() + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
     }
 
-    /// The tiling the host picks: 4 warps × 2 row tiles (B_r = 128), measured fastest at both
-    /// head dims on the H200 (PERF.md, FA2-TC v3).
+    /// Whether the kernel is compiled with this tiling at `head_dim`. At d = 256 two row tiles
+    /// would hold 2·256 f32 accumulators per lane, past the 255-register limit: single row tiles
+    /// only.
+    pub const fn is_compiled_for(self, head_dim: u32) -> bool {
+        let mut i = 0;
+        let mut listed = false;
+        while i < FA2_TC_TILINGS.len() {
+            let t = FA2_TC_TILINGS[i];
+            listed |= t.warps == self.warps && t.row_tiles == self.row_tiles;
+            i += 1;
+        }
+        listed && (head_dim <= 128 || self.row_tiles == 1)
+    }
+
+    /// The tiling the host picks: 4 warps × 2 row tiles (B_r = 128), measured fastest at
+    /// d = 64 and 128 on the H200 (PERF.md, FA2-TC v3); at d = 256, 8 warps × 1 row tile
+    /// (B_r = 128, the most warps one block of 198 KiB shared memory gives an SM).
     pub const fn default_for(head_dim: u32) -> Self {
-        let _ = head_dim;
-        Fa2TcTiling {
-            warps: 4,
-            row_tiles: 2,
+        if head_dim > 128 {
+            Fa2TcTiling {
+                warps: 8,
+                row_tiles: 1,
+            }
+        } else {
+            Fa2TcTiling {
+                warps: 4,
+                row_tiles: 2,
+            }
         }
     }
 }
