@@ -331,7 +331,7 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
 fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
     use flash_attn::device::{module_source, ptx};
     assert_eq!(module_source(None).unwrap(), ptx());
-    assert!(ptx().contains(".visible .entry fa2tc_forward_bf16_d128_w4r2("));
+    assert!(ptx().contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2("));
     let dir = std::env::temp_dir().join(format!("flash-attn-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let variant = dir.join("variant.ptx");
@@ -349,4 +349,46 @@ fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
+    use flash_attn::attention::{fa2_tc_tiling, parse_fa2_tc_tiling};
+    use flash_kernels::layout::Fa2TcTiling;
+    let default = Fa2TcTiling::new(4, 2, 2);
+    assert_eq!(parse_fa2_tc_tiling("4x2").unwrap(), default);
+    assert_eq!(parse_fa2_tc_tiling("4x2s2").unwrap(), default);
+    assert_eq!(
+        parse_fa2_tc_tiling("8x1s1").unwrap(),
+        Fa2TcTiling::new(8, 1, 1)
+    );
+    for bad in ["4", "4x", "x2", "4x2s", "4xtwo", "4x2s1s"] {
+        let err = parse_fa2_tc_tiling(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("fa2-tc-tiling") && err.contains(bad) && err.contains("4x2s1"),
+            "{err}"
+        );
+    }
+    for d in [32, 64, 96, 128] {
+        assert_eq!(fa2_tc_tiling(d, None).unwrap(), default);
+        for tiling in flash_kernels::layout::FA2_TC_TILINGS {
+            assert_eq!(fa2_tc_tiling(d, Some(tiling)).unwrap(), tiling);
+        }
+    }
+    // d = 256: one row tile per warp only (two would need 512 accumulator registers per lane).
+    assert_eq!(fa2_tc_tiling(256, None).unwrap(), Fa2TcTiling::new(8, 1, 2));
+    let err = fa2_tc_tiling(256, Some(default)).unwrap_err().to_string();
+    assert!(
+        err.contains("fa2_tc_tiling")
+            && err.contains("4x2s2")
+            && err.contains("allowed at head_dim 256: 4x1s2, 8x1s2, 4x1s1, 8x1s1"),
+        "{err}"
+    );
+    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("allowed at head_dim 64: 4x1s2, 8x1s2, 4x2s2, 4x1s1, 8x1s1, 4x2s1"),
+        "{err}"
+    );
 }

@@ -127,8 +127,9 @@ fn fa1_and_fa2_pass_the_grid() {
     );
 }
 
-/// Every tiling FA2-TC is compiled for (not only the default the grid runs), both head dims and
-/// both 16-bit dtypes, at tails in both directions and causal both ways.
+/// Every tiling FA2-TC is compiled for (not only the default the grid runs), at every tensor-core
+/// head dim it is compiled for there, both 16-bit dtypes, tails in both directions, causal both
+/// ways.
 #[test]
 fn every_fa2_tc_tiling_matches_the_reference() {
     let Some(gpu) = common::gpu_or_skip("every_fa2_tc_tiling_matches_the_reference") else {
@@ -143,6 +144,9 @@ fn every_fa2_tc_tiling_matches_the_reference() {
         };
         for dtype in [DType::F16, DType::Bf16] {
             for d in flash_kernels::layout::FA2_TC_HEAD_DIMS {
+                if !tiling.is_compiled_for(d) {
+                    continue;
+                }
                 for (sq, sk) in [(113, 203), (1024, 1023), (300, 300), (1, 1)] {
                     for causal in [false, true] {
                         let p = problem(sq, sk, d as usize, causal, dtype);

@@ -521,7 +521,8 @@ pub fn attention_with_workspace<T: Element>(
         {
             let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
             let (d, warps, row_tiles) = (problem.head_dim, tiling.warps, tiling.row_tiles);
-            let kernel = format!("fa2tc_forward_{dtype}_d{d}_w{warps}r{row_tiles}");
+            let stages = tiling.kv_stages;
+            let kernel = format!("fa2tc_forward_{dtype}_d{d}_w{warps}r{row_tiles}s{stages}");
             let shared_bytes = tiling.shared_bytes(d as u32);
             let rows = (tiling.block_rows(), tiling.threads());
             launch_fa2_grid(gpu, &kernel, &problem, operands, l, rows, shared_bytes)
@@ -608,17 +609,49 @@ fn run_standard(gpu: &Gpu, problem: &Problem, dtype: DType, params: StandardPara
     )
 }
 
-/// FA2-TC's tiling: the override if it is one the kernel is compiled for, else the default.
+/// FA2-TC's tiling: the override if the kernel is compiled with it at this head dim, else the
+/// default for the head dim.
 pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2TcTiling> {
+    let d = head_dim as u32;
     match tiling {
-        None => Ok(Fa2TcTiling::default_for(head_dim as u32)),
-        Some(t) if kernel_layout::FA2_TC_TILINGS.contains(&t) => Ok(t),
-        Some(t) => Err(Error::invalid(
-            "fa2_tc_tiling",
-            format!("{} warps × {} row tiles", t.warps, t.row_tiles),
-            "allowed: 4×1, 8×1, 4×2 (warps × row tiles)",
-        )),
+        None => Ok(Fa2TcTiling::default_for(d)),
+        Some(t) if t.is_compiled_for(d) => Ok(t),
+        Some(t) => {
+            let allowed: Vec<String> = kernel_layout::FA2_TC_TILINGS
+                .iter()
+                .filter(|t| t.is_compiled_for(d))
+                .map(|t| t.to_string())
+                .collect();
+            Err(Error::invalid(
+                "fa2_tc_tiling",
+                t,
+                format!(
+                    "allowed at head_dim {head_dim}: {} (warps x row tiles s K/V stages)",
+                    allowed.join(", ")
+                ),
+            ))
+        }
     }
+}
+
+/// Parses an FA2-TC tiling: `WxR` (two K/V stages) or `WxRsS`, e.g. `4x2`, `4x2s1`. Whether the
+/// kernel is compiled with it is checked per head dim by [`fa2_tc_tiling`].
+pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
+    let invalid = || {
+        Error::invalid(
+            "fa2-tc-tiling",
+            text,
+            "WARPSxROW_TILES or WARPSxROW_TILESsSTAGES, e.g. 4x2 or 4x2s1",
+        )
+    };
+    let (warps, rest) = text.split_once('x').ok_or_else(invalid)?;
+    let (row_tiles, stages) = rest.split_once('s').unwrap_or((rest, "2"));
+    let number = |s: &str| s.parse::<u32>().map_err(|_| invalid());
+    Ok(Fa2TcTiling::new(
+        number(warps)?,
+        number(row_tiles)?,
+        number(stages)?,
+    ))
 }
 
 /// Whether [`Algorithm::Fa2Tc`] runs on tensor cores for this call: f16 or bf16, a head dim in

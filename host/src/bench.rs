@@ -38,10 +38,10 @@ pub struct SweepConfig {
     pub max_repeats: usize,
     /// Stop repeating once this much GPU time has been measured.
     pub target_ms: f64,
-    /// FA2-TC's (warps, row tiles); `None`: the library's default. Records of an override are
-    /// named `fa2-tc-w<warps>r<row tiles>`, so runs with different values merge into one table.
+    /// FA2-TC's (warps, row tiles, K/V stages); `None`: the library's default. Records of an
+    /// override are named `fa2-tc-<W>x<R>s<S>`, so runs with different values merge into one table.
     #[serde(default)]
-    pub fa2_tc_tiling: Option<(u32, u32)>,
+    pub fa2_tc_tiling: Option<(u32, u32, u32)>,
 }
 
 impl SweepConfig {
@@ -204,7 +204,9 @@ pub fn run_case(
 /// The record name: the algorithm's, with FA2-TC's warp override appended.
 fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
     match (algorithm, config.fa2_tc_tiling) {
-        (Algorithm::Fa2Tc, Some((warps, rows))) => format!("{algorithm}-w{warps}r{rows}"),
+        (Algorithm::Fa2Tc, Some((warps, rows, stages))) => {
+            format!("{algorithm}-{}", Fa2TcTiling::new(warps, rows, stages))
+        }
         _ => algorithm.name().to_string(),
     }
 }
@@ -227,7 +229,7 @@ fn time_case<T: Element>(
         causal: shape.causal,
         fa2_tc_tiling: config
             .fa2_tc_tiling
-            .map(|(warps, row_tiles)| Fa2TcTiling { warps, row_tiles }),
+            .map(|(warps, rows, stages)| Fa2TcTiling::new(warps, rows, stages)),
         ..Default::default()
     };
     let dims = shape.dims();

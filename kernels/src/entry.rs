@@ -63,21 +63,28 @@ macro_rules! fa2_kernels {
     };
 }
 
-/// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>r<row tiles>` for the tensor-core FA2
-/// (`layout::FA2_TC_HEAD_DIMS` × `layout::FA2_TC_TILINGS`).
+/// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>r<row tiles>s<K/V stages>` for the tensor-core FA2
+/// (`layout::FA2_TC_HEAD_DIMS` × the `layout::FA2_TC_TILINGS` each is compiled for).
 macro_rules! fa2_tc_kernels {
     ($($dtype:ident => $t:ty),*) => {$(
+        fa2_tc_kernels!(@tilings $dtype, $t, 32; (4, 1) (8, 1) (4, 2));
         fa2_tc_kernels!(@tilings $dtype, $t, 64; (4, 1) (8, 1) (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 96; (4, 1) (8, 1) (4, 2));
         fa2_tc_kernels!(@tilings $dtype, $t, 128; (4, 1) (8, 1) (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 256; (4, 1) (8, 1));
     )*};
     (@tilings $dtype:ident, $t:ty, $d:literal; $(($warps:literal, $rows:literal))*) => {$(
+        fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 1);
+        fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 2);
+    )*};
+    (@entry $dtype:ident, $t:ty, $d:literal, $warps:literal, $rows:literal, $stages:literal) => {
         const _: () = {
-            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w", $warps, "r", $rows))]
+            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w", $warps, "r", $rows, "s", $stages))]
             unsafe extern "ptx-kernel" fn forward(params: Fa2Params) {
-                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }, $warps, $rows>(&params)
+                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }, $warps, $rows, $stages>(&params)
             }
         };
-    )*};
+    };
 }
 
 standard_kernels!(f32 => f32, f16 => F16, bf16 => Bf16);

@@ -17,6 +17,10 @@
 //!  └──────────────┘
 //! ```
 //!
+//! `KV_STAGES` = 1 keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
+//! copied behind S = Q_i·K_jᵀ, K_j+1 behind the softmax and P̃·V_j (two barriers per block, less
+//! shared memory, so more of the SM's 256 KiB stays L1 cache).
+//!
 //! Fragment layouts (PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
 //! `l/4 + 8` at columns `2·(l%4)` and `+1`. The S tile of keys 16t..16t+16 therefore already is
 //! the A fragment of P̃ for the P̃·V product once packed to 16 bits: P never leaves registers.
@@ -120,10 +124,11 @@ impl GlobalRows {
 
 /// Issues the copies of one tile (Q_i, K_j or V_j): rows `[first_row, first_row + rows)` of `src`
 /// into the shared tile at `dst`, 16 bytes per `cp.async`; rows past the end are zero-filled.
-/// The block's `threads` cover `threads / (d/8)` whole rows per pass, so each thread copies the
-/// same column of rows `r₀, r₀ + rows_per_pass, …`. `rows`, `head_dim` and `threads` are
-/// compile-time constants once inlined into `forward` (which checks the divisibility), so the
-/// passes unroll into straight-line copies.
+/// When the block's `threads` cover whole rows per pass (`threads` a multiple of d/8), each
+/// thread copies the same column of rows `r₀, r₀ + rows_per_pass, …` and, `rows`, `head_dim`
+/// and `threads` being compile-time constants once inlined into `forward`, the passes unroll
+/// into straight-line copies. Otherwise (d = 96: 12 copies per row) the threads stride over the
+/// tile's copies.
 #[inline(always)]
 fn copy_tile_async(
     src: &GlobalRows,
@@ -137,12 +142,7 @@ fn copy_tile_async(
     let chunks_per_row = head_dim / FA2_TC_COPY_ELEMENTS;
     let rows_per_pass = threads / chunks_per_row;
     let thread = gpu::thread_idx_x();
-    let (first_tile_row, col) = (
-        thread / chunks_per_row,
-        thread % chunks_per_row * FA2_TC_COPY_ELEMENTS,
-    );
-    for pass in 0..rows / rows_per_pass {
-        let r = first_tile_row + pass * rows_per_pass;
+    let copy_chunk = |r: u32, col: u32| {
         let row = first_row + r;
         let valid = row < src.rows;
         let source = if valid {
@@ -153,6 +153,24 @@ fn copy_tile_async(
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
         unsafe { gpu::copy_async_16(tiles.at(dst, r, col), source, valid) };
+    };
+    if threads.is_multiple_of(chunks_per_row) && rows.is_multiple_of(rows_per_pass) {
+        let (first_tile_row, col) = (
+            thread / chunks_per_row,
+            thread % chunks_per_row * FA2_TC_COPY_ELEMENTS,
+        );
+        for pass in 0..rows / rows_per_pass {
+            copy_chunk(first_tile_row + pass * rows_per_pass, col);
+        }
+    } else {
+        let mut chunk = thread;
+        while chunk < rows * chunks_per_row {
+            copy_chunk(
+                chunk / chunks_per_row,
+                chunk % chunks_per_row * FA2_TC_COPY_ELEMENTS,
+            );
+            chunk += threads;
+        }
     }
 }
 
@@ -174,22 +192,12 @@ pub fn forward<
     const O_TILES: usize,
     const WARPS: u32,
     const ROW_TILES: usize,
+    const KV_STAGES: u32,
 >(
     p: &Fa2Params,
 ) {
-    const {
-        assert!(O_TILES == 2 * Q_CHUNKS);
-        // copy_tile_async: the block copies whole rows per pass, and every tile is whole passes.
-        let chunks_per_row = Q_CHUNKS as u32 * 16 / FA2_TC_COPY_ELEMENTS;
-        let rows_per_pass = WARPS * WARP_SIZE / chunks_per_row;
-        assert!((WARPS * WARP_SIZE).is_multiple_of(chunks_per_row));
-        assert!(FA2_TC_BLOCK_COLS.is_multiple_of(rows_per_pass));
-        assert!((16 * WARPS * ROW_TILES as u32).is_multiple_of(rows_per_pass));
-    };
-    let tiling = Fa2TcTiling {
-        warps: WARPS,
-        row_tiles: ROW_TILES as u32,
-    };
+    const { assert!(O_TILES == 2 * Q_CHUNKS && (KV_STAGES == 1 || KV_STAGES == 2)) };
+    let tiling = Fa2TcTiling::new(WARPS, ROW_TILES as u32, KV_STAGES);
     let head_dim = Q_CHUNKS as u32 * 16;
     let block_rows = tiling.block_rows();
     let threads = WARPS * WARP_SIZE;
@@ -208,33 +216,27 @@ pub fn forward<
     let k = GlobalRows::new(&p.operands.k, batch, head, shape.seqlen_k);
     let v = GlobalRows::new(&p.operands.v, batch, head, shape.seqlen_k);
     let tiles = SharedTiles::new(head_dim, block_rows);
-    let copy_kv = |block: u32, stage: u32| {
+    let copy_block = |rows: &GlobalRows, block: u32, dst: SharedAddress| {
         let first = block * FA2_TC_BLOCK_COLS;
         copy_tile_async(
-            &k,
+            rows,
             first,
             FA2_TC_BLOCK_COLS,
             head_dim,
             threads,
             &tiles,
-            tiles.k(stage),
-        );
-        copy_tile_async(
-            &v,
-            first,
-            FA2_TC_BLOCK_COLS,
-            head_dim,
-            threads,
-            &tiles,
-            tiles.v(stage),
+            dst,
         );
     };
 
-    // Q_i and the first K/V block, in flight together.
+    // Q_i and K_0 (and V_0, with two stages) in flight together.
     copy_tile_async(
         &q, row_start, block_rows, head_dim, threads, &tiles, tiles.q,
     );
-    copy_kv(0, 0);
+    copy_block(&k, 0, tiles.k(0));
+    if KV_STAGES == 2 {
+        copy_block(&v, 0, tiles.v(0));
+    }
     gpu::copy_async_commit();
 
     let key_blocks =
@@ -272,25 +274,52 @@ pub fn forward<
                 }
             }
         }
-        if j + 1 < key_blocks {
-            copy_kv(j + 1, (j + 1) % 2);
+        if KV_STAGES == 2 {
+            // Block j + 1 into the other stage, in flight while block j is computed.
+            if j + 1 < key_blocks {
+                let next = (j + 1) % 2;
+                copy_block(&k, j + 1, tiles.k(next));
+                copy_block(&v, j + 1, tiles.v(next));
+                gpu::copy_async_commit();
+            }
+        } else {
+            // One stage (FlashAttention-2's schedule): V_j lands while S = Q_i·K_jᵀ is computed.
+            copy_block(&v, j, tiles.v(0));
             gpu::copy_async_commit();
         }
+        // With one stage, V_j must have landed, and every warp be done reading K_j, before the
+        // softmax; K_j+1 then overwrites K_j while the softmax and P̃·V_j run.
+        let after_scores = || {
+            if KV_STAGES == 1 {
+                gpu::copy_async_wait_all();
+                gpu::sync_threads();
+                if j + 1 < key_blocks {
+                    copy_block(&k, j + 1, tiles.k(0));
+                    gpu::copy_async_commit();
+                }
+            }
+        };
         let key_start = j * FA2_TC_BLOCK_COLS;
         let step = BlockStep {
-            stage: j % 2,
+            stage: j % KV_STAGES,
             key_start,
             ..step_base
         };
         if key_start + FA2_TC_BLOCK_COLS > shape.seqlen_k
             || mask.tile_needs_mask(row_start, key_start + FA2_TC_BLOCK_COLS)
         {
-            step.run::<T, true, Q_CHUNKS, O_TILES, ROW_TILES>(&warp_rows, &q_registers, &mut state);
+            step.run::<T, true, Q_CHUNKS, O_TILES, ROW_TILES>(
+                &warp_rows,
+                &q_registers,
+                &mut state,
+                after_scores,
+            );
         } else {
             step.run::<T, false, Q_CHUNKS, O_TILES, ROW_TILES>(
                 &warp_rows,
                 &q_registers,
                 &mut state,
+                after_scores,
             );
         }
     }
@@ -335,7 +364,8 @@ struct BlockStep<'a> {
 impl BlockStep<'_> {
     /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S); P̃ = exp2(S − m^(j)); ℓ = α·ℓ + rowsum P̃;
     /// Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the causal mask and the
-    /// seqlen_k tail element-wise.
+    /// seqlen_k tail element-wise. `after_scores` runs between S (masked) and the softmax: the
+    /// one-stage pipeline waits for V_j and refills K there.
     #[inline(always)]
     fn run<
         T: TensorCoreElement,
@@ -348,13 +378,18 @@ impl BlockStep<'_> {
         rows: &WarpRows<ROW_TILES>,
         q_registers: &[[[u32; 4]; Q_CHUNKS]; ROW_TILES],
         state: &mut [RowTileState<O_TILES>; ROW_TILES],
+        after_scores: impl FnOnce(),
     ) {
         let mut scores = self.scores::<T, Q_CHUNKS, ROW_TILES>(rows, q_registers);
         let mut p = [[[0u32; 4]; KEY_CHUNKS]; ROW_TILES];
+        let mut after_scores = Some(after_scores);
         for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
         {
             if MASK {
                 self.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
+            }
+            if let Some(between) = after_scores.take() {
+                between();
             }
             p[tile] = self.online_softmax::<T, O_TILES>(tile_scores, tile_state);
         }

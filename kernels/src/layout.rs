@@ -134,7 +134,7 @@ mod tests {
 /// each) instead of assuming the worst, and the host checks launches against it.
 pub fn kernel_max_threads(name: &str) -> u32 {
     if name.starts_with("fa2tc_forward_") {
-        // `fa2tc_forward_<dtype>_d<d>_w<warps>r<row tiles>`.
+        // `fa2tc_forward_<dtype>_d<d>_w<warps>r<row tiles>s<stages>`.
         let warps = name
             .rsplit("_w")
             .next()
@@ -151,35 +151,49 @@ pub fn kernel_max_threads(name: &str) -> u32 {
     }
 }
 
-/// How the tensor-core FA2 (`fa2_tc`) splits a block's rows: `warps` warps, each owning
-/// `row_tiles` m16 tiles of Q (split-Q), so B_r = 16 · warps · row_tiles.
+/// How the tensor-core FA2 (`fa2_tc`) splits a block's rows, and how deep its K/V pipeline is:
+/// `warps` warps, each owning `row_tiles` m16 tiles of Q (split-Q), so
+/// B_r = 16 · warps · row_tiles; `kv_stages` shared-memory buffers for K_j and V_j (2: block
+/// j + 1 is copied while block j is computed; 1: FlashAttention-2's own schedule, V_j copied
+/// behind S = Q_i·K_jᵀ and K_j+1 behind the softmax and P̃·V_j, in less shared memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fa2TcTiling {
     pub warps: u32,
     pub row_tiles: u32,
+    pub kv_stages: u32,
 }
 
-/// The tilings the tensor-core kernel is compiled for.
-pub const FA2_TC_TILINGS: [Fa2TcTiling; 3] = [
-    Fa2TcTiling {
-        warps: 4,
-        row_tiles: 1,
-    },
-    Fa2TcTiling {
-        warps: 8,
-        row_tiles: 1,
-    },
-    Fa2TcTiling {
-        warps: 4,
-        row_tiles: 2,
-    },
+impl core::fmt::Display for Fa2TcTiling {
+    /// `WxRsS`, e.g. `4x2s2`: warps, row tiles per warp, K/V stages.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}x{}s{}", self.warps, self.row_tiles, self.kv_stages)
+    }
+}
+
+/// The tilings the tensor-core kernel is compiled for (at d = 256 the single-row-tile ones only;
+/// see [`Fa2TcTiling::is_compiled_for`]).
+pub const FA2_TC_TILINGS: [Fa2TcTiling; 6] = [
+    Fa2TcTiling::new(4, 1, 2),
+    Fa2TcTiling::new(8, 1, 2),
+    Fa2TcTiling::new(4, 2, 2),
+    Fa2TcTiling::new(4, 1, 1),
+    Fa2TcTiling::new(8, 1, 1),
+    Fa2TcTiling::new(4, 2, 1),
 ];
 /// B_c of the tensor-core kernel.
 pub const FA2_TC_BLOCK_COLS: u32 = 64;
 /// Head dims the tensor-core kernel is compiled for; others use the scalar FA2.
-pub const FA2_TC_HEAD_DIMS: [u32; 2] = [64, 128];
+pub const FA2_TC_HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
 
 impl Fa2TcTiling {
+    pub const fn new(warps: u32, row_tiles: u32, kv_stages: u32) -> Self {
+        Self {
+            warps,
+            row_tiles,
+            kv_stages,
+        }
+    }
+
     /// B_r.
     pub const fn block_rows(self) -> u32 {
         16 * self.warps * self.row_tiles
@@ -189,19 +203,35 @@ impl Fa2TcTiling {
         32 * self.warps
     }
 
-    /// Shared memory: Q_i, and K_j, V_j in two stages (the next block's copies land while the
-    /// current one is computed), 16-bit elements.
+    /// Shared memory: Q_i, and K_j, V_j in `kv_stages` buffers each, 16-bit elements.
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
-        (self.block_rows() + 2 * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
+        (self.block_rows() + self.kv_stages * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
     }
 
-    /// The tiling the host picks: 4 warps × 2 row tiles (B_r = 128), measured fastest at both
-    /// head dims on the H200 (PERF.md, FA2-TC v3).
+    /// Whether the kernel is compiled with this tiling at `head_dim`. At d = 256 two row tiles
+    /// would hold 2·256 f32 accumulators per lane, past the 255-register limit: single row tiles
+    /// only.
+    pub const fn is_compiled_for(self, head_dim: u32) -> bool {
+        let mut i = 0;
+        let mut listed = false;
+        while i < FA2_TC_TILINGS.len() {
+            let t = FA2_TC_TILINGS[i];
+            listed |= t.warps == self.warps
+                && t.row_tiles == self.row_tiles
+                && t.kv_stages == self.kv_stages;
+            i += 1;
+        }
+        listed && (head_dim <= 128 || self.row_tiles == 1)
+    }
+
+    /// The tiling the host picks: 4 warps × 2 row tiles (B_r = 128), two K/V stages, measured
+    /// fastest at d = 64 and 128 on the H200 (PERF.md, FA2-TC v3); at d = 256, 8 warps × 1 row
+    /// tile (B_r = 128, the most warps one block of 198 KiB shared memory gives an SM).
     pub const fn default_for(head_dim: u32) -> Self {
-        let _ = head_dim;
-        Fa2TcTiling {
-            warps: 4,
-            row_tiles: 2,
+        if head_dim > 128 {
+            Fa2TcTiling::new(8, 1, 2)
+        } else {
+            Fa2TcTiling::new(4, 2, 2)
         }
     }
 }

@@ -45,7 +45,8 @@ pub struct BenchArgs {
     /// Skip the search for the longest N that fits at batch 1.
     #[arg(long)]
     no_max_seqlen: bool,
-    /// FA2-TC's tiling as WARPSxROW_TILES (4x1, 8x1, 4x2; default: the library's per head dim).
+    /// FA2-TC's tiling as WARPSxROW_TILES[sSTAGES] (4x1, 8x1, 4x2, each with s2 (the default) or s1;
+    /// default: the library's per head dim).
     #[arg(long)]
     fa2_tc_tiling: Option<String>,
 }
@@ -87,7 +88,10 @@ impl BenchArgs {
         config.fa2_tc_tiling = self
             .fa2_tc_tiling
             .as_deref()
-            .map(parse_tiling)
+            .map(|text| {
+                flash_attn::attention::parse_fa2_tc_tiling(text)
+                    .map(|t| (t.warps, t.row_tiles, t.kv_stages))
+            })
             .transpose()?;
         config.hidden = self.hidden;
         Ok(config)
@@ -207,18 +211,4 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// `4x2` → (4, 2).
-fn parse_tiling(text: &str) -> flash_attn::Result<(u32, u32)> {
-    let invalid = || Error::InvalidArgument {
-        name: "fa2-tc-tiling",
-        value: text.to_string(),
-        allowed: "WARPSxROW_TILES, one of 4x1, 8x1, 4x2".into(),
-    };
-    let (warps, rows) = text.split_once('x').ok_or_else(invalid)?;
-    Ok((
-        warps.parse().map_err(|_| invalid())?,
-        rows.parse().map_err(|_| invalid())?,
-    ))
 }

@@ -30,8 +30,9 @@ pub struct CheckArgs {
 type Shape = (usize, usize, usize, usize, usize);
 
 /// Lengths that are not multiples of any block
-/// size (1, 17, 1000, 113, 203), seqlen_q < seqlen_k and >, odd head dims.
-const STANDARD_SHAPES: [Shape; 7] = [
+/// size (1, 17, 1000, 113, 203), seqlen_q < seqlen_k and >, odd head dims, and every head dim the
+/// tensor-core FA2 is compiled for (32, 64, 96, 128, 256).
+const STANDARD_SHAPES: [Shape; 9] = [
     (1, 1, 1, 1, 64),
     (2, 3, 17, 17, 40),
     (1, 2, 1000, 1000, 64),
@@ -39,6 +40,8 @@ const STANDARD_SHAPES: [Shape; 7] = [
     (1, 2, 256, 128, 128),
     (1, 1, 300, 300, 256),
     (2, 2, 77, 33, 1),
+    (2, 2, 129, 250, 32),
+    (1, 3, 333, 200, 96),
 ];
 
 fn shapes(set: &str) -> flash_attn::Result<Vec<Shape>> {
