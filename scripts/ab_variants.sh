@@ -3,7 +3,8 @@
 # loaded through FLASH_ATTN_PTX (host/src/device.rs) and run over the same shapes, in the order
 # given, so the variants share one device session. Run from the repository root after
 # `cargo xtask bundle`; build a variant's PTX with `cargo xtask ptx` (target/ptx/).
-# Usage: scripts/ab_variants.sh OUT_DIR NAME... (SEQLENS, HEAD_DIMS, CAUSAL override the shapes)
+# Usage: scripts/ab_variants.sh OUT_DIR NAME... (SEQLENS, HEAD_DIMS, CAUSAL override the shapes;
+# TILING picks a tiling, e.g. 4x2s1)
 set -euo pipefail
 out=${1:?usage: scripts/ab_variants.sh OUT_DIR NAME...}
 shift
@@ -11,9 +12,11 @@ mkdir -p "$out"
 for name in "$@"; do
   ptx=bundle/ptx/$name.ptx
   [ -f "$ptx" ] || gunzip -kf "$ptx.gz"
+  run=$name${TILING:+-$TILING}
   FLASH_ATTN_PTX=$ptx bundle/bin/flash-attn bench --algorithms fa2-tc \
     --seqlens "${SEQLENS:-2048,8192}" --head-dims "${HEAD_DIMS:-64,128}" \
-    --causal "${CAUSAL:-both}" --no-max-seqlen --out-dir "$out/$name" > "$out/$name.log" 2>&1
-  echo "== $name"
-  grep '^| [0-9]' "$out/$name/bench.md" | grep -v GiB | head -24
+    --causal "${CAUSAL:-both}" ${TILING:+--fa2-tc-tiling "$TILING"} --no-max-seqlen \
+    --out-dir "$out/$run" > "$out/$run.log" 2>&1
+  echo "== $run"
+  grep '^| [0-9]' "$out/$run/bench.md" | grep -v GiB | head -24
 done

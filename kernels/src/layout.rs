@@ -155,7 +155,7 @@ pub fn kernel_max_threads(name: &str) -> u32 {
 /// `warps` warps, each owning `row_tiles` m16 tiles of Q (split-Q), so
 /// B_r = 16 · warps · row_tiles; `kv_stages` shared-memory buffers for K_j and V_j (2: block
 /// j + 1 is copied while block j is computed; 1: FlashAttention-2's own schedule, V_j copied
-/// behind S = Q_i·K_jᵀ and K_j+1 behind the softmax and P̃·V_j, in less shared memory).
+/// behind S = Q_i·K_jᵀ and K_j+1 behind P̃·V_j, in less shared memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fa2TcTiling {
     pub warps: u32,
@@ -224,12 +224,15 @@ impl Fa2TcTiling {
         listed && (head_dim <= 128 || self.row_tiles == 1)
     }
 
-    /// The tiling the host picks: 4 warps × 2 row tiles (B_r = 128), two K/V stages, measured
-    /// fastest at d = 64 and 128 on the H200 (PERF.md, FA2-TC v3); at d = 256, 8 warps × 1 row
-    /// tile (B_r = 128, the most warps one block of 198 KiB shared memory gives an SM).
+    /// The tiling the host picks, measured on the H200 (PERF.md, FA2-TC v3 and v5): 4 warps × 2
+    /// row tiles (B_r = 128); at d = 128 one K/V stage (FlashAttention-2's schedule, 1–4% faster
+    /// there), two below; at d = 256, 8 warps × 1 row tile (B_r = 128, the most warps one block of
+    /// 198 KiB shared memory gives an SM).
     pub const fn default_for(head_dim: u32) -> Self {
         if head_dim > 128 {
             Fa2TcTiling::new(8, 1, 2)
+        } else if head_dim == 128 {
+            Fa2TcTiling::new(4, 2, 1)
         } else {
             Fa2TcTiling::new(4, 2, 2)
         }

@@ -24,6 +24,10 @@ pub struct CheckArgs {
     /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; batch 1, heads 1).
     #[arg(long, default_value = "standard")]
     shapes: String,
+    /// Only the shapes with these head dims (default: every shape of the set), e.g. to split a
+    /// slow compute-sanitizer run into parallel processes.
+    #[arg(long, value_delimiter = ',')]
+    head_dims: Vec<usize>,
 }
 
 /// (batch, heads, seqlen_q, seqlen_k, head_dim).
@@ -44,7 +48,29 @@ const STANDARD_SHAPES: [Shape; 9] = [
     (1, 3, 333, 200, 96),
 ];
 
-fn shapes(set: &str) -> flash_attn::Result<Vec<Shape>> {
+/// The shapes of `set` whose head dim is in `head_dims` (every one when it is empty); an error
+/// names the head dims the set has when none is left.
+fn shapes(set: &str, head_dims: &[usize]) -> flash_attn::Result<Vec<Shape>> {
+    let all = shapes_of_set(set)?;
+    let kept: Vec<Shape> = all
+        .iter()
+        .copied()
+        .filter(|s| head_dims.is_empty() || head_dims.contains(&s.4))
+        .collect();
+    if kept.is_empty() {
+        let mut dims: Vec<usize> = all.iter().map(|s| s.4).collect();
+        dims.sort_unstable();
+        dims.dedup();
+        return Err(flash_attn::Error::InvalidArgument {
+            name: "head-dims",
+            value: format!("{head_dims:?}"),
+            allowed: format!("allowed with --shapes {set}: any of {dims:?}"),
+        });
+    }
+    Ok(kept)
+}
+
+fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Shape>> {
     match set {
         "standard" => Ok(STANDARD_SHAPES.to_vec()),
         "sanitizer" => Ok([1, 17, 1000]
@@ -74,7 +100,7 @@ fn parse_or_all<T: std::str::FromStr<Err = flash_attn::Error> + Copy>(
 pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
     let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
-    let shapes = shapes(&args.shapes)?;
+    let shapes = shapes(&args.shapes, &args.head_dims)?;
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
         Err(e) if super::is_missing_gpu(&e) && !args.require_gpu => {
