@@ -79,7 +79,7 @@ fn is_missing_gpu(e: &Error) -> bool {
 /// What `info` says about FA2 on tensor cores: where it runs and what falls back.
 const FA2_TC_NOTE: &str = "fa2-tc: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async) for f16 and bf16 \
 at head dims 32, 64, 96, 128 and 256 with 16-byte-aligned rows; tilings 4x1, 8x1, 4x2 (warps x row tiles), \
-each with 2 K/V pipeline stages (s2) or 1 (s1); default 4x2s2 (4x2s1 at d = 128), at d = 256 8x1s2 (4x2 is not compiled there). \
+each with 2 K/V pipeline stages (s2) or 1 (s1); default 4x2s2 at d <= 64, 4x2s1 at d = 96 and 128, 4x1s1 at d = 256 (4x2 is not compiled there). \
 Every other dtype, head dim or layout runs the scalar fa2 (faithful FA2) instead.";
 
 fn info(device: usize) -> flash_attn::Result<ExitCode> {
