@@ -392,3 +392,35 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
         "{err}"
     );
 }
+
+/// `flash-attn check`'s shape filters (used to split compute-sanitizer runs) reject a value
+/// the shape set does not have, naming the argument and the values it has, before any GPU work.
+#[test]
+fn check_filters_name_the_bad_value_and_the_allowed_ones() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flash-attn"))
+            .args(["check", "--shapes", "sanitizer"])
+            .args(args)
+            .output()
+            .expect("the CLI runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run(&["--head-dims", "7"]);
+    assert!(
+        !ok && err.contains("`head-dims`: got [7]") && err.contains("[8, 40, 64, 128, 256]"),
+        "{err}"
+    );
+    let (ok, err) = run(&["--head-dims", "40", "--seqlens", "5"]);
+    assert!(
+        !ok && err.contains("`seqlens`: got [5]") && err.contains("[1, 17, 1000]"),
+        "{err}"
+    );
+    let (ok, err) = run(&["--causal", "maybe"]);
+    assert!(
+        !ok && err.contains("`causal`: got maybe") && err.contains("off, on, both"),
+        "{err}"
+    );
+}

@@ -72,18 +72,7 @@ impl BenchArgs {
                 .map(|a| a.parse())
                 .collect::<Result<_, _>>()?;
         }
-        config.causal = match self.causal.as_str() {
-            "off" => vec![false],
-            "on" => vec![true],
-            "both" => vec![false, true],
-            other => {
-                return Err(Error::InvalidArgument {
-                    name: "causal",
-                    value: other.into(),
-                    allowed: "allowed: off, on, both".into(),
-                });
-            }
-        };
+        config.causal = super::parse_causal(&self.causal)?;
         config.tokens = self.tokens;
         config.fa2_tc_tiling = self
             .fa2_tc_tiling

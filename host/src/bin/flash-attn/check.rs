@@ -28,6 +28,12 @@ pub struct CheckArgs {
     /// slow compute-sanitizer run into parallel processes.
     #[arg(long, value_delimiter = ',')]
     head_dims: Vec<usize>,
+    /// Only the shapes with these sequence lengths (seqlen_q; default: every shape of the set).
+    #[arg(long, value_delimiter = ',')]
+    seqlens: Vec<usize>,
+    /// Causal settings to check: off, on, or both (default).
+    #[arg(long, default_value = "both")]
+    causal: String,
 }
 
 /// (batch, heads, seqlen_q, seqlen_k, head_dim).
@@ -48,24 +54,26 @@ const STANDARD_SHAPES: [Shape; 9] = [
     (1, 3, 333, 200, 96),
 ];
 
-/// The shapes of `set` whose head dim is in `head_dims` (every one when it is empty); an error
-/// names the head dims the set has when none is left.
-fn shapes(set: &str, head_dims: &[usize]) -> flash_attn::Result<Vec<Shape>> {
-    let all = shapes_of_set(set)?;
-    let kept: Vec<Shape> = all
-        .iter()
-        .copied()
-        .filter(|s| head_dims.is_empty() || head_dims.contains(&s.4))
-        .collect();
-    if kept.is_empty() {
-        let mut dims: Vec<usize> = all.iter().map(|s| s.4).collect();
-        dims.sort_unstable();
-        dims.dedup();
-        return Err(flash_attn::Error::InvalidArgument {
-            name: "head-dims",
-            value: format!("{head_dims:?}"),
-            allowed: format!("allowed with --shapes {set}: any of {dims:?}"),
-        });
+/// The shapes of `set` whose head dim is in `head_dims` and whose seqlen_q is in `seqlens` (an
+/// empty filter keeps every shape); an error names what the set has when a filter leaves nothing.
+fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Result<Vec<Shape>> {
+    let mut kept = shapes_of_set(set)?;
+    for (name, filter, field) in [("head-dims", head_dims, 4), ("seqlens", seqlens, 2)] {
+        let value_of = |s: &Shape| [s.0, s.1, s.2, s.3, s.4][field];
+        let before = kept.clone();
+        kept.retain(|s| filter.is_empty() || filter.contains(&value_of(s)));
+        if kept.is_empty() {
+            let mut values: Vec<usize> = before.iter().map(value_of).collect();
+            values.sort_unstable();
+            values.dedup();
+            return Err(flash_attn::Error::InvalidArgument {
+                name,
+                value: format!("{filter:?}"),
+                allowed: format!(
+                    "allowed with --shapes {set} and the filters before it: any of {values:?}"
+                ),
+            });
+        }
     }
     Ok(kept)
 }
@@ -100,7 +108,8 @@ fn parse_or_all<T: std::str::FromStr<Err = flash_attn::Error> + Copy>(
 pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
     let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
-    let shapes = shapes(&args.shapes, &args.head_dims)?;
+    let shapes = shapes(&args.shapes, &args.head_dims, &args.seqlens)?;
+    let causal_settings = super::parse_causal(&args.causal)?;
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
         Err(e) if super::is_missing_gpu(&e) && !args.require_gpu => {
@@ -119,7 +128,7 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let (mut passed, mut failed) = (0, 0);
     for &dtype in &dtypes {
         for &(batch, heads, seqlen_q, seqlen_k, head_dim) in &shapes {
-            for causal in [false, true] {
+            for &causal in &causal_settings {
                 let problem = CheckProblem {
                     batch,
                     heads,

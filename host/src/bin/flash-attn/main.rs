@@ -139,3 +139,17 @@ fn info(device: usize) -> flash_attn::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `--causal`: `off`, `on` or `both`, as the causal settings to run.
+pub fn parse_causal(text: &str) -> flash_attn::Result<Vec<bool>> {
+    match text {
+        "off" => Ok(vec![false]),
+        "on" => Ok(vec![true]),
+        "both" => Ok(vec![false, true]),
+        other => Err(flash_attn::Error::InvalidArgument {
+            name: "causal",
+            value: other.into(),
+            allowed: "allowed: off, on, both".into(),
+        }),
+    }
+}
