@@ -37,6 +37,8 @@ def main():
     parser.add_argument("--causal", default="both", choices=["off", "on", "both"])
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated subset of " + ", ".join(BACKENDS))
     args = parser.parse_args()
 
     seqlens = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
@@ -47,6 +49,12 @@ def main():
     dtype = DTYPES[args.dtype]
     size = torch.tensor([], dtype=dtype).element_size()
 
+    backends = {}
+    for name in args.backends.split(","):
+        if name not in BACKENDS:
+            parser.error(f"--backends: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
+        backends[name] = BACKENDS[name]
+
     records = []
     for d in head_dims:
         for causal in causals:
@@ -56,7 +64,7 @@ def main():
                 flops = 4.0 * b * h * n * n * d / (2.0 if causal else 1.0)
                 min_bytes = 4.0 * b * h * n * d * size
                 q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                for name, backend in BACKENDS.items():
+                for name, backend in backends.items():
                     record = {"implementation": name, "dtype": args.dtype, "shape": shape, "median_ms": None,
                               "tflops": None, "bandwidth_gbs": None, "peak_memory_bytes": None, "error": None}
                     if backend == SDPBackend.MATH and n > MATH_MAX_SEQLEN:
