@@ -58,8 +58,12 @@ const STANDARD_SHAPES: [Shape; 9] = [
 /// empty filter keeps every shape); an error names what the set has when a filter leaves nothing.
 fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Result<Vec<Shape>> {
     let mut kept = shapes_of_set(set)?;
-    for (name, filter, field) in [("head-dims", head_dims, 4), ("seqlens", seqlens, 2)] {
-        let value_of = |s: &Shape| [s.0, s.1, s.2, s.3, s.4][field];
+    let head_dim_of: fn(&Shape) -> usize = |s| s.4;
+    let seqlen_q_of: fn(&Shape) -> usize = |s| s.2;
+    for (name, filter, value_of) in [
+        ("head-dims", head_dims, head_dim_of),
+        ("seqlens", seqlens, seqlen_q_of),
+    ] {
         let before = kept.clone();
         kept.retain(|s| filter.is_empty() || filter.contains(&value_of(s)));
         if kept.is_empty() {
