@@ -331,7 +331,7 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
 fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
     use flash_attn::device::{module_source, ptx};
     assert_eq!(module_source(None).unwrap(), ptx());
-    assert!(ptx().contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2("));
+    assert!(ptx().contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2c64("));
     let dir = std::env::temp_dir().join(format!("flash-attn-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let variant = dir.join("variant.ptx");
@@ -355,17 +355,28 @@ fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
 fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
     use flash_attn::attention::{fa2_tc_tiling, parse_fa2_tc_tiling};
     use flash_kernels::layout::Fa2TcTiling;
-    let default = Fa2TcTiling::new(4, 2, 2);
+    let default = Fa2TcTiling::new(4, 2, 2, 64);
     assert_eq!(parse_fa2_tc_tiling("4x2").unwrap(), default);
     assert_eq!(parse_fa2_tc_tiling("4x2s2").unwrap(), default);
+    assert_eq!(parse_fa2_tc_tiling("4x2s2c64").unwrap(), default);
     assert_eq!(
         parse_fa2_tc_tiling("8x1s1").unwrap(),
-        Fa2TcTiling::new(8, 1, 1)
+        Fa2TcTiling::new(8, 1, 1, 64)
     );
-    for bad in ["4", "4x", "x2", "4x2s", "4xtwo", "4x2s1s"] {
+    assert_eq!(
+        parse_fa2_tc_tiling("4x2s1c32").unwrap(),
+        Fa2TcTiling::new(4, 2, 1, 32)
+    );
+    assert_eq!(
+        parse_fa2_tc_tiling("4x2c32").unwrap().to_string(),
+        "4x2s2c32"
+    );
+    for bad in [
+        "4", "4x", "x2", "4x2s", "4xtwo", "4x2s1s", "4x2c", "4x2s1c", "4x2c32s1",
+    ] {
         let err = parse_fa2_tc_tiling(bad).unwrap_err().to_string();
         assert!(
-            err.contains("fa2-tc-tiling") && err.contains(bad) && err.contains("4x2s1"),
+            err.contains("fa2-tc-tiling") && err.contains(bad) && err.contains("4x2s1c32"),
             "{err}"
         );
     }
@@ -373,8 +384,8 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
     for (d, expected) in [
         (32, default),
         (64, default),
-        (96, Fa2TcTiling::new(4, 2, 1)),
-        (128, Fa2TcTiling::new(4, 2, 1)),
+        (96, Fa2TcTiling::new(4, 2, 1, 64)),
+        (128, Fa2TcTiling::new(4, 2, 1, 64)),
     ] {
         assert_eq!(fa2_tc_tiling(d, None).unwrap(), expected);
         for tiling in flash_kernels::layout::FA2_TC_TILINGS {
@@ -382,19 +393,25 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
         }
     }
     // d = 256: one row tile per warp only (two would need 512 accumulator registers per lane).
-    assert_eq!(fa2_tc_tiling(256, None).unwrap(), Fa2TcTiling::new(4, 1, 1));
+    assert_eq!(
+        fa2_tc_tiling(256, None).unwrap(),
+        Fa2TcTiling::new(4, 1, 1, 64)
+    );
     let err = fa2_tc_tiling(256, Some(default)).unwrap_err().to_string();
     assert!(
         err.contains("fa2_tc_tiling")
-            && err.contains("4x2s2")
-            && err.contains("allowed at head_dim 256: 4x1s2, 8x1s2, 4x1s1, 8x1s1"),
+            && err.contains("4x2s2c64")
+            && err.contains("allowed at head_dim 256: 4x1s2c64, 8x1s2c64, 4x1s1c64, 8x1s1c64"),
         "{err}"
     );
-    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2)))
+    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("allowed at head_dim 64: 4x1s2, 8x1s2, 4x2s2, 4x1s1, 8x1s1, 4x2s1"),
+        err.contains(
+            "allowed at head_dim 64: 4x1s2c64, 8x1s2c64, 4x2s2c64, 4x1s1c64, 8x1s1c64, \
+             4x2s1c64, 4x2s2c32, 4x2s1c32"
+        ),
         "{err}"
     );
 }

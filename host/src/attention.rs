@@ -521,8 +521,8 @@ pub fn attention_with_workspace<T: Element>(
         {
             let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
             let (d, warps, row_tiles) = (problem.head_dim, tiling.warps, tiling.row_tiles);
-            let stages = tiling.kv_stages;
-            let kernel = format!("fa2tc_forward_{dtype}_d{d}_w{warps}r{row_tiles}s{stages}");
+            let (stages, cols) = (tiling.kv_stages, tiling.block_cols);
+            let kernel = format!("fa2tc_forward_{dtype}_d{d}_w{warps}r{row_tiles}s{stages}c{cols}");
             let shared_bytes = tiling.shared_bytes(d as u32);
             let rows = (tiling.block_rows(), tiling.threads());
             launch_fa2_grid(gpu, &kernel, &problem, operands, l, rows, shared_bytes)
@@ -626,7 +626,7 @@ pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2
                 "fa2_tc_tiling",
                 t,
                 format!(
-                    "allowed at head_dim {head_dim}: {} (warps x row tiles s K/V stages)",
+                    "allowed at head_dim {head_dim}: {} (warps x row tiles s K/V stages c B_c)",
                     allowed.join(", ")
                 ),
             ))
@@ -634,23 +634,32 @@ pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2
     }
 }
 
-/// Parses an FA2-TC tiling: `WxR` (two K/V stages) or `WxRsS`, e.g. `4x2`, `4x2s1`. Whether the
+/// Parses an FA2-TC tiling: `WxR`, `WxRsS` or `WxRsScC` (warps, row tiles per warp, K/V stages,
+/// B_c), e.g. `4x2`, `4x2s1`, `4x2s1c32`; the stages default to 2 and B_c to 64. Whether the
 /// kernel is compiled with it is checked per head dim by [`fa2_tc_tiling`].
 pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
     let invalid = || {
         Error::invalid(
             "fa2-tc-tiling",
             text,
-            "WARPSxROW_TILES or WARPSxROW_TILESsSTAGES, e.g. 4x2 or 4x2s1",
+            "WARPSxROW_TILES, optionally followed by sSTAGES and cB_C, e.g. 4x2, 4x2s1 or 4x2s1c32",
         )
     };
-    let (warps, rest) = text.split_once('x').ok_or_else(invalid)?;
-    let (row_tiles, stages) = rest.split_once('s').unwrap_or((rest, "2"));
     let number = |s: &str| s.parse::<u32>().map_err(|_| invalid());
+    let (warps, rest) = text.split_once('x').ok_or_else(invalid)?;
+    let (rest, cols) = match rest.split_once('c') {
+        Some((rest, cols)) => (rest, number(cols)?),
+        None => (rest, kernel_layout::FA2_TC_DEFAULT_BLOCK_COLS),
+    };
+    let (row_tiles, stages) = match rest.split_once('s') {
+        Some((row_tiles, stages)) => (row_tiles, number(stages)?),
+        None => (rest, 2),
+    };
     Ok(Fa2TcTiling::new(
         number(warps)?,
         number(row_tiles)?,
-        number(stages)?,
+        stages,
+        cols,
     ))
 }
 

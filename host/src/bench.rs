@@ -38,10 +38,11 @@ pub struct SweepConfig {
     pub max_repeats: usize,
     /// Stop repeating once this much GPU time has been measured.
     pub target_ms: f64,
-    /// FA2-TC's (warps, row tiles, K/V stages); `None`: the library's default. Records of an
-    /// override are named `fa2-tc-<W>x<R>s<S>`, so runs with different values merge into one table.
+    /// FA2-TC's (warps, row tiles, K/V stages, B_c); `None`: the library's default. Records of an
+    /// override are named `fa2-tc-<W>x<R>s<S>c<C>`, so runs with different values merge into one
+    /// table.
     #[serde(default)]
-    pub fa2_tc_tiling: Option<(u32, u32, u32)>,
+    pub fa2_tc_tiling: Option<(u32, u32, u32, u32)>,
 }
 
 impl SweepConfig {
@@ -204,8 +205,11 @@ pub fn run_case(
 /// The record name: the algorithm's, with FA2-TC's warp override appended.
 fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
     match (algorithm, config.fa2_tc_tiling) {
-        (Algorithm::Fa2Tc, Some((warps, rows, stages))) => {
-            format!("{algorithm}-{}", Fa2TcTiling::new(warps, rows, stages))
+        (Algorithm::Fa2Tc, Some((warps, rows, stages, cols))) => {
+            format!(
+                "{algorithm}-{}",
+                Fa2TcTiling::new(warps, rows, stages, cols)
+            )
         }
         _ => algorithm.name().to_string(),
     }
@@ -229,7 +233,7 @@ fn time_case<T: Element>(
         causal: shape.causal,
         fa2_tc_tiling: config
             .fa2_tc_tiling
-            .map(|(warps, rows, stages)| Fa2TcTiling::new(warps, rows, stages)),
+            .map(|(warps, rows, stages, cols)| Fa2TcTiling::new(warps, rows, stages, cols)),
         ..Default::default()
     };
     let dims = shape.dims();

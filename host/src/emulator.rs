@@ -932,10 +932,7 @@ pub fn io_table(shape: IoShape, dtype: DType, shared_memory_bytes: u32) -> Resul
     let tc = flash_kernels::layout::FA2_TC_HEAD_DIMS.contains(&(shape.head_dim as u32));
     if dtype != DType::F32 && tc {
         let tiling = flash_kernels::layout::Fa2TcTiling::default_for(shape.head_dim as u32);
-        let (tc_rows, tc_cols) = (
-            tiling.block_rows(),
-            flash_kernels::layout::FA2_TC_BLOCK_COLS,
-        );
+        let (tc_rows, tc_cols) = (tiling.block_rows(), tiling.block_cols);
         rows.push(row(
             Algorithm::Fa2Tc,
             Some((tc_rows, tc_cols)),

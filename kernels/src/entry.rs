@@ -63,25 +63,35 @@ macro_rules! fa2_kernels {
     };
 }
 
-/// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>r<row tiles>s<K/V stages>` for the tensor-core FA2
-/// (`layout::FA2_TC_HEAD_DIMS` × the `layout::FA2_TC_TILINGS` each is compiled for).
+/// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>r<row tiles>s<K/V stages>c<B_c>` for the
+/// tensor-core FA2 (`layout::FA2_TC_HEAD_DIMS` × the `layout::FA2_TC_TILINGS` each is compiled
+/// for): every (warps, row tiles) listed with B_c = 64, those after `;` also with B_c = 32, each
+/// with one and two K/V stages.
 macro_rules! fa2_tc_kernels {
     ($($dtype:ident => $t:ty),*) => {$(
-        fa2_tc_kernels!(@tilings $dtype, $t, 32; (4, 1) (8, 1) (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 64; (4, 1) (8, 1) (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 96; (4, 1) (8, 1) (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 128; (4, 1) (8, 1) (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 256; (4, 1) (8, 1));
+        fa2_tc_kernels!(@tilings $dtype, $t, 32; (4, 1) (8, 1) (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 64; (4, 1) (8, 1) (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 96; (4, 1) (8, 1) (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 128; (4, 1) (8, 1) (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 256; (4, 1) (8, 1););
     )*};
-    (@tilings $dtype:ident, $t:ty, $d:literal; $(($warps:literal, $rows:literal))*) => {$(
-        fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 1);
-        fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 2);
-    )*};
-    (@entry $dtype:ident, $t:ty, $d:literal, $warps:literal, $rows:literal, $stages:literal) => {
+    (@tilings $dtype:ident, $t:ty, $d:literal;
+     $(($warps:literal, $rows:literal))*; $(($warps32:literal, $rows32:literal))*) => {
+        $(fa2_tc_kernels!(@stages $dtype, $t, $d, $warps, $rows, 64);)*
+        $(fa2_tc_kernels!(@stages $dtype, $t, $d, $warps32, $rows32, 32);)*
+    };
+    (@stages $dtype:ident, $t:ty, $d:literal, $warps:literal, $rows:literal, $bc:literal) => {
+        fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 1, $bc);
+        fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 2, $bc);
+    };
+    (@entry $dtype:ident, $t:ty, $d:literal, $warps:literal, $rows:literal, $stages:literal,
+     $bc:literal) => {
         const _: () = {
-            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w", $warps, "r", $rows, "s", $stages))]
+            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w",
+                $warps, "r", $rows, "s", $stages, "c", $bc))]
             unsafe extern "ptx-kernel" fn forward(params: Fa2Params) {
-                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }, $warps, $rows, $stages>(&params)
+                fa2_tc::forward::<$t, { $d / 16 }, { $d / 8 }, $warps, $rows, $stages,
+                    { $bc / 8 }, { $bc / 16 }>(&params)
             }
         };
     };

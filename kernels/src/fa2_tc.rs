@@ -2,15 +2,16 @@
 //! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
 //!
 //! Block: `WARPS` warps, each owning `ROW_TILES` m16 tiles of Q (split-Q), so
-//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 64 keys. With two row tiles per warp every K/V fragment
-//! read from shared memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids
-//! run the heaviest row blocks (the last) first.
+//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 8·`KEY_TILES` keys (64, or 32 where S must be smaller
+//! for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
+//! memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids run the heaviest
+//! row blocks (the last) first.
 //!
 //! ```text
 //!  shared memory (16-bit elements, rows padded by 8)      registers of one warp, per row tile
 //!  ┌──────────────┐                                       Q_i fragments   16 × d   (kept when they
 //!  │ Q_i B_r × d  │  cp.async, once                                        fit in 32 registers)
-//!  ├──────────────┤                                       S = Q_i·K_jᵀ    16 × 64  (f32 accum.)
+//!  ├──────────────┤                                       S = Q_i·K_jᵀ    16 × B_c (f32 accum.)
 //!  │ K_j, V_j     │  stage j % 2   ← ldmatrix            P̃ = exp2(S − m) repacked as A fragments
 //!  │              │                                       Õ              16 × d   (f32 accum.)
 //!  │ K_j+1, V_j+1 │  stage (j+1) % 2 ← cp.async in flight while block j is computed
@@ -27,19 +28,18 @@
 //!
 //! Softmax in the exp2 domain (scale·log2 e folded into one FMA); each thread keeps partial row
 //! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
-//! exact because α is the same for the whole row.
+//! exact because α is the same for the whole row. The running max moves only when a block's row
+//! max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's conditional
+//! rescale, decided once per warp by a vote): most blocks then skip α and the d/8·4 multiplies
+//! of Õ, and the result is the same because Õ and ℓ are sums against the same max.
 
 use crate::element::TensorCoreElement;
 use crate::gpu::{self, SharedAddress, WARP_SIZE};
-use crate::layout::{FA2_TC_BLOCK_COLS, FA2_TC_COPY_ELEMENTS, Fa2TcTiling, fa2_tc_stride};
+use crate::layout::{FA2_TC_COPY_ELEMENTS, Fa2TcTiling, fa2_tc_stride};
 use crate::mask::CausalMask;
 use crate::params::{Fa2Params, TensorView};
-use crate::softmax::{LOG2_E, RowStats, fa2_rescale};
+use crate::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale};
 
-/// 16×8 tiles of S per row tile per K/V block (B_c / 8).
-const KEY_TILES: usize = (FA2_TC_BLOCK_COLS / 8) as usize;
-/// 16-key chunks of a K/V block: the k-steps of P̃·V.
-const KEY_CHUNKS: usize = KEY_TILES / 2;
 /// Q fragments stay in registers when they take at most this many (row tiles × d/16 × 4 ≤ 32);
 /// otherwise they are re-read from shared memory at every K/V block.
 const Q_REGISTER_CHUNKS: usize = 8;
@@ -66,10 +66,10 @@ struct SharedTiles {
 
 impl SharedTiles {
     #[inline(always)]
-    fn new(head_dim: u32, block_rows: u32) -> Self {
+    fn new(head_dim: u32, block_rows: u32, block_cols: u32) -> Self {
         let row_bytes = fa2_tc_stride(head_dim) * 2;
         let q = SharedAddress::of(gpu::dynamic_shared_f32());
-        let tile_bytes = FA2_TC_BLOCK_COLS * row_bytes;
+        let tile_bytes = block_cols * row_bytes;
         Self {
             q,
             kv: q.offset(block_rows * row_bytes),
@@ -183,7 +183,9 @@ fn q_fragment_address(tiles: &SharedTiles, first_row: u32, chunk: u32) -> Shared
     tiles.at(tiles.q, row, chunk * 16 + lane / 16 * 8)
 }
 
-/// The kernel body: `Q_CHUNKS` = d/16, `O_TILES` = d/8. Grid (⌈seqlen_q/B_r⌉, batch·heads),
+/// The kernel body: `Q_CHUNKS` = d/16, `O_TILES` = d/8, `KEY_TILES` = B_c/8 (16×8 tiles of S
+/// per row tile and K/V block), `KEY_CHUNKS` = B_c/16 (the k-steps of P̃·V).
+/// Grid (⌈seqlen_q/B_r⌉, batch·heads),
 /// 32·`WARPS` threads, `layout::Fa2TcTiling::shared_bytes(d)` bytes of dynamic shared memory.
 #[inline(always)]
 pub fn forward<
@@ -193,11 +195,17 @@ pub fn forward<
     const WARPS: u32,
     const ROW_TILES: usize,
     const KV_STAGES: u32,
+    const KEY_TILES: usize,
+    const KEY_CHUNKS: usize,
 >(
     p: &Fa2Params,
 ) {
-    const { assert!(O_TILES == 2 * Q_CHUNKS && (KV_STAGES == 1 || KV_STAGES == 2)) };
-    let tiling = Fa2TcTiling::new(WARPS, ROW_TILES as u32, KV_STAGES);
+    const {
+        assert!(O_TILES == 2 * Q_CHUNKS && KEY_TILES == 2 * KEY_CHUNKS);
+        assert!(KV_STAGES == 1 || KV_STAGES == 2);
+    };
+    let block_cols = KEY_TILES as u32 * 8;
+    let tiling = Fa2TcTiling::new(WARPS, ROW_TILES as u32, KV_STAGES, block_cols);
     let head_dim = Q_CHUNKS as u32 * 16;
     let block_rows = tiling.block_rows();
     let threads = WARPS * WARP_SIZE;
@@ -215,18 +223,10 @@ pub fn forward<
     let q = GlobalRows::new(&p.operands.q, batch, head, shape.seqlen_q);
     let k = GlobalRows::new(&p.operands.k, batch, head, shape.seqlen_k);
     let v = GlobalRows::new(&p.operands.v, batch, head, shape.seqlen_k);
-    let tiles = SharedTiles::new(head_dim, block_rows);
+    let tiles = SharedTiles::new(head_dim, block_rows, block_cols);
     let copy_block = |rows: &GlobalRows, block: u32, dst: SharedAddress| {
-        let first = block * FA2_TC_BLOCK_COLS;
-        copy_tile_async(
-            rows,
-            first,
-            FA2_TC_BLOCK_COLS,
-            head_dim,
-            threads,
-            &tiles,
-            dst,
-        );
+        let first = block * block_cols;
+        copy_tile_async(rows, first, block_cols, head_dim, threads, &tiles, dst);
     };
 
     // Q_i and K_0 (and V_0, with two stages) in flight together.
@@ -239,8 +239,7 @@ pub fn forward<
     }
     gpu::copy_async_commit();
 
-    let key_blocks =
-        mask.key_blocks_needed(row_start + block_rows, shape.seqlen_k, FA2_TC_BLOCK_COLS);
+    let key_blocks = mask.key_blocks_needed(row_start + block_rows, shape.seqlen_k, block_cols);
     let warp_rows = WarpRows::<ROW_TILES> {
         first_row: gpu::warp_idx() * 16 * ROW_TILES as u32,
     };
@@ -301,23 +300,23 @@ pub fn forward<
                 }
             }
         };
-        let key_start = j * FA2_TC_BLOCK_COLS;
+        let key_start = j * block_cols;
         let step = BlockStep {
             stage: j % KV_STAGES,
             key_start,
             ..step_base
         };
-        if key_start + FA2_TC_BLOCK_COLS > shape.seqlen_k
-            || mask.tile_needs_mask(row_start, key_start + FA2_TC_BLOCK_COLS)
+        if key_start + block_cols > shape.seqlen_k
+            || mask.tile_needs_mask(row_start, key_start + block_cols)
         {
-            step.run::<T, true, Q_CHUNKS, O_TILES, ROW_TILES>(
+            step.run::<T, true, Q_CHUNKS, O_TILES, ROW_TILES, KEY_TILES, KEY_CHUNKS>(
                 &warp_rows,
                 &q_registers,
                 &mut state,
                 before_pv,
             );
         } else {
-            step.run::<T, false, Q_CHUNKS, O_TILES, ROW_TILES>(
+            step.run::<T, false, Q_CHUNKS, O_TILES, ROW_TILES, KEY_TILES, KEY_CHUNKS>(
                 &warp_rows,
                 &q_registers,
                 &mut state,
@@ -364,8 +363,9 @@ struct BlockStep<'a> {
 }
 
 impl BlockStep<'_> {
-    /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S); P̃ = exp2(S − m^(j)); ℓ = α·ℓ + rowsum P̃;
-    /// Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the causal mask and the
+    /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S) when the max jumps by more than
+    /// `RESCALE_THRESHOLD` for some row of the warp (else m^(j) = m^(j−1)); P̃ = exp2(S − m^(j));
+    /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the causal mask and the
     /// seqlen_k tail element-wise. `before_pv` runs between the softmax and P̃·V_j: the
     /// one-stage pipeline waits for V_j and refills K there.
     #[inline(always)]
@@ -375,6 +375,8 @@ impl BlockStep<'_> {
         const Q_CHUNKS: usize,
         const O_TILES: usize,
         const ROW_TILES: usize,
+        const KEY_TILES: usize,
+        const KEY_CHUNKS: usize,
     >(
         &self,
         rows: &WarpRows<ROW_TILES>,
@@ -382,23 +384,43 @@ impl BlockStep<'_> {
         state: &mut [RowTileState<O_TILES>; ROW_TILES],
         before_pv: impl FnOnce(),
     ) {
-        let mut scores = self.scores::<T, Q_CHUNKS, ROW_TILES>(rows, q_registers);
-        let mut p = [[[0u32; 4]; KEY_CHUNKS]; ROW_TILES];
-        for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
-        {
+        let mut scores = self.scores::<T, Q_CHUNKS, ROW_TILES, KEY_TILES>(rows, q_registers);
+        let mut block_max = [[0.0f32; 2]; ROW_TILES];
+        let mut any_row_needs_rescale = false;
+        for (tile, tile_scores) in scores.iter_mut().enumerate() {
             if MASK {
                 self.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
             }
-            p[tile] = self.online_softmax::<T, O_TILES>(tile_scores, tile_state);
+            for (h, max) in block_max[tile].iter_mut().enumerate() {
+                *max = self.block_row_max(tile_scores, h);
+                any_row_needs_rescale |= needs_rescale(state[tile].stats[h].max, *max);
+            }
+        }
+        // One decision per warp and block: the branches below are warp-uniform.
+        let rescale = gpu::vote_any(any_row_needs_rescale);
+        let mut p = [[[0u32; 4]; KEY_CHUNKS]; ROW_TILES];
+        for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
+        {
+            p[tile] = self.online_softmax::<T, O_TILES, KEY_TILES, KEY_CHUNKS>(
+                tile_scores,
+                block_max[tile],
+                rescale,
+                tile_state,
+            );
         }
         before_pv();
-        self.accumulate_pv::<T, O_TILES, ROW_TILES>(&p, state);
+        self.accumulate_pv::<T, O_TILES, ROW_TILES, KEY_CHUNKS>(&p, state);
     }
 
-    /// S = Q_i·K_jᵀ for each row tile and the block's 64 keys (8 tiles of 16×8). Each K fragment
+    /// S = Q_i·K_jᵀ for each row tile and the block's B_c keys (`KEY_TILES` tiles of 16×8). Each K fragment
     /// is read once and used by every row tile.
     #[inline(always)]
-    fn scores<T: TensorCoreElement, const Q_CHUNKS: usize, const ROW_TILES: usize>(
+    fn scores<
+        T: TensorCoreElement,
+        const Q_CHUNKS: usize,
+        const ROW_TILES: usize,
+        const KEY_TILES: usize,
+    >(
         &self,
         rows: &WarpRows<ROW_TILES>,
         q_registers: &[[[u32; 4]; Q_CHUNKS]; ROW_TILES],
@@ -423,7 +445,7 @@ impl BlockStep<'_> {
                     ))
                 };
             }
-            for pair in 0..KEY_CHUNKS {
+            for pair in 0..KEY_TILES / 2 {
                 let b = gpu::load_matrix_x4(self.tiles.at(
                     k_tile,
                     pair as u32 * 16 + key_in_pair,
@@ -442,7 +464,11 @@ impl BlockStep<'_> {
     /// −∞ where the key is past seqlen_k or hidden by the causal mask (row tile starting at row
     /// `first_row` of the sequence).
     #[inline(always)]
-    fn apply_mask(&self, scores: &mut [[f32; 4]; KEY_TILES], first_row: u32) {
+    fn apply_mask<const KEY_TILES: usize>(
+        &self,
+        scores: &mut [[f32; 4]; KEY_TILES],
+        first_row: u32,
+    ) {
         let lane = gpu::lane_idx();
         let lane_row = first_row + lane / 4;
         for (tile, values) in scores.iter_mut().enumerate() {
@@ -456,44 +482,63 @@ impl BlockStep<'_> {
         }
     }
 
-    /// The FA2 update for the lane's two rows of one row tile (`h` = 0: row l/4, elements 0–1 of
-    /// each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3). Overwrites `scores` with P̃ and
-    /// returns P̃ packed to 16 bits as the A fragments of P̃·V (one per 16-key chunk): from here on
-    /// only half the registers of S stay live. ℓ adds the f32 values, before rounding.
+    /// max_k S[row, k] · scale · log2 e for the lane's row `h` of a row tile (`h` = 0: row l/4,
+    /// elements 0–1 of each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3), complete across the
+    /// quad (lanes 4g..4g+3 hold the row's B_c keys between them).
     #[inline(always)]
-    fn online_softmax<T: TensorCoreElement, const O_TILES: usize>(
+    fn block_row_max<const KEY_TILES: usize>(
+        &self,
+        scores: &[[f32; 4]; KEY_TILES],
+        h: usize,
+    ) -> f32 {
+        let row_max = row_reduce(scores, h, f32::max);
+        let row_max = row_max.max(gpu::shuffle_xor(row_max, 1));
+        let row_max = row_max.max(gpu::shuffle_xor(row_max, 2));
+        row_max * self.score_scale
+    }
+
+    /// The FA2 update for the lane's two rows of one row tile, against the block's row maxima
+    /// `block_max`. The running max m moves only when `rescale` (some row of the warp would
+    /// otherwise see P̃ > 2^`RESCALE_THRESHOLD`): then m^(j) = max(m^(j−1), rowmax),
+    /// ℓ = α·ℓ and Õ = diag(α)·Õ exactly as in FA2; otherwise m stays, α = 1 and no multiply is
+    /// issued. Overwrites `scores` with P̃ and returns P̃ packed to 16 bits as the A fragments of
+    /// P̃·V (one per 16-key chunk): from here on only half the registers of S stay live. ℓ adds
+    /// the f32 values, before rounding.
+    #[inline(always)]
+    fn online_softmax<
+        T: TensorCoreElement,
+        const O_TILES: usize,
+        const KEY_TILES: usize,
+        const KEY_CHUNKS: usize,
+    >(
         &self,
         scores: &mut [[f32; 4]; KEY_TILES],
+        block_max: [f32; 2],
+        rescale: bool,
         state: &mut RowTileState<O_TILES>,
     ) -> [[u32; 4]; KEY_CHUNKS] {
         // The S tile of keys 16c..16c+8 gives fragment registers 0 (row l/4) and 1 (row l/4 + 8)
         // of chunk c; keys 16c+8..16c+16 give registers 2 and 3 (mma.m16n8k16's A layout).
         let mut fragments = [[0u32; 4]; KEY_CHUNKS];
         for h in 0..2 {
-            let row_max = pairwise(row_half(scores, h), f32::max);
-            // The quad (lanes 4g..4g+3) holds the row's 64 keys between them.
-            let row_max = row_max.max(gpu::shuffle_xor(row_max, 1));
-            let row_max = row_max.max(gpu::shuffle_xor(row_max, 2));
-            let (stats, alpha) = fa2_rescale(state.stats[h], row_max * self.score_scale, gpu::exp2);
-            let base = RowStats::exp_base(stats.max);
+            if rescale {
+                let (stats, alpha) = fa2_rescale(state.stats[h], block_max[h], gpu::exp2);
+                state.stats[h] = stats;
+                for tile in state.acc.iter_mut() {
+                    tile[2 * h] *= alpha;
+                    tile[2 * h + 1] *= alpha;
+                }
+            }
+            let base = RowStats::exp_base(state.stats[h].max);
             for tile in scores.iter_mut() {
                 for value in &mut tile[2 * h..2 * h + 2] {
                     // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
                     *value = gpu::exp2(gpu::fma(*value, self.score_scale, -base));
                 }
             }
-            state.stats[h] = RowStats {
-                max: stats.max,
-                sum: stats.sum + pairwise(row_half(scores, h), |a, b| a + b),
-            };
+            state.stats[h].sum += row_reduce(scores, h, |a, b| a + b);
             for (tile, values) in scores.iter().enumerate() {
                 fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
-            }
-            // Õ = diag(α)·Õ. (Skipping it when α = 1 warp-wide, exact, measured slower: the
-            // branch costs more than the multiplies it saves; PERF.md, FA2-TC v4.)
-            for tile in state.acc.iter_mut() {
-                tile[2 * h] *= alpha;
-                tile[2 * h + 1] *= alpha;
             }
         }
         fragments
@@ -502,7 +547,12 @@ impl BlockStep<'_> {
     /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`, each V
     /// fragment used by every row tile.
     #[inline(always)]
-    fn accumulate_pv<T: TensorCoreElement, const O_TILES: usize, const ROW_TILES: usize>(
+    fn accumulate_pv<
+        T: TensorCoreElement,
+        const O_TILES: usize,
+        const ROW_TILES: usize,
+        const KEY_CHUNKS: usize,
+    >(
         &self,
         p: &[[[u32; 4]; KEY_CHUNKS]; ROW_TILES],
         state: &mut [RowTileState<O_TILES>; ROW_TILES],
@@ -530,15 +580,20 @@ impl BlockStep<'_> {
     }
 }
 
-/// The lane's values of one row of a row tile's S (or P̃): elements 2h and 2h + 1 of each 16×8
-/// tile (`h` = 0: row l/4; `h` = 1: row l/4 + 8).
+/// Reduces by `op` the lane's values of one row of a row tile's S (or P̃): elements 2h and
+/// 2h + 1 of each 16×8 tile (`h` = 0: row l/4; `h` = 1: row l/4 + 8), each tile's pair first,
+/// then the tiles as a balanced tree.
 #[inline(always)]
-fn row_half(scores: &[[f32; 4]; KEY_TILES], h: usize) -> [f32; 2 * KEY_TILES] {
-    let mut values = [0.0; 2 * KEY_TILES];
-    for (tile, pair) in scores.iter().zip(values.chunks_exact_mut(2)) {
-        pair.copy_from_slice(&tile[2 * h..2 * h + 2]);
+fn row_reduce<const KEY_TILES: usize>(
+    scores: &[[f32; 4]; KEY_TILES],
+    h: usize,
+    op: impl Fn(f32, f32) -> f32 + Copy,
+) -> f32 {
+    let mut per_tile = [0.0; KEY_TILES];
+    for (value, tile) in per_tile.iter_mut().zip(scores) {
+        *value = op(tile[2 * h], tile[2 * h + 1]);
     }
-    values
+    pairwise(per_tile, op)
 }
 
 /// Reduces `values` by `op` as a balanced tree: log2(N) dependent steps instead of N − 1, so the

@@ -19,6 +19,8 @@ unsafe extern "C" {
     fn nvvm_shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.f32"]
     fn nvvm_shfl_sync_idx_f32(mask: u32, value: f32, source_lane: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.vote.any.sync"]
+    fn nvvm_vote_any_sync(mask: u32, predicate: bool) -> bool;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn nvvm_bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
@@ -124,6 +126,14 @@ pub fn shuffle_xor(value: f32, lane_mask: u32) -> f32 {
 pub fn shuffle_broadcast(value: f32, source_lane: u32) -> f32 {
     // SAFETY: as for `shuffle_xor`.
     unsafe { nvvm_shfl_sync_idx_f32(FULL_WARP, value, source_lane, SHUFFLE_CLAMP) }
+}
+
+/// `vote.sync.any.pred`: whether `predicate` holds on any lane of the warp. The result is the same
+/// on every lane, so a branch on it is warp-uniform.
+#[inline(always)]
+pub fn vote_any(predicate: bool) -> bool {
+    // SAFETY: all 32 lanes take part; callers keep the whole warp converged.
+    unsafe { nvvm_vote_any_sync(FULL_WARP, predicate) }
 }
 
 /// `2^x` on the special-function unit (`ex2.approx.ftz.f32`, relative error about 2^-22).

@@ -134,7 +134,7 @@ mod tests {
 /// each) instead of assuming the worst, and the host checks launches against it.
 pub fn kernel_max_threads(name: &str) -> u32 {
     if name.starts_with("fa2tc_forward_") {
-        // `fa2tc_forward_<dtype>_d<d>_w<warps>r<row tiles>s<stages>`.
+        // `fa2tc_forward_<dtype>_d<d>_w<warps>r<row tiles>s<stages>c<B_c>`.
         let warps = name
             .rsplit("_w")
             .next()
@@ -151,46 +151,58 @@ pub fn kernel_max_threads(name: &str) -> u32 {
     }
 }
 
-/// How the tensor-core FA2 (`fa2_tc`) splits a block's rows, and how deep its K/V pipeline is:
-/// `warps` warps, each owning `row_tiles` m16 tiles of Q (split-Q), so
-/// B_r = 16 · warps · row_tiles; `kv_stages` shared-memory buffers for K_j and V_j (2: block
-/// j + 1 is copied while block j is computed; 1: FlashAttention-2's own schedule, V_j copied
-/// behind S = Q_i·K_jᵀ and K_j+1 behind P̃·V_j, in less shared memory).
+/// How the tensor-core FA2 (`fa2_tc`) splits a block's rows, how many keys a K/V block holds, and
+/// how deep its K/V pipeline is: `warps` warps, each owning `row_tiles` m16 tiles of Q
+/// (split-Q), so B_r = 16 · warps · row_tiles; B_c = `block_cols` keys; `kv_stages`
+/// shared-memory buffers for K_j and V_j (2: block j + 1 is copied while block j is computed;
+/// 1: FlashAttention-2's own schedule, V_j copied behind S = Q_i·K_jᵀ and K_j+1 behind P̃·V_j,
+/// in less shared memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fa2TcTiling {
     pub warps: u32,
     pub row_tiles: u32,
     pub kv_stages: u32,
+    pub block_cols: u32,
 }
 
 impl core::fmt::Display for Fa2TcTiling {
-    /// `WxRsS`, e.g. `4x2s2`: warps, row tiles per warp, K/V stages.
+    /// `WxRsScC`, e.g. `4x2s2c64`: warps, row tiles per warp, K/V stages, B_c.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}x{}s{}", self.warps, self.row_tiles, self.kv_stages)
+        let Self {
+            warps,
+            row_tiles,
+            kv_stages,
+            block_cols,
+        } = self;
+        write!(f, "{warps}x{row_tiles}s{kv_stages}c{block_cols}")
     }
 }
 
 /// The tilings the tensor-core kernel is compiled for (at d = 256 the single-row-tile ones only;
-/// see [`Fa2TcTiling::is_compiled_for`]).
-pub const FA2_TC_TILINGS: [Fa2TcTiling; 6] = [
-    Fa2TcTiling::new(4, 1, 2),
-    Fa2TcTiling::new(8, 1, 2),
-    Fa2TcTiling::new(4, 2, 2),
-    Fa2TcTiling::new(4, 1, 1),
-    Fa2TcTiling::new(8, 1, 1),
-    Fa2TcTiling::new(4, 2, 1),
+/// see [`Fa2TcTiling::is_compiled_for`]). B_c = 32 only with two row tiles: that is where the
+/// 16 × 64 S tiles of both row tiles, beside Õ, press on the 255-register limit.
+pub const FA2_TC_TILINGS: [Fa2TcTiling; 8] = [
+    Fa2TcTiling::new(4, 1, 2, 64),
+    Fa2TcTiling::new(8, 1, 2, 64),
+    Fa2TcTiling::new(4, 2, 2, 64),
+    Fa2TcTiling::new(4, 1, 1, 64),
+    Fa2TcTiling::new(8, 1, 1, 64),
+    Fa2TcTiling::new(4, 2, 1, 64),
+    Fa2TcTiling::new(4, 2, 2, 32),
+    Fa2TcTiling::new(4, 2, 1, 32),
 ];
-/// B_c of the tensor-core kernel.
-pub const FA2_TC_BLOCK_COLS: u32 = 64;
+/// The B_c a tiling has when its name leaves it out (`4x2s1` is `4x2s1c64`).
+pub const FA2_TC_DEFAULT_BLOCK_COLS: u32 = 64;
 /// Head dims the tensor-core kernel is compiled for; others use the scalar FA2.
 pub const FA2_TC_HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
 
 impl Fa2TcTiling {
-    pub const fn new(warps: u32, row_tiles: u32, kv_stages: u32) -> Self {
+    pub const fn new(warps: u32, row_tiles: u32, kv_stages: u32, block_cols: u32) -> Self {
         Self {
             warps,
             row_tiles,
             kv_stages,
+            block_cols,
         }
     }
 
@@ -205,7 +217,7 @@ impl Fa2TcTiling {
 
     /// Shared memory: Q_i, and K_j, V_j in `kv_stages` buffers each, 16-bit elements.
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
-        (self.block_rows() + self.kv_stages * 2 * FA2_TC_BLOCK_COLS) * fa2_tc_stride(head_dim) * 2
+        (self.block_rows() + self.kv_stages * 2 * self.block_cols) * fa2_tc_stride(head_dim) * 2
     }
 
     /// Whether the kernel is compiled with this tiling at `head_dim`. At d = 256 two row tiles
@@ -218,7 +230,8 @@ impl Fa2TcTiling {
             let t = FA2_TC_TILINGS[i];
             listed |= t.warps == self.warps
                 && t.row_tiles == self.row_tiles
-                && t.kv_stages == self.kv_stages;
+                && t.kv_stages == self.kv_stages
+                && t.block_cols == self.block_cols;
             i += 1;
         }
         listed && (head_dim <= 128 || self.row_tiles == 1)
@@ -230,9 +243,9 @@ impl Fa2TcTiling {
     /// stage (B_r = 64: 8% faster than 8 × 1).
     pub const fn default_for(head_dim: u32) -> Self {
         match head_dim {
-            0..=64 => Fa2TcTiling::new(4, 2, 2),
-            65..=128 => Fa2TcTiling::new(4, 2, 1),
-            _ => Fa2TcTiling::new(4, 1, 1),
+            0..=64 => Fa2TcTiling::new(4, 2, 2, 64),
+            65..=128 => Fa2TcTiling::new(4, 2, 1, 64),
+            _ => Fa2TcTiling::new(4, 1, 1, 64),
         }
     }
 }

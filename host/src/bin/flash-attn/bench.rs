@@ -79,7 +79,7 @@ impl BenchArgs {
             .as_deref()
             .map(|text| {
                 flash_attn::attention::parse_fa2_tc_tiling(text)
-                    .map(|t| (t.warps, t.row_tiles, t.kv_stages))
+                    .map(|t| (t.warps, t.row_tiles, t.kv_stages, t.block_cols))
             })
             .transpose()?;
         config.hidden = self.hidden;
