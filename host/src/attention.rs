@@ -634,9 +634,9 @@ pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2
     }
 }
 
-/// Parses an FA2-TC tiling: `WxR`, `WxRsS` or `WxRsScC` (warps, row tiles per warp, K/V stages,
-/// B_c), e.g. `4x2`, `4x2s1`, `4x2s1c32`; the stages default to 2 and B_c to 64. Whether the
-/// kernel is compiled with it is checked per head dim by [`fa2_tc_tiling`].
+/// Parses an FA2-TC tiling: `WxR`, optionally followed by `sS` and `cC` (warps, row tiles per
+/// warp, K/V stages, B_c), e.g. `4x2`, `4x2s1`, `4x2s1c32`; the stages default to 2 and B_c to
+/// 64. Whether the kernel is compiled with it is checked per head dim by [`fa2_tc_tiling`].
 pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
     let invalid = || {
         Error::invalid(
@@ -646,20 +646,21 @@ pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
         )
     };
     let number = |s: &str| s.parse::<u32>().map_err(|_| invalid());
+    // The optional fields, last first: the text before the tag, and the tag's value if present.
+    let field = |text: &'_ str, tag: char| -> Result<(String, Option<u32>)> {
+        match text.split_once(tag) {
+            Some((rest, value)) => Ok((rest.to_string(), Some(number(value)?))),
+            None => Ok((text.to_string(), None)),
+        }
+    };
     let (warps, rest) = text.split_once('x').ok_or_else(invalid)?;
-    let (rest, cols) = match rest.split_once('c') {
-        Some((rest, cols)) => (rest, number(cols)?),
-        None => (rest, kernel_layout::FA2_TC_DEFAULT_BLOCK_COLS),
-    };
-    let (row_tiles, stages) = match rest.split_once('s') {
-        Some((row_tiles, stages)) => (row_tiles, number(stages)?),
-        None => (rest, 2),
-    };
+    let (rest, cols) = field(rest, 'c')?;
+    let (row_tiles, stages) = field(&rest, 's')?;
     Ok(Fa2TcTiling::new(
         number(warps)?,
-        number(row_tiles)?,
-        stages,
-        cols,
+        number(&row_tiles)?,
+        stages.unwrap_or(2),
+        cols.unwrap_or(kernel_layout::FA2_TC_DEFAULT_BLOCK_COLS),
     ))
 }
 

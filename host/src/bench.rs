@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use flash_kernels::layout::Fa2TcTiling;
 use half::{bf16, f16};
 use rand::Rng;
 
@@ -38,11 +37,11 @@ pub struct SweepConfig {
     pub max_repeats: usize,
     /// Stop repeating once this much GPU time has been measured.
     pub target_ms: f64,
-    /// FA2-TC's (warps, row tiles, K/V stages, B_c); `None`: the library's default. Records of an
-    /// override are named `fa2-tc-<W>x<R>s<S>c<C>`, so runs with different values merge into one
-    /// table.
+    /// FA2-TC's tiling (as `attention::parse_fa2_tc_tiling` reads it, e.g. `4x2s1c64`); `None`:
+    /// the library's default. Records of an override are named `fa2-tc-<tiling>`, so runs with
+    /// different values merge into one table.
     #[serde(default)]
-    pub fa2_tc_tiling: Option<(u32, u32, u32, u32)>,
+    pub fa2_tc_tiling: Option<String>,
 }
 
 impl SweepConfig {
@@ -202,15 +201,10 @@ pub fn run_case(
     })
 }
 
-/// The record name: the algorithm's, with FA2-TC's warp override appended.
+/// The record name: the algorithm's, with FA2-TC's tiling override appended.
 fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
-    match (algorithm, config.fa2_tc_tiling) {
-        (Algorithm::Fa2Tc, Some((warps, rows, stages, cols))) => {
-            format!(
-                "{algorithm}-{}",
-                Fa2TcTiling::new(warps, rows, stages, cols)
-            )
-        }
+    match (algorithm, &config.fa2_tc_tiling) {
+        (Algorithm::Fa2Tc, Some(tiling)) => format!("{algorithm}-{tiling}"),
         _ => algorithm.name().to_string(),
     }
 }
@@ -233,7 +227,9 @@ fn time_case<T: Element>(
         causal: shape.causal,
         fa2_tc_tiling: config
             .fa2_tc_tiling
-            .map(|(warps, rows, stages, cols)| Fa2TcTiling::new(warps, rows, stages, cols)),
+            .as_deref()
+            .map(crate::attention::parse_fa2_tc_tiling)
+            .transpose()?,
         ..Default::default()
     };
     let dims = shape.dims();

@@ -28,14 +28,15 @@
 //!
 //! Softmax in the exp2 domain (scale·log2 e folded into one FMA); each thread keeps partial row
 //! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
-//! exact because α is the same for the whole row. The running max moves only when a block's row
-//! max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's conditional
-//! rescale, decided once per warp by a vote): most blocks then skip α and the d/8·4 multiplies
-//! of Õ, and the result is the same because Õ and ℓ are sums against the same max.
+//! exact because α is the same for the whole row. Up to d = 128 the running max moves only when a
+//! block's row max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's
+//! conditional rescale, decided once per warp by a vote; `layout::fa2_tc_conditional_rescale`):
+//! most blocks then skip α and the d/8·4 multiplies of Õ, and the result is the same because Õ
+//! and ℓ are sums against the same max.
 
 use crate::element::TensorCoreElement;
 use crate::gpu::{self, SharedAddress, WARP_SIZE};
-use crate::layout::{FA2_TC_COPY_ELEMENTS, Fa2TcTiling, fa2_tc_stride};
+use crate::layout::{FA2_TC_COPY_ELEMENTS, Fa2TcTiling, fa2_tc_conditional_rescale, fa2_tc_stride};
 use crate::mask::CausalMask;
 use crate::params::{Fa2Params, TensorView};
 use crate::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale};
@@ -396,8 +397,11 @@ impl BlockStep<'_> {
                 any_row_needs_rescale |= needs_rescale(state[tile].stats[h].max, *max);
             }
         }
-        // One decision per warp and block: the branches below are warp-uniform.
-        let rescale = gpu::vote_any(any_row_needs_rescale);
+        // One decision per warp and block: the branches below are warp-uniform. Where the head
+        // dim keeps the unconditional rescale, `rescale` is the constant `true` and the vote and
+        // branches compile away.
+        let rescale = !fa2_tc_conditional_rescale(Q_CHUNKS as u32 * 16)
+            || gpu::vote_any(any_row_needs_rescale);
         let mut p = [[[0u32; 4]; KEY_CHUNKS]; ROW_TILES];
         for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
         {

@@ -250,6 +250,14 @@ impl Fa2TcTiling {
     }
 }
 
+/// Whether the tensor-core kernel at `head_dim` moves a row's running max only when it jumps past
+/// `softmax::RESCALE_THRESHOLD` (one warp vote per K/V block, FA2-TC v6) instead of at every
+/// block (v5). Measured on the H200 (PERF.md, FA2-TC v6): +7 to +13% at d = 64 to 128, but 3–5%
+/// slower at d = 256, where v5's unconditional rescale stays.
+pub const fn fa2_tc_conditional_rescale(head_dim: u32) -> bool {
+    head_dim <= 128
+}
+
 /// Elements of the global-memory rows a tensor-core kernel copies with one 16-byte `cp.async`;
 /// strides must be multiples of it.
 pub const FA2_TC_COPY_ELEMENTS: u32 = 8;

@@ -77,10 +77,7 @@ impl BenchArgs {
         config.fa2_tc_tiling = self
             .fa2_tc_tiling
             .as_deref()
-            .map(|text| {
-                flash_attn::attention::parse_fa2_tc_tiling(text)
-                    .map(|t| (t.warps, t.row_tiles, t.kv_stages, t.block_cols))
-            })
+            .map(|text| flash_attn::attention::parse_fa2_tc_tiling(text).map(|t| t.to_string()))
             .transpose()?;
         config.hidden = self.hidden;
         Ok(config)

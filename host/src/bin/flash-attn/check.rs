@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use flash_attn::check::{CheckProblem, check_problem, describe};
-use flash_attn::{Algorithm, DType, Gpu, Layout};
+use flash_attn::check::{CheckProblem, check_problem_with, describe};
+use flash_attn::{Algorithm, AttentionOptions, DType, Gpu, Layout};
 use rand::SeedableRng;
 
 #[derive(clap::Args)]
@@ -34,6 +34,10 @@ pub struct CheckArgs {
     /// Causal settings to check: off, on, or both (default).
     #[arg(long, default_value = "both")]
     causal: String,
+    /// FA2-TC's tiling, e.g. 4x2s1c64 (default: the measured default per head dim). Every checked
+    /// head dim must have the tiling compiled; pick them with --head-dims.
+    #[arg(long)]
+    fa2_tc_tiling: Option<String>,
 }
 
 /// (batch, heads, seqlen_q, seqlen_k, head_dim).
@@ -114,6 +118,14 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
     let shapes = shapes(&args.shapes, &args.head_dims, &args.seqlens)?;
     let causal_settings = super::parse_causal(&args.causal)?;
+    let overrides = AttentionOptions {
+        fa2_tc_tiling: args
+            .fa2_tc_tiling
+            .as_deref()
+            .map(flash_attn::attention::parse_fa2_tc_tiling)
+            .transpose()?,
+        ..Default::default()
+    };
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
         Err(e) if super::is_missing_gpu(&e) && !args.require_gpu => {
@@ -142,11 +154,12 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
                     causal,
                     dtype,
                 };
-                for result in check_problem(
+                for result in check_problem_with(
                     &gpu,
                     problem,
                     &algorithms,
                     &[Layout::BatchHeadSeqDim],
+                    &overrides,
                     &mut rng,
                 )? {
                     println!("{}", describe(&result));
