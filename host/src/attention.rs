@@ -664,6 +664,11 @@ pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
     ))
 }
 
+/// [`parse_fa2_tc_tiling`] of an optional override: `None` (the default per head dim) stays `None`.
+pub fn parse_optional_fa2_tc_tiling(text: Option<&str>) -> Result<Option<Fa2TcTiling>> {
+    text.map(parse_fa2_tc_tiling).transpose()
+}
+
 /// Whether [`Algorithm::Fa2Tc`] runs on tensor cores for this call: f16 or bf16, a head dim in
 /// `FA2_TC_HEAD_DIMS`, and every row start 16-byte aligned (its copies are 16-byte `cp.async`).
 /// Otherwise it runs the scalar FA2.

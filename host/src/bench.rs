@@ -225,11 +225,9 @@ fn time_case<T: Element>(
 ) -> Result<BenchRecord> {
     let options = AttentionOptions {
         causal: shape.causal,
-        fa2_tc_tiling: config
-            .fa2_tc_tiling
-            .as_deref()
-            .map(crate::attention::parse_fa2_tc_tiling)
-            .transpose()?,
+        fa2_tc_tiling: crate::attention::parse_optional_fa2_tc_tiling(
+            config.fa2_tc_tiling.as_deref(),
+        )?,
         ..Default::default()
     };
     let dims = shape.dims();

@@ -119,11 +119,9 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let shapes = shapes(&args.shapes, &args.head_dims, &args.seqlens)?;
     let causal_settings = super::parse_causal(&args.causal)?;
     let overrides = AttentionOptions {
-        fa2_tc_tiling: args
-            .fa2_tc_tiling
-            .as_deref()
-            .map(flash_attn::attention::parse_fa2_tc_tiling)
-            .transpose()?,
+        fa2_tc_tiling: flash_attn::attention::parse_optional_fa2_tc_tiling(
+            args.fa2_tc_tiling.as_deref(),
+        )?,
         ..Default::default()
     };
     let gpu = match Gpu::open(device) {
