@@ -80,8 +80,8 @@ pub struct AttentionOptions {
     pub fa1_sram_floats: Option<u32>,
     /// FA2's (B_r, B_c), each 64 or 128; default: the largest that fits in shared memory.
     pub fa2_blocks: Option<(u32, u32)>,
-    /// FA2-TC's split of B_r over warps and row tiles (`layout::FA2_TC_TILINGS`); default:
-    /// measured per head dim.
+    /// FA2-TC's split of B_r over warps and row tiles, K/V pipeline depth and B_c
+    /// (`layout::FA2_TC_TILINGS`); default: measured per head dim.
     pub fa2_tc_tiling: Option<Fa2TcTiling>,
 }
 

@@ -45,8 +45,9 @@ pub struct BenchArgs {
     /// Skip the search for the longest N that fits at batch 1.
     #[arg(long)]
     no_max_seqlen: bool,
-    /// FA2-TC's tiling as WARPSxROW_TILES[sSTAGES] (4x1, 8x1, 4x2, each with s2 (the default) or s1;
-    /// default: the library's per head dim).
+    /// FA2-TC's tiling as WARPSxROW_TILES[sSTAGES][cB_C]: 4x1, 8x1 or 4x2, each with s2 (the
+    /// default) or s1, and 4x2 also with c32 (B_c = 32; default c64), e.g. 4x2s1c32 (default: the
+    /// library's per head dim).
     #[arg(long)]
     fa2_tc_tiling: Option<String>,
 }
