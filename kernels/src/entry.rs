@@ -65,20 +65,22 @@ macro_rules! fa2_kernels {
 
 /// `fa2tc_forward_<dtype>_d<head_dim>_w<warps>r<row tiles>s<K/V stages>c<B_c>` for the
 /// tensor-core FA2 (`layout::FA2_TC_HEAD_DIMS` × the `layout::FA2_TC_TILINGS` each is compiled
-/// for): every (warps, row tiles) listed with B_c = 64, those after `;` also with B_c = 32, each
-/// with one and two K/V stages.
+/// for): every (warps, row tiles) listed first with B_c = 64, and those after the first `;` with
+/// B_c = 32, each with one and two K/V stages; those after the second `;` with B_c = 48 and two
+/// stages.
 macro_rules! fa2_tc_kernels {
     ($($dtype:ident => $t:ty),*) => {$(
-        fa2_tc_kernels!(@tilings $dtype, $t, 32; (4, 1) (8, 1) (4, 2); (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 64; (4, 1) (8, 1) (4, 2); (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 96; (4, 1) (8, 1) (4, 2); (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 128; (4, 1) (8, 1) (4, 2); (4, 2));
-        fa2_tc_kernels!(@tilings $dtype, $t, 256; (4, 1) (8, 1););
+        fa2_tc_kernels!(@tilings $dtype, $t, 32; (4, 1) (8, 1) (4, 2); (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 64; (4, 1) (8, 1) (4, 2); (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 96; (4, 1) (8, 1) (4, 2); (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 128; (4, 1) (8, 1) (4, 2); (4, 2); (4, 2));
+        fa2_tc_kernels!(@tilings $dtype, $t, 256; (4, 1) (8, 1); ; );
     )*};
-    (@tilings $dtype:ident, $t:ty, $d:literal;
-     $(($warps:literal, $rows:literal))*; $(($warps32:literal, $rows32:literal))*) => {
-        $(fa2_tc_kernels!(@stages $dtype, $t, $d, $warps, $rows, 64);)*
-        $(fa2_tc_kernels!(@stages $dtype, $t, $d, $warps32, $rows32, 32);)*
+    (@tilings $dtype:ident, $t:ty, $d:literal; $(($w:literal, $r:literal))*;
+     $(($w32:literal, $r32:literal))*; $(($w48:literal, $r48:literal))*) => {
+        $(fa2_tc_kernels!(@stages $dtype, $t, $d, $w, $r, 64);)*
+        $(fa2_tc_kernels!(@stages $dtype, $t, $d, $w32, $r32, 32);)*
+        $(fa2_tc_kernels!(@entry $dtype, $t, $d, $w48, $r48, 2, 48);)*
     };
     (@stages $dtype:ident, $t:ty, $d:literal, $warps:literal, $rows:literal, $bc:literal) => {
         fa2_tc_kernels!(@entry $dtype, $t, $d, $warps, $rows, 1, $bc);

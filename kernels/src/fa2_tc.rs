@@ -39,7 +39,7 @@ use crate::gpu::{self, SharedAddress, WARP_SIZE};
 use crate::layout::{FA2_TC_COPY_ELEMENTS, Fa2TcTiling, fa2_tc_conditional_rescale, fa2_tc_stride};
 use crate::mask::CausalMask;
 use crate::params::{Fa2Params, TensorView};
-use crate::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale};
+use crate::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale, pairwise};
 
 /// Q fragments stay in registers when they take at most this many (row tiles × d/16 × 4 ≤ 32);
 /// otherwise they are re-read from shared memory at every K/V block.
@@ -598,22 +598,6 @@ fn row_reduce<const KEY_TILES: usize>(
         *value = op(tile[2 * h], tile[2 * h + 1]);
     }
     pairwise(per_tile, op)
-}
-
-/// Reduces `values` by `op` as a balanced tree: log2(N) dependent steps instead of N − 1, so the
-/// warp's row max and row sum do not serialise on the ALU latency. For max the order does not
-/// change the result; for the sum it is the (more accurate) pairwise sum.
-#[inline(always)]
-fn pairwise<const N: usize>(mut values: [f32; N], op: impl Fn(f32, f32) -> f32) -> f32 {
-    const { assert!(N.is_power_of_two()) };
-    let mut width = N;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            values[i] = op(values[i], values[i + width]);
-        }
-    }
-    values[0]
 }
 
 /// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ, for the

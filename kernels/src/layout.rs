@@ -179,9 +179,10 @@ impl core::fmt::Display for Fa2TcTiling {
 }
 
 /// The tilings the tensor-core kernel is compiled for (at d = 256 the single-row-tile ones only;
-/// see [`Fa2TcTiling::is_compiled_for`]). B_c = 32 only with two row tiles: that is where the
-/// 16 × 64 S tiles of both row tiles, beside Õ, press on the 255-register limit.
-pub const FA2_TC_TILINGS: [Fa2TcTiling; 8] = [
+/// see [`Fa2TcTiling::is_compiled_for`]). B_c = 32 and 48 only with two row tiles: that is where
+/// the 16 × B_c S tiles of both row tiles, beside Õ, press on the 255-register limit (at
+/// d = 128, `4x2s1c64` spills 92 bytes; `4x2s2c48` and the `c32` tilings spill none).
+pub const FA2_TC_TILINGS: [Fa2TcTiling; 9] = [
     Fa2TcTiling::new(4, 1, 2, 64),
     Fa2TcTiling::new(8, 1, 2, 64),
     Fa2TcTiling::new(4, 2, 2, 64),
@@ -190,6 +191,7 @@ pub const FA2_TC_TILINGS: [Fa2TcTiling; 8] = [
     Fa2TcTiling::new(4, 2, 1, 64),
     Fa2TcTiling::new(4, 2, 2, 32),
     Fa2TcTiling::new(4, 2, 1, 32),
+    Fa2TcTiling::new(4, 2, 2, 48),
 ];
 /// The B_c a tiling has when its name leaves it out (`4x2s1` is `4x2s1c64`).
 pub const FA2_TC_DEFAULT_BLOCK_COLS: u32 = 64;

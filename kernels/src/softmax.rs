@@ -121,6 +121,23 @@ pub fn needs_rescale(running_max: f32, block_max: f32) -> bool {
     block_max > running_max + RESCALE_THRESHOLD
 }
 
+/// Reduces `values` by `op` as a balanced tree: ⌈log2 N⌉ dependent steps instead of N − 1, so a
+/// warp's row max and row sum do not serialise on the ALU latency. Each step folds the upper half
+/// onto the lower (the middle element of an odd width waits a step). For max the order does not
+/// change the result; for the sum it is the (more accurate) pairwise sum.
+#[inline(always)]
+pub fn pairwise<const N: usize>(mut values: [f32; N], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = N;
+    while width > 1 {
+        let half = width / 2;
+        for i in 0..half {
+            values[i] = op(values[i], values[i + width - half]);
+        }
+        width -= half;
+    }
+    values[0]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +232,32 @@ mod tests {
         );
         assert!(!needs_rescale(RowStats::EMPTY.max, f32::NEG_INFINITY));
         assert!(!needs_rescale(0.0, f32::NAN));
+    }
+
+    /// Every element enters the tree exactly once, for widths that are and are not powers of two
+    /// (B_c = 48 gives 6 tiles per row): distinct powers of two sum exactly.
+    #[test]
+    fn pairwise_reduces_every_element_once() {
+        fn check<const N: usize>() {
+            let values: [f32; N] = core::array::from_fn(|i| (i as f32).exp2());
+            assert_eq!(
+                pairwise(values, |a, b| a + b),
+                (N as f32).exp2() - 1.0,
+                "N = {N}"
+            );
+            assert_eq!(
+                pairwise(values, f32::max),
+                ((N - 1) as f32).exp2(),
+                "N = {N}"
+            );
+        }
+        check::<1>();
+        check::<2>();
+        check::<3>();
+        check::<4>();
+        check::<6>();
+        check::<8>();
+        check::<16>();
     }
 
     #[test]

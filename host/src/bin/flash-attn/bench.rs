@@ -46,8 +46,8 @@ pub struct BenchArgs {
     #[arg(long)]
     no_max_seqlen: bool,
     /// FA2-TC's tiling as WARPSxROW_TILES[sSTAGES][cB_C]: 4x1, 8x1 or 4x2, each with s2 (the
-    /// default) or s1, and 4x2 also with c32 (B_c = 32; default c64), e.g. 4x2s1c32 (default: the
-    /// library's per head dim).
+    /// default) or s1; 4x2 also with c32 (B_c = 32; default c64) and as 4x2s2c48, e.g. 4x2s1c32
+    /// (default: the library's per head dim).
     #[arg(long)]
     fa2_tc_tiling: Option<String>,
 }
