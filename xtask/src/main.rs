@@ -2,7 +2,8 @@
 //!
 //! - `ptx [--arch sm_90]`    build the PTX module (the same build the host crate's build script runs)
 //! - `ptxas [--arch sm_90]`  assemble it with ptxas and print registers, shared memory, stack, spills
-//! - `sass [--kernel NAME]`  SASS of the tensor-core kernels: HMMA, ldmatrix, MUFU, spills in the main loop
+//! - `sass [--kernel NAME] [--blocks]`  SASS of the tensor-core kernels: HMMA, ldmatrix, MUFU,
+//!   spills in the main loop; `--blocks`: its basic blocks (paths) and their instruction mix
 //! - `test`                  PTX build, ptxas and SASS checks, and every test (the README's test command)
 //! - `bundle`                release binaries + PTX + a run script for a GPU machine without Rust
 
@@ -47,6 +48,10 @@ enum Command {
         /// Kernels whose name contains this (default: the tensor-core kernels).
         #[arg(long)]
         kernel: Option<String>,
+        /// Also list each kernel's main-loop basic blocks with their instruction mix: its paths
+        /// (masked or not, rescale branch taken or not) one by one.
+        #[arg(long)]
+        blocks: bool,
     },
     /// PTX build, ptxas and SASS checks, then every test. GPU tests skip (and say so) without a GPU.
     Test,
@@ -64,7 +69,11 @@ fn main() -> ExitCode {
             println!("{} kernels in {}", ptx.kernels.len(), ptx.path.display());
         }),
         Command::Ptxas { arch } => ptx::ptxas_report(arch).map(|_| ()),
-        Command::Sass { arch, kernel } => sass::report(arch, kernel.as_deref()).map(|_| ()),
+        Command::Sass {
+            arch,
+            kernel,
+            blocks,
+        } => sass::report(arch, kernel.as_deref(), blocks).map(|_| ()),
         Command::Test => test::run(),
         Command::Bundle { out } => bundle::run(&out),
     };

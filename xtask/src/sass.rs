@@ -35,12 +35,61 @@ pub struct KernelSass {
     pub name: String,
     pub instructions: u32,
     pub main_loop: Option<LoopCounts>,
+    /// The main loop's basic blocks (its paths: masked or not, rescale taken or not).
+    pub main_loop_blocks: Vec<BlockCounts>,
+}
+
+/// Instruction classes of the block view, each an opcode prefix list; an instruction counts in
+/// the first class it matches (so `IMAD.MOV`, a register move, is not counted as `IMAD`).
+const BLOCK_CLASSES: [(&str, &[&str]); 15] = [
+    ("HMMA", &["HMMA"]),
+    ("LDSM", &["LDSM"]),
+    ("MUFU", &["MUFU"]),
+    ("FFMA", &["FFMA"]),
+    ("FMUL", &["FMUL"]),
+    ("FADD", &["FADD"]),
+    ("FMNMX", &["FMNMX"]),
+    ("MOV", &["MOV", "IMAD.MOV"]),
+    ("IMAD", &["IMAD"]),
+    ("LOP3", &["LOP3"]),
+    ("SHFL", &["SHFL"]),
+    ("VOTE", &["VOTE"]),
+    ("LDGSTS", &["LDGSTS"]),
+    ("BAR", &["BAR"]),
+    ("LDL/STL", &["LDL", "STL"]),
+];
+
+/// One basic block: where it starts, its instruction count per class of [`BLOCK_CLASSES`], and
+/// the instruction that ends it (a branch, or the first instruction of the next block).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockCounts {
+    pub address: u64,
+    pub instructions: u32,
+    pub classes: [u32; BLOCK_CLASSES.len()],
+    pub ends_with: String,
+}
+
+impl std::fmt::Display for BlockCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "  {:#07x} {:>5} instrs ",
+            self.address, self.instructions
+        )?;
+        for ((label, _), count) in BLOCK_CLASSES.iter().zip(self.classes) {
+            if count > 0 {
+                write!(f, " {label} {count}")?;
+            }
+        }
+        write!(f, "  | {}", self.ends_with)
+    }
 }
 
 /// Assembles the PTX, disassembles it, prints a table of the tensor-core kernels (or of those
-/// whose name contains `filter`), writes the whole SASS to `target/ptx/<module>.sass`, and fails
-/// when a tensor-core kernel has no HMMA in a loop.
-pub fn report(arch: Arch, filter: Option<&str>) -> Result<Vec<KernelSass>> {
+/// whose name contains `filter`) and, with `blocks`, each one's main-loop basic blocks, writes the
+/// whole SASS to `target/ptx/<module>.sass`, and fails when a tensor-core kernel has no HMMA in a
+/// loop.
+pub fn report(arch: Arch, filter: Option<&str>, blocks: bool) -> Result<Vec<KernelSass>> {
     let ptx = build(arch)?;
     let cubin = ptx.path.with_extension("cubin");
     crate::run_command(
@@ -76,6 +125,11 @@ pub fn report(arch: Arch, filter: Option<&str>) -> Result<Vec<KernelSass>> {
             "{:<34} {:>7} | {:>17} {:>5} {:>5} {:>5} {:>8} {:>4}",
             k.name, k.instructions, l.instructions, l.hmma, l.ldsm, l.mufu, l.local, l.barriers
         );
+        if blocks {
+            for block in &k.main_loop_blocks {
+                println!("{block}");
+            }
+        }
     }
     let missing: Vec<&str> = kernels
         .iter()
@@ -116,12 +170,13 @@ fn disassemble(cubin: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// One SASS instruction: its address and opcode (without the predicate), and for a branch its
-/// target address.
+/// One SASS instruction: its address and opcode (without the predicate), for a branch its
+/// target address, and the instruction's text.
 struct Instruction {
     address: u64,
     opcode: String,
     branch_target: Option<u64>,
+    text: String,
 }
 
 /// `/*01f0*/   @!P0 BRA 0x550 ;` → address 0x1f0, opcode `BRA`, target 0x550.
@@ -145,6 +200,7 @@ fn parse_instruction(line: &str) -> Option<Instruction> {
         address,
         opcode,
         branch_target,
+        text: code.split(';').next().unwrap_or_default().trim().to_string(),
     })
 }
 
@@ -185,15 +241,60 @@ fn summarise(name: String, code: &[Instruction]) -> KernelSass {
         .iter()
         .filter_map(|i| {
             let target = i.branch_target.filter(|&t| t < i.address)?;
-            Some(counts(target, i.address))
+            Some(((target, i.address), counts(target, i.address)))
         })
-        .filter(|c| c.hmma > 0)
-        .max_by_key(|c| c.instructions);
+        .filter(|(_, c)| c.hmma > 0)
+        .max_by_key(|(_, c)| c.instructions);
+    let main_loop_blocks = main_loop
+        .as_ref()
+        .map(|&((from, to), _)| {
+            basic_blocks(code)
+                .into_iter()
+                .filter(|b| (from..=to).contains(&b.address))
+                .collect()
+        })
+        .unwrap_or_default();
     KernelSass {
         name,
         instructions: code.len() as u32,
-        main_loop,
+        main_loop: main_loop.map(|(_, c)| c),
+        main_loop_blocks,
     }
+}
+
+/// Splits a kernel's code into basic blocks: a block starts at the first instruction, at every
+/// branch target and after every branch or exit.
+fn basic_blocks(code: &[Instruction]) -> Vec<BlockCounts> {
+    let targets: std::collections::HashSet<u64> =
+        code.iter().filter_map(|i| i.branch_target).collect();
+    let mut blocks: Vec<BlockCounts> = Vec::new();
+    let mut open = false;
+    for (index, i) in code.iter().enumerate() {
+        if !open || targets.contains(&i.address) {
+            if let (Some(last), true) = (blocks.last_mut(), open) {
+                last.ends_with = format!("falls through to {:#x}", i.address);
+            }
+            blocks.push(BlockCounts {
+                address: i.address,
+                instructions: 0,
+                classes: [0; BLOCK_CLASSES.len()],
+                ends_with: String::new(),
+            });
+        }
+        let block = blocks.last_mut().expect("a block was just opened");
+        block.instructions += 1;
+        if let Some(class) = BLOCK_CLASSES
+            .iter()
+            .position(|(_, prefixes)| prefixes.iter().any(|p| i.opcode.starts_with(p)))
+        {
+            block.classes[class] += 1;
+        }
+        open = !matches!(i.opcode.as_str(), "BRA" | "EXIT" | "RET");
+        if !open || index + 1 == code.len() {
+            block.ends_with = i.text.clone();
+        }
+    }
+    blocks
 }
 
 #[cfg(test)]
@@ -232,5 +333,49 @@ mod tests {
             })
         );
         assert_eq!(kernels[1].main_loop, None);
+        // The loop 0x10..=0x50 is one block; the block view counts IMAD.MOV as a move.
+        let blocks = &kernels[0].main_loop_blocks;
+        assert_eq!(blocks.len(), 1);
+        assert_eq!((blocks[0].address, blocks[0].instructions), (0x10, 5));
+        assert_eq!(blocks[0].ends_with, "@!P0 BRA 0x10");
+    }
+
+    #[test]
+    fn splits_the_loop_into_its_paths() {
+        let sass = "\
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*0020*/                   VOTE.ANY R0, PT, P1 ;
+        /*0030*/               @!P0 BRA 0x60 ;
+        /*0040*/                   FMUL R8, R8, R2 ;
+        /*0050*/                   IMAD.MOV.U32 R9, RZ, RZ, R8 ;
+        /*0060*/                   IMAD R3, R3, 0x2, RZ ;
+        /*0070*/               @P2 BRA 0x10 ;
+        /*0080*/                   EXIT ;
+";
+        let kernels = parse_sass(sass);
+        let blocks = &kernels[0].main_loop_blocks;
+        let class = |b: &BlockCounts, label: &str| {
+            b.classes[BLOCK_CLASSES.iter().position(|(l, _)| *l == label).unwrap()]
+        };
+        assert_eq!(
+            blocks
+                .iter()
+                .map(|b| (b.address, b.instructions))
+                .collect::<Vec<_>>(),
+            [(0x10, 3), (0x40, 2), (0x60, 2)]
+        );
+        assert_eq!(
+            (class(&blocks[0], "HMMA"), class(&blocks[0], "VOTE")),
+            (1, 1)
+        );
+        assert_eq!(blocks[0].ends_with, "@!P0 BRA 0x60");
+        assert_eq!(
+            (class(&blocks[1], "MOV"), class(&blocks[1], "IMAD")),
+            (1, 0)
+        );
+        assert_eq!(blocks[1].ends_with, "falls through to 0x60");
+        assert_eq!(class(&blocks[2], "IMAD"), 1);
     }
 }
