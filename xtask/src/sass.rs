@@ -200,7 +200,12 @@ fn parse_instruction(line: &str) -> Option<Instruction> {
         address,
         opcode,
         branch_target,
-        text: code.split(';').next().unwrap_or_default().trim().to_string(),
+        text: code
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     })
 }
 
