@@ -646,21 +646,20 @@ pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
         )
     };
     let number = |s: &str| s.parse::<u32>().map_err(|_| invalid());
+    let optional = |value: Option<&str>, default: u32| value.map_or(Ok(default), number);
     // The optional fields, last first: the text before the tag, and the tag's value if present.
-    let field = |text: &'_ str, tag: char| -> Result<(String, Option<u32>)> {
-        match text.split_once(tag) {
-            Some((rest, value)) => Ok((rest.to_string(), Some(number(value)?))),
-            None => Ok((text.to_string(), None)),
-        }
-    };
     let (warps, rest) = text.split_once('x').ok_or_else(invalid)?;
-    let (rest, cols) = field(rest, 'c')?;
-    let (row_tiles, stages) = field(&rest, 's')?;
+    let (rest, cols) = rest
+        .split_once('c')
+        .map_or((rest, None), |(r, c)| (r, Some(c)));
+    let (row_tiles, stages) = rest
+        .split_once('s')
+        .map_or((rest, None), |(r, s)| (r, Some(s)));
     Ok(Fa2TcTiling::new(
         number(warps)?,
-        number(&row_tiles)?,
-        stages.unwrap_or(2),
-        cols.unwrap_or(kernel_layout::FA2_TC_DEFAULT_BLOCK_COLS),
+        number(row_tiles)?,
+        optional(stages, 2)?,
+        optional(cols, kernel_layout::FA2_TC_DEFAULT_BLOCK_COLS)?,
     ))
 }
 
