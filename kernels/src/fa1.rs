@@ -14,11 +14,13 @@
 use crate::element::Element;
 use crate::gpu;
 use crate::layout::FA1_ROW_VECTORS;
+use crate::layout::{QUAD, quad_padded};
 use crate::mask::CausalMask;
 use crate::params::Fa1Params;
 use crate::softmax::{LN_2, LOG2_E, RowStats, fa1_merge};
 use crate::tile::{
-    HeadRows, HeadVector, SharedTile, SharedVector, for_each_element, load_tile, warp_max, warp_sum,
+    HeadRows, HeadVector, QuadTile, SharedVector, dot_block, for_each_element, load_tile,
+    product_block, warp_max, warp_sum,
 };
 
 /// What one block needs to know about its head.
@@ -42,13 +44,20 @@ struct Fa1Head<T> {
 
 /// The SRAM tiles of Algorithm 1: Q_i, O_i, K_j, V_j, S_ij, and per-row m_i, ℓ_i and the two
 /// coefficients of the O update.
+///
+/// The two matrix products (lines 9 and 12) give each thread a 4 × 4 block of results in
+/// registers, fed by 16-byte reads of `QuadTile`s: eight shared-memory reads per 64 multiply-adds
+/// instead of 128. Fewer, wider reads make the kernel faster, and they are what makes
+/// compute-sanitizer's racecheck, which instruments every shared-memory access, finish at
+/// seqlen 1000: this kernel runs one block per head, so one SM does all of a head's work.
 struct Fa1Sram {
-    q: SharedTile,
-    o: SharedTile,
-    k: SharedTile,
-    v: SharedTile,
-    /// S_ij, overwritten in place by P̃_ij.
-    s: SharedTile,
+    q: QuadTile,
+    o: QuadTile,
+    k: QuadTile,
+    v: QuadTile,
+    /// S_ij, overwritten in place by P̃_ij; B_c rounded up to whole quads, the extra columns
+    /// −∞ in S and so 0 in P̃.
+    s: QuadTile,
     m: SharedVector,
     l: SharedVector,
     /// ℓ_i·α/ℓ_new: multiplies the stored (normalised) O_i.
@@ -61,11 +70,11 @@ impl Fa1Sram {
     fn carve(block_rows: u32, block_cols: u32, head_dim: u32) -> Self {
         let mut carver = gpu::SharedCarver::from_start();
         let sram = Self {
-            q: SharedTile::carve(&mut carver, block_rows, head_dim),
-            o: SharedTile::carve(&mut carver, block_rows, head_dim),
-            k: SharedTile::carve(&mut carver, block_cols, head_dim),
-            v: SharedTile::carve(&mut carver, block_cols, head_dim),
-            s: SharedTile::carve_dense(&mut carver, block_rows, block_cols),
+            q: QuadTile::carve(&mut carver, block_rows, head_dim),
+            o: QuadTile::carve(&mut carver, block_rows, head_dim),
+            k: QuadTile::carve(&mut carver, block_cols, head_dim),
+            v: QuadTile::carve(&mut carver, block_cols, head_dim),
+            s: QuadTile::carve(&mut carver, block_rows, block_cols),
             m: SharedVector::carve(&mut carver, block_rows),
             l: SharedVector::carve(&mut carver, block_rows),
             old_weight: SharedVector::carve(&mut carver, block_rows),
@@ -74,6 +83,16 @@ impl Fa1Sram {
         // Keep `layout::Fa1Blocks::shared_bytes` honest: it counts exactly these four vectors.
         const _: () = assert!(FA1_ROW_VECTORS == 4);
         sram
+    }
+
+    /// Zeros the five tiles, padding included (see `QuadTile`).
+    #[inline(always)]
+    fn zero_tiles(&self) {
+        self.q.zero();
+        self.o.zero();
+        self.k.zero();
+        self.v.zero();
+        self.s.zero();
     }
 }
 
@@ -109,8 +128,10 @@ pub fn forward<T: Element>(p: &Fa1Params) {
     let row_blocks = h.seqlen_q.div_ceil(h.block_rows); // T_r
     let col_blocks = h.seqlen_k.div_ceil(h.block_cols); // T_c
 
-    // Line 2: O = 0, ℓ = 0, m = −∞ in HBM.
+    // Line 2: O = 0, ℓ = 0, m = −∞ in HBM. The SRAM tiles start at 0 too: their padding is read
+    // as data by the 4 × 4 products and never written again.
     initialize(&h);
+    sram.zero_tiles();
     gpu::sync_threads();
 
     // Line 5: for 1 ≤ j ≤ T_c.
@@ -187,27 +208,36 @@ fn update_row_block<T: Element>(
     });
     gpu::sync_threads();
 
-    // Line 9: S_ij = Q_i·K_jᵀ (scaled, log2 units); masked and out-of-range keys are −∞.
+    // Line 9: S_ij = Q_i·K_jᵀ (scaled, log2 units); masked and out-of-range keys are −∞. A thread
+    // owns rows 4g..4g+4 and keys j, j + G, j + 2G, j + 3G (G = key groups): consecutive lanes
+    // read consecutive rows of K_j, which the odd quad stride spreads over the banks.
     let keys_in_block = (h.seqlen_k - key_start).min(cols);
-    for_each_element(rows, cols, |r, c| {
-        let (row, key) = (row_start + r, key_start + c);
-        let score = if c < keys_in_block && h.mask.visible(row, key) {
-            let mut dot = 0.0f32;
-            for x in 0..d {
-                dot += sram.q.get(r, x) * sram.k.get(c, x);
+    let key_groups = cols.div_ceil(QUAD);
+    for_each_element(rows.div_ceil(QUAD), key_groups, |group, first_key| {
+        let tile_rows = rows_of_group(group);
+        let tile_keys = [0, 1, 2, 3].map(|k| first_key + k * key_groups);
+        let dots = dot_block(&sram.q, tile_rows, &sram.k, tile_keys, d.div_ceil(QUAD));
+        for (&r, dots) in tile_rows.iter().zip(&dots) {
+            for (&c, &dot) in tile_keys.iter().zip(dots) {
+                let (row, key) = (row_start + r, key_start + c);
+                let visible = c < keys_in_block && h.mask.visible(row, key);
+                if r < rows {
+                    let score = if visible {
+                        dot * h.score_scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    sram.s.set(r, c, score);
+                }
             }
-            dot * h.score_scale
-        } else {
-            f32::NEG_INFINITY
-        };
-        sram.s.set(r, c, score);
+        }
     });
     gpu::sync_threads();
 
     // Lines 10–11, one warp per row: m̃_ij, P̃_ij = e^(S_ij − m̃_ij), ℓ̃_ij; then m_new, ℓ_new, α, β.
     let mut r = gpu::warp_idx();
     while r < rows {
-        let block = block_row_statistics(sram, r, cols);
+        let block = block_row_statistics(sram, r, quad_padded(cols));
         let stored = RowStats {
             max: sram.m.get(r),
             sum: sram.l.get(r),
@@ -230,20 +260,43 @@ fn update_row_block<T: Element>(
     }
     gpu::sync_threads();
 
-    // Line 12: O_i ← diag(ℓ_new)⁻¹(diag(ℓ_i)·α·O_i + β·P̃_ij·V_j), written to HBM.
-    for_each_element(rows, d, |r, x| {
-        let mut pv = 0.0f32;
-        for c in 0..keys_in_block {
-            pv += sram.s.get(r, c) * sram.v.get(c, x);
-        }
-        let o = sram.old_weight.get(r) * sram.o.get(r, x) + sram.new_weight.get(r) * pv;
-        if last_step {
-            h.o.write(row_start + r, x, o);
-        } else {
-            h.o_accumulator.write(row_start + r, x, o);
-        }
-    });
+    // Line 12: O_i ← diag(ℓ_new)⁻¹(diag(ℓ_i)·α·O_i + β·P̃_ij·V_j), written to HBM. A thread
+    // owns rows 4g..4g+4 and columns 4q..4q+4. The sum runs over whole quads of keys: past
+    // `keys_in_block`, P̃ is 0 and V_j's rows are zeros (past seqlen_k) or padding.
+    for_each_element(
+        rows.div_ceil(QUAD),
+        d.div_ceil(QUAD),
+        |group, column_quad| {
+            let tile_rows = rows_of_group(group);
+            let pv = product_block(
+                &sram.s,
+                tile_rows,
+                &sram.v,
+                column_quad,
+                keys_in_block.div_ceil(QUAD),
+            );
+            for (&r, pv) in tile_rows.iter().zip(&pv) {
+                for (x, &pv) in (column_quad * QUAD..).zip(pv) {
+                    if r < rows && x < d {
+                        let o =
+                            sram.old_weight.get(r) * sram.o.get(r, x) + sram.new_weight.get(r) * pv;
+                        if last_step {
+                            h.o.write(row_start + r, x, o);
+                        } else {
+                            h.o_accumulator.write(row_start + r, x, o);
+                        }
+                    }
+                }
+            }
+        },
+    );
     gpu::sync_threads();
+}
+
+/// Rows 4·`group` .. 4·`group` + 4 of a block: one thread's rows in the 4 × 4 products.
+#[inline(always)]
+fn rows_of_group(group: u32) -> [u32; QUAD as usize] {
+    [0, 1, 2, 3].map(|i| group * QUAD + i)
 }
 
 /// m̃_ij = rowmax(S_ij), P̃_ij = e^(S_ij − m̃_ij) (written over S_ij), ℓ̃_ij = rowsum(P̃_ij), for row

@@ -10,6 +10,24 @@ pub const fn conflict_free_stride(head_dim: u32) -> u32 {
     head_dim | 1
 }
 
+/// Floats in one 16-byte shared-memory access (`tile::QuadTile`).
+pub const QUAD: u32 = 4;
+
+/// Row stride, in floats, of a `tile::QuadTile` whose rows hold `row_len` values: whole quads (so
+/// every quad is 16-byte aligned), an odd number of them. A 16-byte load is served in four phases
+/// of eight lanes; eight lanes reading one quad each from eight consecutive rows then hit eight
+/// different quad-bank groups, which an odd quad stride guarantees.
+#[inline(always)]
+pub const fn quad_stride(row_len: u32) -> u32 {
+    QUAD * (row_len.div_ceil(QUAD) | 1)
+}
+
+/// `n` rounded up to whole quads.
+#[inline(always)]
+pub const fn quad_padded(n: u32) -> u32 {
+    n.div_ceil(QUAD) * QUAD
+}
+
 /// Threads per block of the standard-attention and FA1 kernels.
 pub const THREADS_PER_BLOCK: u32 = 256;
 
@@ -42,11 +60,17 @@ impl Fa1Blocks {
     }
 
     /// Shared memory the FA1 kernel needs with these blocks: Q_i, O_i (B_r × d), K_j, V_j
-    /// (B_c × d), S_ij (B_r × B_c), and four per-row vectors (m_i, ℓ_i, α, β), all f32.
+    /// (B_c × d), S_ij (B_r × B_c), and four per-row vectors (m_i, ℓ_i, α, β), all f32. The
+    /// tiles are `QuadTile`s: rows rounded up to whole quads, at `quad_stride`.
     pub const fn shared_bytes(&self, head_dim: u32) -> u64 {
-        let stride = conflict_free_stride(head_dim) as u64;
-        let (rows, cols) = (self.block_rows as u64, self.block_cols as u64);
-        let floats = 2 * rows * stride + 2 * cols * stride + rows * cols + FA1_ROW_VECTORS * rows;
+        let stride = quad_stride(head_dim) as u64;
+        let rows = quad_padded(self.block_rows) as u64;
+        let cols = quad_padded(self.block_cols) as u64;
+        let score_stride = quad_stride(self.block_cols) as u64;
+        let floats = 2 * rows * stride
+            + 2 * cols * stride
+            + rows * score_stride
+            + FA1_ROW_VECTORS * self.block_rows as u64;
         floats * 4
     }
 }
@@ -117,6 +141,34 @@ mod tests {
                 block_cols: 257
             }
         );
+    }
+
+    #[test]
+    fn quad_stride_is_whole_and_odd_quads() {
+        for row_len in 1..=300 {
+            let stride = quad_stride(row_len);
+            assert!(
+                stride >= row_len && stride < row_len + 2 * QUAD,
+                "{row_len}: {stride}"
+            );
+            assert_eq!(stride % QUAD, 0, "{row_len}");
+            assert_eq!((stride / QUAD) % 2, 1, "{row_len}");
+        }
+        assert_eq!(quad_stride(40), 44);
+        assert_eq!(quad_stride(128), 132);
+        assert_eq!(quad_padded(57), 60);
+    }
+
+    #[test]
+    fn fa1_shared_bytes_count_the_padded_tiles() {
+        // d = 40, B_r = 40, B_c = 363: Q, O 40 × 44; K, V 364 × 44; S 40 × 364 (91 quads, odd);
+        // four vectors of 40.
+        let blocks = Fa1Blocks {
+            block_rows: 40,
+            block_cols: 363,
+        };
+        let floats = 2 * 40 * 44 + 2 * 364 * 44 + 40 * 364 + 4 * 40;
+        assert_eq!(blocks.shared_bytes(40), floats * 4);
     }
 
     #[test]

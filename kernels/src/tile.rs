@@ -5,7 +5,7 @@
 
 use crate::element::Element;
 use crate::gpu;
-use crate::layout::conflict_free_stride;
+use crate::layout::{QUAD, conflict_free_stride, quad_padded, quad_stride};
 use crate::params::TensorView;
 
 /// The rows of one (batch, head) of a (batch, heads, seqlen, head_dim) tensor in device memory.
@@ -69,6 +69,25 @@ impl<T: Element> HeadRows<T> {
     }
 }
 
+/// A shared-memory tile that [`load_tile`] can fill.
+pub trait SharedStore {
+    fn set(&self, row: u32, col: u32, value: f32);
+}
+
+impl SharedStore for SharedTile {
+    #[inline(always)]
+    fn set(&self, row: u32, col: u32, value: f32) {
+        SharedTile::set(self, row, col, value)
+    }
+}
+
+impl SharedStore for QuadTile {
+    #[inline(always)]
+    fn set(&self, row: u32, col: u32, value: f32) {
+        QuadTile::set(self, row, col, value)
+    }
+}
+
 /// A row-major f32 tile in shared memory.
 #[derive(Clone, Copy)]
 pub struct SharedTile {
@@ -107,6 +126,118 @@ impl SharedTile {
         // SAFETY: as for `get`.
         unsafe { *self.base.add((row * self.stride + col) as usize) = value }
     }
+}
+
+/// Four consecutive floats, 16-byte aligned, so that one read is one `ld.shared.v4.f32`.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Quad([f32; QUAD as usize]);
+
+/// A row-major f32 tile in shared memory that is read a quad (four floats, 16 bytes) at a time:
+/// rows and row length rounded up to whole quads, at `layout::quad_stride`. One wide read moves
+/// four values, so a thread can keep a 4 × 4 block of results in registers and feed its 64
+/// multiply-adds from eight reads ([`dot_block`], [`product_block`]).
+///
+/// The padding (rows past `rows`, columns past `row_len`) is read as data, so kernels zero the
+/// whole tile once ([`QuadTile::zero`]) and never write the padding afterwards.
+#[derive(Clone, Copy)]
+pub struct QuadTile {
+    base: *mut f32,
+    stride: u32,
+    padded_rows: u32,
+}
+
+impl QuadTile {
+    #[inline(always)]
+    pub fn carve(carver: &mut gpu::SharedCarver, rows: u32, row_len: u32) -> Self {
+        let (padded_rows, stride) = (quad_padded(rows), quad_stride(row_len));
+        // Whole quads per tile keep the next tile 16-byte aligned too.
+        Self {
+            base: carver.take((padded_rows * stride) as usize),
+            stride,
+            padded_rows,
+        }
+    }
+
+    #[inline(always)]
+    pub fn get(&self, row: u32, col: u32) -> f32 {
+        // SAFETY: kernels index inside the (padded) rows and columns they carved.
+        unsafe { *self.base.add((row * self.stride + col) as usize) }
+    }
+
+    #[inline(always)]
+    pub fn set(&self, row: u32, col: u32, value: f32) {
+        // SAFETY: as for `get`.
+        unsafe { *self.base.add((row * self.stride + col) as usize) = value }
+    }
+
+    /// Columns `4·quad .. 4·quad + 4` of `row`, in one 16-byte read.
+    #[inline(always)]
+    pub fn get_quad(&self, row: u32, quad: u32) -> [f32; QUAD as usize] {
+        // SAFETY: the stride and every carved size are whole quads and dynamic shared memory
+        // starts 16-byte aligned, so the address is 16-byte aligned; the kernel indexes inside
+        // the padded tile.
+        unsafe { (*(self.base.add((row * self.stride + quad * QUAD) as usize) as *const Quad)).0 }
+    }
+
+    /// Writes 0 to every element, padding included. Every thread of the block takes part.
+    #[inline(always)]
+    pub fn zero(&self) {
+        for_each_element(self.padded_rows, self.stride, |r, c| self.set(r, c, 0.0));
+    }
+}
+
+/// Accumulators of one thread's 4 × 4 block of a matrix product, in registers.
+pub type RegisterBlock = [[f32; QUAD as usize]; QUAD as usize];
+
+/// A·Bᵀ on a 4 × 4 block: `out[i][j] = Σ_x A[a_rows[i]][x]·B[b_rows[j]][x]` over the first
+/// `quads` quads of x (padding columns are zero). Eight 16-byte reads feed 64 multiply-adds.
+#[inline(always)]
+pub fn dot_block(
+    a: &QuadTile,
+    a_rows: [u32; QUAD as usize],
+    b: &QuadTile,
+    b_rows: [u32; QUAD as usize],
+    quads: u32,
+) -> RegisterBlock {
+    let mut out = [[0.0f32; QUAD as usize]; QUAD as usize];
+    for quad in 0..quads {
+        let a_quads = a_rows.map(|row| a.get_quad(row, quad));
+        let b_quads = b_rows.map(|row| b.get_quad(row, quad));
+        for (out_row, a_quad) in out.iter_mut().zip(&a_quads) {
+            for (acc, b_quad) in out_row.iter_mut().zip(&b_quads) {
+                for x in 0..QUAD as usize {
+                    *acc += a_quad[x] * b_quad[x];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A·B on a 4 × 4 block: `out[i][j] = Σ_k A[a_rows[i]][k]·B[k][4·b_quad + j]` over
+/// k < 4·`quads`. Eight 16-byte reads (four of A along k, one of B per k) feed 64 multiply-adds.
+#[inline(always)]
+pub fn product_block(
+    a: &QuadTile,
+    a_rows: [u32; QUAD as usize],
+    b: &QuadTile,
+    b_quad: u32,
+    quads: u32,
+) -> RegisterBlock {
+    let mut out = [[0.0f32; QUAD as usize]; QUAD as usize];
+    for quad in 0..quads {
+        let a_quads = a_rows.map(|row| a.get_quad(row, quad));
+        for k in 0..QUAD {
+            let b_quad = b.get_quad(quad * QUAD + k, b_quad);
+            for (out_row, a_quad) in out.iter_mut().zip(&a_quads) {
+                for (acc, b_value) in out_row.iter_mut().zip(&b_quad) {
+                    *acc += a_quad[k as usize] * b_value;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A per-row f32 vector in shared memory (m_i, ℓ_i, …).
@@ -171,7 +302,7 @@ pub fn load_tile<T: Element>(
     first_row: u32,
     rows: u32,
     row_len: u32,
-    dst: &SharedTile,
+    dst: &impl SharedStore,
 ) {
     for_each_element(rows, row_len, |r, c| {
         dst.set(r, c, src.read(first_row + r, c))
