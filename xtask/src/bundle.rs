@@ -40,11 +40,12 @@ const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel at odd shapes:
 # seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and algorithm.
 # Usage: bundle/run-sanitizer.sh [log-dir]
-# racecheck is slow (about 100 of the 360 cases in 9 minutes on the H200; FA1 at seqlen 1000, one
-# thread block per head, takes more than 8 minutes a case): split a run with SANITIZER_TOOLS (e.g.
-# racecheck) and SANITIZER_CHECK_ARGS (passed to `flash-attn check`, e.g. "--dtypes f16
-# --algorithms fa1 --head-dims 256 --seqlens 1000 --causal on"), in parallel processes with
-# separate log dirs when a session limits the length of one command.
+# racecheck is the slow tool: it instruments every shared-memory access. On the H200, FA1's 90
+# cases took about 400 s (one process per dtype); all 360 cases take longer than one 10-minute
+# device command. Split a run with SANITIZER_TOOLS (e.g. racecheck) and SANITIZER_CHECK_ARGS
+# (passed to `flash-attn check`, e.g. "--dtypes f16 --algorithms fa1"), with separate log dirs.
+# Processes on one GPU share it by time-slicing, so parallel processes mostly overlap the
+# CPU-side work (the f64 reference), not the kernels.
 set -u
 cd "$(dirname "$0")"
 logs=${1:-sanitizer-logs}
