@@ -142,8 +142,7 @@ struct Quad([f32; QUAD as usize]);
 /// whole tile once ([`QuadTile::zero`]) and never write the padding afterwards.
 #[derive(Clone, Copy)]
 pub struct QuadTile {
-    base: *mut f32,
-    stride: u32,
+    tile: SharedTile,
     padded_rows: u32,
 }
 
@@ -153,22 +152,22 @@ impl QuadTile {
         let (padded_rows, stride) = (quad_padded(rows), quad_stride(row_len));
         // Whole quads per tile keep the next tile 16-byte aligned too.
         Self {
-            base: carver.take((padded_rows * stride) as usize),
-            stride,
+            tile: SharedTile {
+                base: carver.take((padded_rows * stride) as usize),
+                stride,
+            },
             padded_rows,
         }
     }
 
     #[inline(always)]
     pub fn get(&self, row: u32, col: u32) -> f32 {
-        // SAFETY: kernels index inside the (padded) rows and columns they carved.
-        unsafe { *self.base.add((row * self.stride + col) as usize) }
+        self.tile.get(row, col)
     }
 
     #[inline(always)]
     pub fn set(&self, row: u32, col: u32, value: f32) {
-        // SAFETY: as for `get`.
-        unsafe { *self.base.add((row * self.stride + col) as usize) = value }
+        self.tile.set(row, col, value)
     }
 
     /// Columns `4·quad .. 4·quad + 4` of `row`, in one 16-byte read.
@@ -177,13 +176,16 @@ impl QuadTile {
         // SAFETY: the stride and every carved size are whole quads and dynamic shared memory
         // starts 16-byte aligned, so the address is 16-byte aligned; the kernel indexes inside
         // the padded tile.
-        unsafe { (*(self.base.add((row * self.stride + quad * QUAD) as usize) as *const Quad)).0 }
+        let element = (row * self.tile.stride + quad * QUAD) as usize;
+        unsafe { (*(self.tile.base.add(element) as *const Quad)).0 }
     }
 
     /// Writes 0 to every element, padding included. Every thread of the block takes part.
     #[inline(always)]
     pub fn zero(&self) {
-        for_each_element(self.padded_rows, self.stride, |r, c| self.set(r, c, 0.0));
+        for_each_element(self.padded_rows, self.tile.stride, |r, c| {
+            self.set(r, c, 0.0)
+        });
     }
 }
 
