@@ -215,7 +215,7 @@ fn update_row_block<T: Element>(
     let key_groups = cols.div_ceil(QUAD);
     for_each_element(rows.div_ceil(QUAD), key_groups, |group, first_key| {
         let tile_rows = rows_of_group(group);
-        let tile_keys = [0, 1, 2, 3].map(|k| first_key + k * key_groups);
+        let tile_keys = core::array::from_fn(|k| first_key + k as u32 * key_groups);
         let dots = dot_block(&sram.q, tile_rows, &sram.k, tile_keys, d.div_ceil(QUAD));
         for (&r, dots) in tile_rows.iter().zip(&dots) {
             for (&c, &dot) in tile_keys.iter().zip(dots) {
@@ -296,7 +296,7 @@ fn update_row_block<T: Element>(
 /// Rows 4·`group` .. 4·`group` + 4 of a block: one thread's rows in the 4 × 4 products.
 #[inline(always)]
 fn rows_of_group(group: u32) -> [u32; QUAD as usize] {
-    [0, 1, 2, 3].map(|i| group * QUAD + i)
+    core::array::from_fn(|i| group * QUAD + i as u32)
 }
 
 /// m̃_ij = rowmax(S_ij), P̃_ij = e^(S_ij − m̃_ij) (written over S_ij), ℓ̃_ij = rowsum(P̃_ij), for row

@@ -69,25 +69,6 @@ impl<T: Element> HeadRows<T> {
     }
 }
 
-/// A shared-memory tile that [`load_tile`] can fill.
-pub trait SharedStore {
-    fn set(&self, row: u32, col: u32, value: f32);
-}
-
-impl SharedStore for SharedTile {
-    #[inline(always)]
-    fn set(&self, row: u32, col: u32, value: f32) {
-        SharedTile::set(self, row, col, value)
-    }
-}
-
-impl SharedStore for QuadTile {
-    #[inline(always)]
-    fn set(&self, row: u32, col: u32, value: f32) {
-        QuadTile::set(self, row, col, value)
-    }
-}
-
 /// A row-major f32 tile in shared memory.
 #[derive(Clone, Copy)]
 pub struct SharedTile {
@@ -160,16 +141,6 @@ impl QuadTile {
         }
     }
 
-    #[inline(always)]
-    pub fn get(&self, row: u32, col: u32) -> f32 {
-        self.tile.get(row, col)
-    }
-
-    #[inline(always)]
-    pub fn set(&self, row: u32, col: u32, value: f32) {
-        self.tile.set(row, col, value)
-    }
-
     /// Columns `4·quad .. 4·quad + 4` of `row`, in one 16-byte read.
     #[inline(always)]
     pub fn get_quad(&self, row: u32, quad: u32) -> [f32; QUAD as usize] {
@@ -186,6 +157,16 @@ impl QuadTile {
         for_each_element(self.padded_rows, self.tile.stride, |r, c| {
             self.set(r, c, 0.0)
         });
+    }
+}
+
+/// A `QuadTile` is a `SharedTile` (element reads and writes, [`load_tile`]) with the quad layout.
+impl core::ops::Deref for QuadTile {
+    type Target = SharedTile;
+
+    #[inline(always)]
+    fn deref(&self) -> &SharedTile {
+        &self.tile
     }
 }
 
@@ -304,7 +285,7 @@ pub fn load_tile<T: Element>(
     first_row: u32,
     rows: u32,
     row_len: u32,
-    dst: &impl SharedStore,
+    dst: &SharedTile,
 ) {
     for_each_element(rows, row_len, |r, c| {
         dst.set(r, c, src.read(first_row + r, c))
