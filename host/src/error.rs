@@ -25,6 +25,18 @@ pub enum Error {
         required_major: i32,
         required_minor: i32,
     },
+    #[error(
+        "device {ordinal} ({name}) has compute capability {major}.{minor}, but the kernels were built for {arch}, whose architecture-specific instructions run only on {required_major}.{required_minor}; build with FLASH_ATTN_PTX_ARCH=sm_90 for other devices"
+    )]
+    ArchSpecific {
+        ordinal: usize,
+        name: String,
+        major: i32,
+        minor: i32,
+        arch: &'static str,
+        required_major: i32,
+        required_minor: i32,
+    },
     #[error("the kernel module ({arch} PTX) failed to load on device {ordinal}: {detail}")]
     ModuleLoad {
         ordinal: usize,

@@ -1,15 +1,26 @@
 //! FlashAttention as Rust GPU kernels.
 //!
 //! Built twice:
-//! - for `nvptx64-nvidia-cuda` (by the `ptx-build` crate), where the kernels below exist and are
+//! - for `nvptx64-nvidia-cuda` (by the `ptx-build` crate), where the kernels exist and are
 //!   compiled into one PTX module;
-//! - for the host, where only the plain parts exist: kernel parameter blocks ([`params`]), tile and
-//!   shared-memory layouts ([`layout`]), the causal mask ([`mask`]) and the online-softmax update
-//!   ([`softmax`]), so the host launches exactly what the kernels expect and tests the arithmetic
-//!   on the CPU.
+//! - for the host, where only the plain parts exist: the kernel list and ids ([`registry`]),
+//!   parameter blocks, block coordinates, the causal mask and the online softmax ([`common`]),
+//!   tile geometry ([`tile`]) and each family's config ([`fwd`]), so the host launches exactly
+//!   what the kernels expect and tests the arithmetic on the CPU.
 //!
-//! Kernels touch GPU intrinsics only through [`gpu`].
+//! ```text
+//! arch/      every intrinsic, asm! and raw pointer access (base, sm80); nothing else is unsafe
+//! common/    params, block coordinates, mask, softmax, limits, element types
+//! tile/      global rows, shared tiles, copies, fragments, register blocks, warp reductions
+//! fwd/       one folder per forward family: config.rs (host and GPU) and kernel.rs (GPU)
+//! registry/  the list of every compiled kernel, and `KernelId`
+//! entry.rs   the PTX entry points, generated from the list
+//! ```
 #![no_std]
+// Per-kernel configs size the kernels' register arrays by associated constants
+// (`[[f32; 4]; C::O_TILES]`): `type const` items, which this feature provides.
+#![feature(min_generic_const_args)]
+#![allow(incomplete_features)]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(
@@ -31,27 +42,15 @@
 #[cfg(test)]
 extern crate std;
 
-pub mod layout;
-pub mod mask;
-pub mod params;
-pub mod softmax;
+pub mod common;
+pub mod fwd;
+pub mod registry;
+pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]
-mod element;
+pub mod arch;
 #[cfg(target_arch = "nvptx64")]
 mod entry;
-#[cfg(target_arch = "nvptx64")]
-mod fa1;
-#[cfg(target_arch = "nvptx64")]
-mod fa2;
-#[cfg(target_arch = "nvptx64")]
-mod fa2_tc;
-#[cfg(target_arch = "nvptx64")]
-pub mod gpu;
-#[cfg(target_arch = "nvptx64")]
-mod standard;
-#[cfg(target_arch = "nvptx64")]
-mod tile;
 
 /// Kernels cannot unwind; a panic (which the kernels avoid: no indexing that can fail, no
 /// unwrap) traps the whole grid, and the host sees a launch failure.

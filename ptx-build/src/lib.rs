@@ -6,7 +6,7 @@
 //! 2. `llvm-ar x` each rlib; `llvm-link` the kernels' bitcode, then `llvm-link --only-needed` what
 //!    it uses of `core` and `compiler_builtins`.
 //! 3. Each `ptx_kernel` entry point gets `"nvvm.maxntid"` (and `"nvvm.minctasm"="1"`) from
-//!    `flash_kernels::layout::kernel_max_threads` (PTX `.maxntid`, so ptxas sizes its register
+//!    its [`flash_kernels::registry::KernelId`]'s `max_threads` (PTX `.maxntid`, so ptxas sizes its register
 //!    budget for the real block size), then `opt -passes='internalize,default<O3>'`, keeping only
 //!    the entry points public.
 //! 4. `llc -mcpu=<arch>` writes the PTX.
@@ -402,7 +402,7 @@ impl LlvmTools {
                 .map(|n| n.trim_matches('"').to_string());
             match (name, line.strip_suffix(" {")) {
                 (Some(name), Some(head)) => {
-                    let threads = flash_kernels::layout::kernel_max_threads(&name);
+                    let threads = listed_kernel(&name)?.max_threads();
                     // `.minnctapersm 1` too: without it ptxas, given only `.maxntid`, caps
                     // registers to fit several blocks per SM and spills; these kernels' occupancy
                     // is set by their shared memory, not their registers.
@@ -425,6 +425,20 @@ impl LlvmTools {
         })?;
         Ok((kernels, out))
     }
+}
+
+/// The id of the entry point `name`, which must be one of `flash_kernels::registry::KERNELS`
+/// (the list that generates the entry points, so anything else is a kernel defined by hand).
+fn listed_kernel(name: &str) -> Result<flash_kernels::registry::KernelId, BuildError> {
+    name.parse()
+        .ok()
+        .filter(|id| flash_kernels::registry::KERNELS.contains(id))
+        .ok_or_else(|| {
+            BuildError::KernelCompile(format!(
+                "entry point `{name}` is not in `flash_kernels::registry::KERNELS`: add kernels \
+                 through `for_each_kernel!`"
+            ))
+        })
 }
 
 fn exe(name: &str) -> String {

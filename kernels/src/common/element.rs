@@ -1,7 +1,7 @@
 //! Element types of Q, K, V and O. Kernels load them into f32, compute in f32, and round once when
 //! they store.
 
-use crate::gpu;
+use crate::arch;
 
 /// A tensor element the kernels read and write; arithmetic is always in f32.
 pub trait Element: Copy {
@@ -33,22 +33,22 @@ impl Element for f32 {
 impl Element for F16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
-        gpu::f16_to_f32(self.0)
+        arch::f16_to_f32(self.0)
     }
     #[inline(always)]
     fn from_f32(value: f32) -> Self {
-        F16(gpu::f32_to_f16(value))
+        F16(arch::f32_to_f16(value))
     }
 }
 
 impl Element for Bf16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
-        gpu::bf16_to_f32(self.0)
+        arch::bf16_to_f32(self.0)
     }
     #[inline(always)]
     fn from_f32(value: f32) -> Self {
-        Bf16(gpu::f32_to_bf16(value))
+        Bf16(arch::f32_to_bf16(value))
     }
 }
 
@@ -63,21 +63,21 @@ pub trait TensorCoreElement: Element {
 impl TensorCoreElement for Bf16 {
     #[inline(always)]
     fn pack2(low: f32, high: f32) -> u32 {
-        gpu::pack_bf16x2(low, high)
+        arch::pack_bf16x2(low, high)
     }
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
-        gpu::mma_bf16_16x8x16(a, b, c)
+        arch::mma_bf16_16x8x16(a, b, c)
     }
 }
 
 impl TensorCoreElement for F16 {
     #[inline(always)]
     fn pack2(low: f32, high: f32) -> u32 {
-        gpu::pack_f16x2(low, high)
+        arch::pack_f16x2(low, high)
     }
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
-        gpu::mma_f16_16x8x16(a, b, c)
+        arch::mma_f16_16x8x16(a, b, c)
     }
 }

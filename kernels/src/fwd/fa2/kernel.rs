@@ -10,15 +10,17 @@
 //! blocks that need it (the diagonal and the sequence tail), by the same block step compiled with
 //! `MASK = true`.
 
-use crate::element::Element;
-use crate::gpu::{self, WARP_SIZE};
-use crate::layout::FA2_ROWS_PER_WARP;
-use crate::mask::CausalMask;
-use crate::params::Fa2Params;
-use crate::softmax::{LOG2_E, RowStats, fa2_rescale};
-use crate::tile::{HeadRows, HeadVector, SharedTile, load_tile, warp_max, warp_sum};
+use super::config::{Fa2Config, ROWS_PER_WARP};
+use crate::arch::{self, WARP_SIZE};
+use crate::common::block::BlockInfo;
+use crate::common::element::Element;
+use crate::common::params::Fa2Params;
+use crate::common::softmax::{LOG2_E, RowStats, fa2_rescale};
+use crate::tile::global::{HeadRows, HeadVector};
+use crate::tile::shared::{SharedTile, load_tile};
+use crate::tile::warp::{warp_max, warp_sum};
 
-const ROWS: usize = FA2_ROWS_PER_WARP as usize;
+type const ROWS: usize = const { ROWS_PER_WARP as usize };
 
 /// The SRAM tiles: Q_i for the whole loop, K_j and V_j per step, and P̃ (each warp its own rows).
 struct Fa2Sram {
@@ -28,46 +30,44 @@ struct Fa2Sram {
     p: SharedTile,
 }
 
-/// One warp's rows: the running statistics and Õ, in registers (`COLS` = head-dim capacity / 32).
-struct WarpRows<const COLS: usize> {
+/// One warp's rows: the running statistics and Õ, in registers (`C::COLS` = head-dim capacity
+/// / 32 columns per lane).
+struct WarpRows<C: Fa2Config> {
     stats: [RowStats; ROWS],
-    acc: [[f32; COLS]; ROWS],
+    acc: [[f32; C::COLS]; ROWS],
     /// Index in Q_i of this warp's first row.
     first: u32,
 }
 
 /// Per-launch constants of one block.
 struct Fa2Block {
-    mask: CausalMask,
+    info: BlockInfo,
     row_start: u32,
-    seqlen_k: u32,
     head_dim: u32,
     score_scale: f32,
 }
 
-/// The kernel body. `COLS` = head-dim capacity / 32 (a capacity from
-/// `layout::FA2_HEAD_DIM_CAPACITIES`, ≥ head_dim); `KEYS` = B_c / 32. Grid (⌈seqlen_q/B_r⌉,
-/// batch·heads), `layout::fa2_threads(B_r)` threads, `layout::fa2_shared_bytes` of dynamic shared
-/// memory.
+/// The kernel body for head dims up to `C::HEAD_DIM_CAPACITY` and B_c = `C::BLOCK_COLS`. Grid
+/// (⌈seqlen_q/B_r⌉, batch·heads), `config::threads(B_r)` threads, `config::shared_bytes` of
+/// dynamic shared memory.
 #[inline(always)]
-pub fn forward<T: Element, const COLS: usize, const KEYS: usize>(p: &Fa2Params) {
+pub fn forward<T: Element, C: Fa2Config>(p: &Fa2Params) {
+    let () = C::CHECKED;
     let shape = &p.shape;
-    let batch_head = gpu::block_idx_y();
-    let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
+    let info = BlockInfo::new(shape, arch::block_idx_y());
     let block_rows = p.block_rows;
-    let block_cols = KEYS as u32 * WARP_SIZE;
+    let block_cols = C::BLOCK_COLS;
     let head_dim = shape.head_dim;
     let blk = Fa2Block {
-        mask: CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k),
-        row_start: gpu::block_idx_x() * block_rows,
-        seqlen_k: shape.seqlen_k,
+        info,
+        row_start: arch::block_idx_x() * block_rows,
         head_dim,
         score_scale: shape.softmax_scale * LOG2_E,
     };
-    let q = HeadRows::<T>::new(&p.operands.q, batch, head, shape.seqlen_q);
-    let k = HeadRows::<T>::new(&p.operands.k, batch, head, shape.seqlen_k);
-    let v = HeadRows::<T>::new(&p.operands.v, batch, head, shape.seqlen_k);
-    let mut carver = gpu::SharedCarver::from_start();
+    let q = HeadRows::<T>::new(&p.operands.q, info.batch, info.head, info.seqlen_q);
+    let k = HeadRows::<T>::new(&p.operands.k, info.batch, info.kv_head, info.seqlen_k);
+    let v = HeadRows::<T>::new(&p.operands.v, info.batch, info.kv_head, info.seqlen_k);
+    let mut carver = arch::SharedCarver::from_start();
     let sram = Fa2Sram {
         q: SharedTile::carve(&mut carver, block_rows, head_dim),
         k: SharedTile::carve(&mut carver, block_cols, head_dim),
@@ -77,48 +77,41 @@ pub fn forward<T: Element, const COLS: usize, const KEYS: usize>(p: &Fa2Params) 
 
     // Load Q_i once.
     load_tile(&q, blk.row_start, block_rows, head_dim, &sram.q);
-    let mut rows = WarpRows::<COLS> {
+    let mut rows = WarpRows::<C> {
         stats: [RowStats::EMPTY; ROWS],
-        acc: [[0.0; COLS]; ROWS],
-        first: gpu::warp_idx() * FA2_ROWS_PER_WARP,
+        acc: [[0.0; C::COLS]; ROWS],
+        first: arch::warp_idx() * ROWS_PER_WARP,
     };
 
     // Inner loop over K/V blocks; causal blocks past the diagonal of this row block are skipped.
-    let key_blocks =
-        blk.mask
-            .key_blocks_needed(blk.row_start + block_rows, shape.seqlen_k, block_cols);
+    let key_blocks = info.key_blocks(blk.row_start + block_rows, block_cols);
     for j in 0..key_blocks {
         let key_start = j * block_cols;
-        gpu::sync_threads(); // Every warp is done with K_{j−1}, V_{j−1}.
+        arch::sync_threads(); // Every warp is done with K_{j−1}, V_{j−1}.
         load_tile(&k, key_start, block_cols, head_dim, &sram.k);
         load_tile(&v, key_start, block_cols, head_dim, &sram.v);
-        gpu::sync_threads();
-        let tail = key_start + block_cols > shape.seqlen_k;
-        if tail
-            || blk
-                .mask
-                .tile_needs_mask(blk.row_start, key_start + block_cols)
-        {
-            attend_block::<true, COLS, KEYS>(&blk, &sram, &mut rows, key_start);
+        arch::sync_threads();
+        if info.block_needs_mask(blk.row_start, key_start, block_cols) {
+            attend_block::<true, C>(&blk, &sram, &mut rows, key_start);
         } else {
-            attend_block::<false, COLS, KEYS>(&blk, &sram, &mut rows, key_start);
+            attend_block::<false, C>(&blk, &sram, &mut rows, key_start);
         }
     }
 
     // O_i = diag(ℓ)⁻¹·Õ_i, L_i = m_i + log ℓ_i.
-    let o = HeadRows::<T>::new(&p.operands.o, batch, head, shape.seqlen_q);
-    let logsumexp = HeadVector::new(p.logsumexp, batch_head, shape.seqlen_q);
+    let o = HeadRows::<T>::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
+    let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
     for r in 0..ROWS {
         let row = blk.row_start + rows.first + r as u32;
         let inverse_sum = rows.stats[r].inverse_sum();
         for (t, value) in rows.acc[r].iter().enumerate() {
-            let col = gpu::lane_idx() + WARP_SIZE * t as u32;
+            let col = arch::lane_idx() + WARP_SIZE * t as u32;
             if col < head_dim {
                 o.write(row, col, value * inverse_sum);
             }
         }
-        if gpu::lane_idx() == 0 && row < shape.seqlen_q {
-            logsumexp.write(row, rows.stats[r].logsumexp(gpu::log2));
+        if arch::lane_idx() == 0 && row < info.seqlen_q {
+            logsumexp.write(row, rows.stats[r].logsumexp(arch::log2));
         }
     }
 }
@@ -127,21 +120,21 @@ pub fn forward<T: Element, const COLS: usize, const KEYS: usize>(p: &Fa2Params) 
 /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S); P̃ = e^(S − m^(j)); ℓ^(j) = α·ℓ^(j−1) + rowsum P̃;
 /// Õ^(j) = α·Õ^(j−1) + P̃·V_j, with α = e^(m^(j−1) − m^(j)). Lane l holds keys l, l + 32, … of S.
 #[inline(always)]
-fn attend_block<const MASK: bool, const COLS: usize, const KEYS: usize>(
+fn attend_block<const MASK: bool, C: Fa2Config>(
     blk: &Fa2Block,
     sram: &Fa2Sram,
-    rows: &mut WarpRows<COLS>,
+    rows: &mut WarpRows<C>,
     key_start: u32,
 ) {
-    let lane = gpu::lane_idx();
+    let lane = arch::lane_idx();
     // S = Q_i·K_jᵀ, scaled into log2 units; masked keys are −∞.
-    let mut scores = [[0.0f32; KEYS]; ROWS];
+    let mut scores = [[0.0f32; C::KEYS]; ROWS];
     for x in 0..blk.head_dim {
         let mut q = [0.0f32; ROWS];
         for (r, q) in q.iter_mut().enumerate() {
             *q = sram.q.get(rows.first + r as u32, x);
         }
-        for u in 0..KEYS {
+        for u in 0..C::KEYS {
             let k = sram.k.get(lane + WARP_SIZE * u as u32, x);
             for r in 0..ROWS {
                 scores[r][u] += q[r] * k;
@@ -152,7 +145,7 @@ fn attend_block<const MASK: bool, const COLS: usize, const KEYS: usize>(
         let row = blk.row_start + rows.first + r as u32;
         for (u, score) in row_scores.iter_mut().enumerate() {
             let key = key_start + lane + WARP_SIZE * u as u32;
-            let visible = !MASK || (key < blk.seqlen_k && blk.mask.visible(row, key));
+            let visible = !MASK || (key < blk.info.seqlen_k && blk.info.mask.visible(row, key));
             *score = if visible {
                 *score * blk.score_scale
             } else {
@@ -164,11 +157,11 @@ fn attend_block<const MASK: bool, const COLS: usize, const KEYS: usize>(
     // Online softmax: only α remains (the running max is updated directly).
     for r in 0..ROWS {
         let block_max = warp_max(scores[r].iter().copied().fold(f32::NEG_INFINITY, f32::max));
-        let (stats, alpha) = fa2_rescale(rows.stats[r], block_max, gpu::exp2);
+        let (stats, alpha) = fa2_rescale(rows.stats[r], block_max, arch::exp2);
         let base = RowStats::exp_base(stats.max);
         let mut row_sum = 0.0f32;
         for (u, score) in scores[r].iter().enumerate() {
-            let p = gpu::exp2(score - base);
+            let p = arch::exp2(score - base);
             sram.p
                 .set(rows.first + r as u32, lane + WARP_SIZE * u as u32, p);
             row_sum += p;
@@ -181,15 +174,15 @@ fn attend_block<const MASK: bool, const COLS: usize, const KEYS: usize>(
             *value *= alpha;
         }
     }
-    gpu::sync_warp(); // P̃ rows written by all lanes before any lane reads them.
+    arch::sync_warp(); // P̃ rows written by all lanes before any lane reads them.
 
     // Õ += P̃·V_j: lane l accumulates columns l, l + 32, … of its warp's rows.
-    for key in 0..(KEYS as u32 * WARP_SIZE) {
+    for key in 0..C::BLOCK_COLS {
         let mut p = [0.0f32; ROWS];
         for (r, p) in p.iter_mut().enumerate() {
             *p = sram.p.get(rows.first + r as u32, key);
         }
-        for t in 0..COLS {
+        for t in 0..C::COLS {
             let col = lane + WARP_SIZE * t as u32;
             if col < blk.head_dim {
                 let v = sram.v.get(key, col);
@@ -199,5 +192,5 @@ fn attend_block<const MASK: bool, const COLS: usize, const KEYS: usize>(
             }
         }
     }
-    gpu::sync_warp(); // Every lane has read P̃ before the next step overwrites it.
+    arch::sync_warp(); // Every lane has read P̃ before the next step overwrites it.
 }

@@ -1,7 +1,16 @@
-//! One GPU: its context, a stream, the embedded kernel module, and typed launches.
+//! One GPU: its context, a stream, the kernel module ([`module`]), memory, timing, and typed
+//! launches ([`launch`]).
+
+mod launch;
+pub mod module;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
+
+use flash_kernels::registry::KernelId;
+
+pub use launch::ParamBlock;
+pub use module::{PTX_ARCH, PTX_OVERRIDE_VAR, check_capability, entry_names, module_source, ptx};
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUmemPool_attribute};
 use cudarc::driver::{
@@ -12,29 +21,6 @@ use cudarc::nvrtc::Ptx;
 
 use crate::dtype::Element;
 use crate::error::{CudaContextExt, Error, Result};
-
-/// The PTX module with every kernel, built and deflated by `host/build.rs`.
-static PTX_DEFLATED: &[u8] = include_bytes!(env!("FLASH_ATTN_PTX_DEFLATED"));
-
-/// The embedded PTX module with every kernel (inflated on first use).
-pub fn ptx() -> &'static str {
-    static PTX: OnceLock<String> = OnceLock::new();
-    PTX.get_or_init(|| {
-        let bytes = miniz_oxide::inflate::decompress_to_vec(PTX_DEFLATED)
-            .expect("host/build.rs deflated the PTX");
-        String::from_utf8(bytes).expect("PTX is ASCII text")
-    })
-}
-
-/// Environment variable naming a PTX file to load instead of the embedded module: for A/B
-/// experiments on kernel variants with one host binary. The file must define the same kernels
-/// (same names and parameters) for the same architecture.
-pub const PTX_OVERRIDE_VAR: &str = "FLASH_ATTN_PTX";
-/// The architecture the embedded PTX targets.
-pub const PTX_ARCH: &str = env!("FLASH_ATTN_PTX_ARCH");
-
-/// Shared memory a kernel gets without opting in (CUDA's rule).
-const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// What the host needs to know about the device.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -57,28 +43,8 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    functions: Mutex<HashMap<KernelId, CudaFunction>>,
     info: DeviceInfo,
-}
-
-/// A kernel parameter block from `flash_kernels::params`, passed to the kernel by value.
-pub(crate) trait ParamBlock: Copy {}
-impl ParamBlock for flash_kernels::params::StandardParams {}
-impl ParamBlock for flash_kernels::params::Fa1Params {}
-impl ParamBlock for flash_kernels::params::Fa2Params {}
-
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-struct ByValue<P>(P);
-// SAFETY: every ParamBlock is `#[repr(C)]` plain data whose layout the kernels share.
-unsafe impl<P: ParamBlock> DeviceRepr for ByValue<P> {}
-
-/// A kernel launch: grid, block and dynamic shared memory.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Launch {
-    pub grid: (u32, u32, u32),
-    pub threads: u32,
-    pub shared_bytes: u32,
 }
 
 impl Gpu {
@@ -174,32 +140,6 @@ impl Gpu {
         self.ctx.mem_get_info().context(|| "cuMemGetInfo".into())
     }
 
-    /// A kernel of the module by name.
-    pub fn function(&self, name: &str) -> Result<CudaFunction> {
-        let mut functions = self
-            .functions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(f) = functions.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self
-            .module
-            .load_function(name)
-            .context(|| format!("loading kernel `{name}`"))?;
-        functions.insert(name.to_string(), f.clone());
-        Ok(f)
-    }
-
-    /// Names of the embedded module's kernels, from the PTX's `.entry` directives.
-    pub fn kernel_names() -> Vec<&'static str> {
-        ptx()
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
-            .map(|l| l.split('(').next().unwrap_or(l).trim())
-            .collect()
-    }
-
     /// Allocates `len` elements of device memory; an out-of-memory failure says how much was asked
     /// and how much is free, and leaves the context usable.
     pub fn alloc<T: Element>(&self, len: usize, what: &'static str) -> Result<CudaSlice<T>> {
@@ -244,42 +184,6 @@ impl Gpu {
     pub(crate) fn address<T>(&self, slice: &CudaSlice<T>) -> u64 {
         use cudarc::driver::DevicePtr;
         slice.device_ptr(&self.stream).0
-    }
-
-    /// Launches `kernel` with one parameter block, raising its dynamic shared-memory limit first
-    /// when it needs more than the default 48 KiB.
-    pub(crate) fn launch<P: ParamBlock>(
-        &self,
-        kernel: &str,
-        launch: Launch,
-        params: P,
-    ) -> Result<()> {
-        let f = self.function(kernel)?;
-        if launch.shared_bytes > DEFAULT_SHARED_LIMIT {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                launch.shared_bytes as i32,
-            )
-            .context(|| {
-                format!(
-                    "raising `{kernel}`'s shared memory to {} bytes",
-                    launch.shared_bytes
-                )
-            })?;
-        }
-        let config = LaunchConfig {
-            grid_dim: launch.grid,
-            block_dim: (launch.threads, 1, 1),
-            shared_mem_bytes: launch.shared_bytes,
-        };
-        let arg = ByValue(params);
-        let mut builder = self.stream.launch_builder(&f);
-        builder.arg(&arg);
-        // SAFETY: the parameter block describes buffers the caller allocated with the shapes it
-        // names, and `launch` is the configuration the kernel documents for it.
-        unsafe { builder.launch(config) }
-            .context(|| format!("launching `{kernel}` with {launch:?}"))?;
-        Ok(())
     }
 
     /// Waits for every launch so far; a kernel fault surfaces here.
@@ -382,51 +286,6 @@ impl Gpu {
             .memcpy_htod(&data, slice)
             .context(|| "filling a buffer".into())
     }
-}
-
-/// The PTX to load: the embedded module, or the file `override_path` names (the value of
-/// [`PTX_OVERRIDE_VAR`]).
-pub fn module_source(override_path: Option<std::ffi::OsString>) -> Result<String> {
-    match override_path {
-        None => Ok(ptx().to_string()),
-        Some(path) => std::fs::read_to_string(&path).map_err(|e| {
-            Error::invalid(
-                PTX_OVERRIDE_VAR,
-                path.to_string_lossy(),
-                format!("a readable PTX file, or unset to use the embedded module ({e})"),
-            )
-        }),
-    }
-}
-
-/// The compute capability `arch`'s PTX needs.
-fn required_capability(arch: &str) -> (i32, i32) {
-    match arch {
-        "sm_80" => (8, 0),
-        _ => (9, 0),
-    }
-}
-
-/// A typed error when a device of `capability` cannot run PTX built for `arch`.
-pub fn check_capability(
-    ordinal: usize,
-    name: &str,
-    capability: (i32, i32),
-    arch: &'static str,
-) -> Result<()> {
-    let (required_major, required_minor) = required_capability(arch);
-    if capability >= (required_major, required_minor) {
-        return Ok(());
-    }
-    Err(Error::DeviceTooOld {
-        ordinal,
-        name: name.to_string(),
-        major: capability.0,
-        minor: capability.1,
-        arch,
-        required_major,
-        required_minor,
-    })
 }
 
 fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo> {

@@ -11,17 +11,17 @@
 //! O_i between steps lives in an f32 buffer (`o_accumulator`): accumulation is in f32 whatever the
 //! input dtype. The last step that touches a row block writes O in the output dtype instead.
 
-use crate::element::Element;
-use crate::gpu;
-use crate::layout::FA1_ROW_VECTORS;
-use crate::layout::{QUAD, quad_padded};
-use crate::mask::CausalMask;
-use crate::params::Fa1Params;
-use crate::softmax::{LN_2, LOG2_E, RowStats, fa1_merge};
-use crate::tile::{
-    HeadRows, HeadVector, QuadTile, SharedVector, dot_block, for_each_element, load_tile,
-    product_block, warp_max, warp_sum,
-};
+use super::config::ROW_VECTORS;
+use crate::arch;
+use crate::common::block::BlockInfo;
+use crate::common::element::Element;
+use crate::common::params::Fa1Params;
+use crate::common::softmax::{LN_2, LOG2_E, RowStats, fa1_merge};
+use crate::tile::global::{HeadRows, HeadVector};
+use crate::tile::layout::{QUAD, QUAD_LEN, quad_padded};
+use crate::tile::register::{dot_block, product_block};
+use crate::tile::shared::{QuadTile, SharedVector, for_each_element, load_tile};
+use crate::tile::warp::{warp_max, warp_sum};
 
 /// What one block needs to know about its head.
 struct Fa1Head<T> {
@@ -32,9 +32,7 @@ struct Fa1Head<T> {
     o_accumulator: HeadRows<f32>,
     row_max: HeadVector,
     row_sum: HeadVector,
-    mask: CausalMask,
-    seqlen_q: u32,
-    seqlen_k: u32,
+    block: BlockInfo,
     head_dim: u32,
     /// scale·log2 e: turns Q·Kᵀ into log2-domain scores.
     score_scale: f32,
@@ -68,7 +66,7 @@ struct Fa1Sram {
 
 impl Fa1Sram {
     fn carve(block_rows: u32, block_cols: u32, head_dim: u32) -> Self {
-        let mut carver = gpu::SharedCarver::from_start();
+        let mut carver = arch::SharedCarver::from_start();
         let sram = Self {
             q: QuadTile::carve(&mut carver, block_rows, head_dim),
             o: QuadTile::carve(&mut carver, block_rows, head_dim),
@@ -81,7 +79,7 @@ impl Fa1Sram {
             new_weight: SharedVector::carve(&mut carver, block_rows),
         };
         // Keep `layout::Fa1Blocks::shared_bytes` honest: it counts exactly these four vectors.
-        const _: () = assert!(FA1_ROW_VECTORS == 4);
+        const _: () = assert!(ROW_VECTORS == 4);
         sram
     }
 
@@ -101,38 +99,35 @@ impl Fa1Sram {
 #[inline(always)]
 pub fn forward<T: Element>(p: &Fa1Params) {
     let shape = &p.shape;
-    let batch_head = gpu::block_idx_x();
-    let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
+    let blk = BlockInfo::new(shape, arch::block_idx_x());
     let h = Fa1Head::<T> {
-        q: HeadRows::new(&p.operands.q, batch, head, shape.seqlen_q),
-        k: HeadRows::new(&p.operands.k, batch, head, shape.seqlen_k),
-        v: HeadRows::new(&p.operands.v, batch, head, shape.seqlen_k),
-        o: HeadRows::new(&p.operands.o, batch, head, shape.seqlen_q),
+        q: HeadRows::new(&p.operands.q, blk.batch, blk.head, blk.seqlen_q),
+        k: HeadRows::new(&p.operands.k, blk.batch, blk.kv_head, blk.seqlen_k),
+        v: HeadRows::new(&p.operands.v, blk.batch, blk.kv_head, blk.seqlen_k),
+        o: HeadRows::new(&p.operands.o, blk.batch, blk.head, blk.seqlen_q),
         o_accumulator: HeadRows::contiguous(
             p.o_accumulator,
-            batch_head,
-            shape.seqlen_q,
+            blk.batch_head,
+            blk.seqlen_q,
             shape.head_dim,
         ),
-        row_max: HeadVector::new(p.row_max, batch_head, shape.seqlen_q),
-        row_sum: HeadVector::new(p.row_sum, batch_head, shape.seqlen_q),
-        mask: CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k),
-        seqlen_q: shape.seqlen_q,
-        seqlen_k: shape.seqlen_k,
+        row_max: HeadVector::new(p.row_max, blk.batch_head, blk.seqlen_q),
+        row_sum: HeadVector::new(p.row_sum, blk.batch_head, blk.seqlen_q),
+        block: blk,
         head_dim: shape.head_dim,
         score_scale: shape.softmax_scale * LOG2_E,
         block_rows: p.block_rows,
         block_cols: p.block_cols,
     };
     let sram = Fa1Sram::carve(h.block_rows, h.block_cols, h.head_dim);
-    let row_blocks = h.seqlen_q.div_ceil(h.block_rows); // T_r
-    let col_blocks = h.seqlen_k.div_ceil(h.block_cols); // T_c
+    let row_blocks = h.block.seqlen_q.div_ceil(h.block_rows); // T_r
+    let col_blocks = h.block.seqlen_k.div_ceil(h.block_cols); // T_c
 
     // Line 2: O = 0, ℓ = 0, m = −∞ in HBM. The SRAM tiles start at 0 too: their padding is read
     // as data by the 4 × 4 products and never written again.
     initialize(&h);
     sram.zero_tiles();
-    gpu::sync_threads();
+    arch::sync_threads();
 
     // Line 5: for 1 ≤ j ≤ T_c.
     for j in 0..col_blocks {
@@ -140,20 +135,18 @@ pub fn forward<T: Element>(p: &Fa1Params) {
         let key_start = j * h.block_cols;
         load_tile(&h.k, key_start, h.block_cols, h.head_dim, &sram.k);
         load_tile(&h.v, key_start, h.block_cols, h.head_dim, &sram.v);
-        gpu::sync_threads();
+        arch::sync_threads();
         // Line 7: for 1 ≤ i ≤ T_r.
         for i in 0..row_blocks {
             let row_start = i * h.block_rows;
-            let key_blocks =
-                h.mask
-                    .key_blocks_needed(row_start + h.block_rows, h.seqlen_k, h.block_cols);
+            let key_blocks = h.block.key_blocks(row_start + h.block_rows, h.block_cols);
             if j >= key_blocks.min(col_blocks) {
                 continue; // Causal: block (i, j) is masked for every row; nothing to fold in.
             }
             let last_step_for_rows = j + 1 == key_blocks.min(col_blocks);
             update_row_block(&h, &sram, row_start, key_start, last_step_for_rows);
         }
-        gpu::sync_threads();
+        arch::sync_threads();
     }
 }
 
@@ -161,13 +154,13 @@ pub fn forward<T: Element>(p: &Fa1Params) {
 /// (seqlen_q > seqlen_k) get their final O = 0 here.
 #[inline(always)]
 fn initialize<T: Element>(h: &Fa1Head<T>) {
-    for_each_element(h.seqlen_q, h.head_dim, |row, col| {
+    for_each_element(h.block.seqlen_q, h.head_dim, |row, col| {
         h.o_accumulator.write(row, col, 0.0);
-        if h.mask.visible_key_end(row, h.seqlen_k) == 0 && row_block_is_never_visited(h, row) {
+        if h.block.mask.visible_key_end(row, h.block.seqlen_k) == 0 && row_block_is_never_visited(h, row) {
             h.o.write(row, col, 0.0);
         }
     });
-    for_each_element(1, h.seqlen_q, |_, row| {
+    for_each_element(1, h.block.seqlen_q, |_, row| {
         h.row_max.write(row, f32::NEG_INFINITY);
         h.row_sum.write(row, 0.0);
     });
@@ -177,9 +170,7 @@ fn initialize<T: Element>(h: &Fa1Head<T>) {
 #[inline(always)]
 fn row_block_is_never_visited<T>(h: &Fa1Head<T>, row: u32) -> bool {
     let block_end = (row / h.block_rows + 1) * h.block_rows;
-    h.mask
-        .key_blocks_needed(block_end, h.seqlen_k, h.block_cols)
-        == 0
+    h.block.key_blocks(block_end, h.block_cols) == 0
 }
 
 /// Lines 8–13 for one (i, j): load Q_i, O_i, ℓ_i, m_i; S_ij = Q_i·K_jᵀ; block statistics; merge;
@@ -198,7 +189,7 @@ fn update_row_block<T: Element>(
     load_tile(&h.o_accumulator, row_start, rows, d, &sram.o);
     for_each_element(1, rows, |_, r| {
         let row = row_start + r;
-        let (m, l) = if row < h.seqlen_q {
+        let (m, l) = if row < h.block.seqlen_q {
             (h.row_max.read(row), h.row_sum.read(row))
         } else {
             (f32::NEG_INFINITY, 0.0)
@@ -206,12 +197,12 @@ fn update_row_block<T: Element>(
         sram.m.set(r, m * LOG2_E);
         sram.l.set(r, l);
     });
-    gpu::sync_threads();
+    arch::sync_threads();
 
     // Line 9: S_ij = Q_i·K_jᵀ (scaled, log2 units); masked and out-of-range keys are −∞. A thread
     // owns rows 4g..4g+4 and keys j, j + G, j + 2G, j + 3G (G = key groups): consecutive lanes
     // read consecutive rows of K_j, which the odd quad stride spreads over the banks.
-    let keys_in_block = (h.seqlen_k - key_start).min(cols);
+    let keys_in_block = (h.block.seqlen_k - key_start).min(cols);
     let key_groups = cols.div_ceil(QUAD);
     for_each_element(rows.div_ceil(QUAD), key_groups, |group, first_key| {
         let tile_rows = rows_of_group(group);
@@ -220,7 +211,7 @@ fn update_row_block<T: Element>(
         for (&r, dots) in tile_rows.iter().zip(&dots) {
             for (&c, &dot) in tile_keys.iter().zip(dots) {
                 let (row, key) = (row_start + r, key_start + c);
-                let visible = c < keys_in_block && h.mask.visible(row, key);
+                let visible = c < keys_in_block && h.block.mask.visible(row, key);
                 if r < rows {
                     let score = if visible {
                         dot * h.score_scale
@@ -232,18 +223,18 @@ fn update_row_block<T: Element>(
             }
         }
     });
-    gpu::sync_threads();
+    arch::sync_threads();
 
     // Lines 10–11, one warp per row: m̃_ij, P̃_ij = e^(S_ij − m̃_ij), ℓ̃_ij; then m_new, ℓ_new, α, β.
-    let mut r = gpu::warp_idx();
+    let mut r = arch::warp_idx();
     while r < rows {
         let block = block_row_statistics(sram, r, quad_padded(cols));
         let stored = RowStats {
             max: sram.m.get(r),
             sum: sram.l.get(r),
         };
-        let merge = fa1_merge(stored, block, gpu::exp2);
-        if gpu::lane_idx() == 0 {
+        let merge = fa1_merge(stored, block, arch::exp2);
+        if arch::lane_idx() == 0 {
             let new = merge.merged;
             let inverse_new_sum = new.inverse_sum();
             sram.old_weight
@@ -251,14 +242,14 @@ fn update_row_block<T: Element>(
             sram.new_weight.set(r, merge.beta * inverse_new_sum);
             // Line 13: write ℓ_i ← ℓ_new, m_i ← m_new to HBM.
             let row = row_start + r;
-            if row < h.seqlen_q {
+            if row < h.block.seqlen_q {
                 h.row_max.write(row, new.max * LN_2);
                 h.row_sum.write(row, new.sum);
             }
         }
-        r += gpu::warps_per_block();
+        r += arch::warps_per_block();
     }
-    gpu::sync_threads();
+    arch::sync_threads();
 
     // Line 12: O_i ← diag(ℓ_new)⁻¹(diag(ℓ_i)·α·O_i + β·P̃_ij·V_j), written to HBM. A thread
     // owns rows 4g..4g+4 and columns 4q..4q+4. The sum runs over whole quads of keys: past
@@ -290,12 +281,12 @@ fn update_row_block<T: Element>(
             }
         },
     );
-    gpu::sync_threads();
+    arch::sync_threads();
 }
 
 /// Rows 4·`group` .. 4·`group` + 4 of a block: one thread's rows in the 4 × 4 products.
 #[inline(always)]
-fn rows_of_group(group: u32) -> [u32; QUAD as usize] {
+fn rows_of_group(group: u32) -> [u32; QUAD_LEN] {
     core::array::from_fn(|i| group * QUAD + i as u32)
 }
 
@@ -303,22 +294,22 @@ fn rows_of_group(group: u32) -> [u32; QUAD as usize] {
 /// `r` of the block, by one warp.
 #[inline(always)]
 fn block_row_statistics(sram: &Fa1Sram, r: u32, cols: u32) -> RowStats {
-    let lane = gpu::lane_idx();
+    let lane = arch::lane_idx();
     let mut max = f32::NEG_INFINITY;
     let mut c = lane;
     while c < cols {
         max = max.max(sram.s.get(r, c));
-        c += gpu::WARP_SIZE;
+        c += arch::WARP_SIZE;
     }
     let max = warp_max(max);
     let base = RowStats::exp_base(max);
     let mut sum = 0.0f32;
     let mut c = lane;
     while c < cols {
-        let p = gpu::exp2(sram.s.get(r, c) - base);
+        let p = arch::exp2(sram.s.get(r, c) - base);
         sram.s.set(r, c, p);
         sum += p;
-        c += gpu::WARP_SIZE;
+        c += arch::WARP_SIZE;
     }
     RowStats {
         max,

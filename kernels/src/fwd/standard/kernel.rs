@@ -10,19 +10,15 @@
 //! 16 × 16 tile of the result, one element per thread, stepping through the inner dimension
 //! 16 at a time.
 
-use crate::element::Element;
-use crate::gpu;
-use crate::layout::{MATMUL_DEPTH, MATMUL_TILE};
-use crate::mask::CausalMask;
-use crate::params::StandardParams;
-use crate::softmax::{LOG2_E, RowStats, fa1_merge};
-use crate::tile::{HeadRows, HeadVector, SharedTile, warp_max};
-
-/// The (batch, head) a block works on, from `blockIdx.z` (products) or `blockIdx.y` (softmax).
-#[inline(always)]
-fn batch_and_head(batch_head: u32, heads: u32) -> (u32, u32) {
-    (batch_head / heads, batch_head % heads)
-}
+use super::config::{MATMUL_DEPTH, MATMUL_TILE};
+use crate::arch;
+use crate::common::block::BlockInfo;
+use crate::common::element::Element;
+use crate::common::params::StandardParams;
+use crate::common::softmax::{LOG2_E, RowStats, fa1_merge};
+use crate::tile::global::{HeadRows, HeadVector};
+use crate::tile::shared::SharedTile;
+use crate::tile::warp::warp_max;
 
 /// One 16 × 16 tile of C = A·B with C[r][c] = Σ_k a(r, k)·b(k, c), for r, c inside the block's
 /// tile, k < depth. `b_rows_are_columns` says that `b` reads a row-major matrix transposed (B = Kᵀ),
@@ -36,12 +32,12 @@ fn tile_product(
     a: impl Fn(u32, u32) -> f32,
     b: impl Fn(u32, u32) -> f32,
 ) -> f32 {
-    let mut carver = gpu::SharedCarver::from_start();
+    let mut carver = arch::SharedCarver::from_start();
     let a_tile = SharedTile::carve(&mut carver, MATMUL_TILE, MATMUL_DEPTH);
     let b_tile = SharedTile::carve(&mut carver, MATMUL_DEPTH, MATMUL_TILE);
     let (ty, tx) = (
-        gpu::thread_idx_x() / MATMUL_TILE,
-        gpu::thread_idx_x() % MATMUL_TILE,
+        arch::thread_idx_x() / MATMUL_TILE,
+        arch::thread_idx_x() % MATMUL_TILE,
     );
     let mut acc = 0.0f32;
     let mut k0 = 0;
@@ -71,11 +67,11 @@ fn tile_product(
                 0.0
             },
         );
-        gpu::sync_threads();
+        arch::sync_threads();
         for k in 0..MATMUL_DEPTH {
             acc += a_tile.get(ty, k) * b_tile.get(k, tx);
         }
-        gpu::sync_threads();
+        arch::sync_threads();
         k0 += MATMUL_DEPTH;
     }
     acc
@@ -85,14 +81,13 @@ fn tile_product(
 #[inline(always)]
 pub fn scores<T: Element>(p: &StandardParams) {
     let shape = &p.shape;
-    let batch_head = gpu::block_idx_z();
-    let (batch, head) = batch_and_head(batch_head, shape.heads);
-    let q = HeadRows::<T>::new(&p.operands.q, batch, head, shape.seqlen_q);
-    let k = HeadRows::<T>::new(&p.operands.k, batch, head, shape.seqlen_k);
-    let s = HeadRows::<f32>::contiguous(p.scores, batch_head, shape.seqlen_q, shape.seqlen_k);
+    let blk = BlockInfo::new(shape, arch::block_idx_z());
+    let q = HeadRows::<T>::new(&p.operands.q, blk.batch, blk.head, blk.seqlen_q);
+    let k = HeadRows::<T>::new(&p.operands.k, blk.batch, blk.kv_head, blk.seqlen_k);
+    let s = HeadRows::<f32>::contiguous(p.scores, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
     let (tile_row, tile_col) = (
-        gpu::block_idx_y() * MATMUL_TILE,
-        gpu::block_idx_x() * MATMUL_TILE,
+        arch::block_idx_y() * MATMUL_TILE,
+        arch::block_idx_x() * MATMUL_TILE,
     );
     let dot = tile_product(
         shape.head_dim,
@@ -103,8 +98,8 @@ pub fn scores<T: Element>(p: &StandardParams) {
         |d, key| k.read(key, d),
     );
     let (ty, tx) = (
-        gpu::thread_idx_x() / MATMUL_TILE,
-        gpu::thread_idx_x() % MATMUL_TILE,
+        arch::thread_idx_x() / MATMUL_TILE,
+        arch::thread_idx_x() % MATMUL_TILE,
     );
     if tile_col + tx < shape.seqlen_k {
         s.write(tile_row + ty, tile_col + tx, dot * shape.softmax_scale);
@@ -117,20 +112,19 @@ pub fn scores<T: Element>(p: &StandardParams) {
 #[inline(always)]
 pub fn softmax<T: Element>(p: &StandardParams) {
     let shape = &p.shape;
-    let batch_head = gpu::block_idx_y();
-    let row = gpu::block_idx_x() * gpu::warps_per_block() + gpu::warp_idx();
-    if row >= shape.seqlen_q {
+    let blk = BlockInfo::new(shape, arch::block_idx_y());
+    let row = arch::block_idx_x() * arch::warps_per_block() + arch::warp_idx();
+    if row >= blk.seqlen_q {
         return;
     }
-    let s = HeadRows::<f32>::contiguous(p.scores, batch_head, shape.seqlen_q, shape.seqlen_k);
-    let probs = HeadRows::<T>::contiguous(p.probs, batch_head, shape.seqlen_q, shape.seqlen_k);
-    let mask = CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k);
-    let visible_end = mask.visible_key_end(row, shape.seqlen_k);
-    let lanes = gpu::WARP_SIZE;
+    let s = HeadRows::<f32>::contiguous(p.scores, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
+    let probs = HeadRows::<T>::contiguous(p.probs, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
+    let visible_end = blk.mask.visible_key_end(row, blk.seqlen_k);
+    let lanes = arch::WARP_SIZE;
 
     // Pass 1: per-lane (m, ℓ) over the lane's keys, then the warp's merge of the 32 partial rows.
     let mut lane_stats = RowStats::EMPTY;
-    let mut key = gpu::lane_idx();
+    let mut key = arch::lane_idx();
     while key < visible_end {
         let score = s.read(row, key) * LOG2_E;
         lane_stats = fa1_merge(
@@ -139,34 +133,34 @@ pub fn softmax<T: Element>(p: &StandardParams) {
                 max: score,
                 sum: 1.0,
             },
-            gpu::exp2,
+            arch::exp2,
         )
         .merged;
         key += lanes;
     }
     let row_max = warp_max(lane_stats.max);
-    let rescaled = lane_stats.sum * gpu::exp2(lane_stats.max - RowStats::exp_base(row_max));
+    let rescaled = lane_stats.sum * arch::exp2(lane_stats.max - RowStats::exp_base(row_max));
     let row_stats = RowStats {
         max: row_max,
-        sum: crate::tile::warp_sum(rescaled),
+        sum: crate::tile::warp::warp_sum(rescaled),
     };
 
     // Pass 2: P = e^(S − m)/ℓ on visible keys, 0 on masked ones.
     let inverse_sum = row_stats.inverse_sum();
     let base = RowStats::exp_base(row_max);
-    let mut key = gpu::lane_idx();
+    let mut key = arch::lane_idx();
     while key < shape.seqlen_k {
         let prob = if key < visible_end {
-            gpu::exp2(s.read(row, key) * LOG2_E - base) * inverse_sum
+            arch::exp2(s.read(row, key) * LOG2_E - base) * inverse_sum
         } else {
             0.0
         };
         probs.write(row, key, prob);
         key += lanes;
     }
-    if gpu::lane_idx() == 0 {
-        HeadVector::new(p.logsumexp, batch_head, shape.seqlen_q)
-            .write(row, row_stats.logsumexp(gpu::log2));
+    if arch::lane_idx() == 0 {
+        HeadVector::new(p.logsumexp, blk.batch_head, blk.seqlen_q)
+            .write(row, row_stats.logsumexp(arch::log2));
     }
 }
 
@@ -174,14 +168,13 @@ pub fn softmax<T: Element>(p: &StandardParams) {
 #[inline(always)]
 pub fn output<T: Element>(p: &StandardParams) {
     let shape = &p.shape;
-    let batch_head = gpu::block_idx_z();
-    let (batch, head) = batch_and_head(batch_head, shape.heads);
-    let probs = HeadRows::<T>::contiguous(p.probs, batch_head, shape.seqlen_q, shape.seqlen_k);
-    let v = HeadRows::<T>::new(&p.operands.v, batch, head, shape.seqlen_k);
-    let o = HeadRows::<T>::new(&p.operands.o, batch, head, shape.seqlen_q);
+    let blk = BlockInfo::new(shape, arch::block_idx_z());
+    let probs = HeadRows::<T>::contiguous(p.probs, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
+    let v = HeadRows::<T>::new(&p.operands.v, blk.batch, blk.kv_head, blk.seqlen_k);
+    let o = HeadRows::<T>::new(&p.operands.o, blk.batch, blk.head, blk.seqlen_q);
     let (tile_row, tile_col) = (
-        gpu::block_idx_y() * MATMUL_TILE,
-        gpu::block_idx_x() * MATMUL_TILE,
+        arch::block_idx_y() * MATMUL_TILE,
+        arch::block_idx_x() * MATMUL_TILE,
     );
     let head_dim = shape.head_dim;
     let value = tile_product(
@@ -193,8 +186,8 @@ pub fn output<T: Element>(p: &StandardParams) {
         |key, d| if d < head_dim { v.read(key, d) } else { 0.0 },
     );
     let (ty, tx) = (
-        gpu::thread_idx_x() / MATMUL_TILE,
-        gpu::thread_idx_x() % MATMUL_TILE,
+        arch::thread_idx_x() / MATMUL_TILE,
+        arch::thread_idx_x() % MATMUL_TILE,
     );
     if tile_col + tx < head_dim {
         o.write(tile_row + ty, tile_col + tx, value);

@@ -1,0 +1,257 @@
+//! What the caller asks for, checked: the algorithm, the options, and the problem's shape.
+
+use flash_kernels::common::params::AttentionShape;
+use flash_kernels::fwd::fa2_tc::config::{DEFAULT_BLOCK_COLS, Fa2TcTiling};
+use flash_kernels::fwd::standard::config::MATMUL_TILE;
+
+use crate::error::{Error, Result};
+
+/// Largest head dim any algorithm takes.
+pub const MAX_HEAD_DIM: usize = 256;
+/// CUDA's limit on grid dimensions y and z.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// Which kernel(s) compute the attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// S and P materialised in HBM, three kernels.
+    Standard,
+    /// FlashAttention-1 forward: outer loop over K/V blocks; returns m and ℓ.
+    Fa1,
+    /// FlashAttention-2 forward: outer loop over Q blocks; returns L.
+    Fa2,
+    /// FlashAttention-2 forward on tensor cores (mma.sync, ldmatrix, cp.async), f16/bf16 at the
+    /// compiled head dims (32, 64, 96, 128, 256) with 16-byte-aligned rows; anything else runs
+    /// [`Algorithm::Fa2`], and the plan says why.
+    #[serde(rename = "fa2-tc")]
+    Fa2Tc,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Standard,
+        Algorithm::Fa1,
+        Algorithm::Fa2,
+        Algorithm::Fa2Tc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Standard => "standard",
+            Algorithm::Fa1 => "fa1",
+            Algorithm::Fa2 => "fa2",
+            Algorithm::Fa2Tc => "fa2-tc",
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc"))
+    }
+}
+
+/// Options shared by every algorithm; the block-size overrides apply to one algorithm each.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionOptions {
+    /// Causal mask, aligned to the bottom-right corner (see `flash_kernels::mask`).
+    pub causal: bool,
+    /// Multiplies Q·Kᵀ; default 1/√head_dim.
+    pub softmax_scale: Option<f32>,
+    /// FA1's SRAM budget M in f32 elements (B_c = ⌈M/4d⌉, B_r = min(B_c, d)); default: the largest
+    /// M whose tiles fit in the device's shared memory per block.
+    pub fa1_sram_floats: Option<u32>,
+    /// FA2's (B_r, B_c), each 64 or 128; default: the largest that fits in shared memory.
+    pub fa2_blocks: Option<(u32, u32)>,
+    /// FA2-TC's split of B_r over warps and row tiles, K/V pipeline depth and B_c
+    /// (the tilings `registry::KERNELS` lists); default: measured per head dim.
+    pub fa2_tc_tiling: Option<Fa2TcTiling>,
+}
+
+/// A checked problem: what every kernel's parameter block is built from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Problem {
+    pub batch: usize,
+    pub heads: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub softmax_scale: f32,
+    pub causal: bool,
+}
+
+impl Problem {
+    /// Checks that Q (batch, heads, seqlen_q, d), K and V (batch, heads, seqlen_k, d) agree and
+    /// that the options are valid.
+    pub fn new(
+        q: [usize; 4],
+        k: [usize; 4],
+        v: [usize; 4],
+        options: &AttentionOptions,
+    ) -> Result<Self> {
+        for (name, dims) in [("q", q), ("k", k), ("v", v)] {
+            if dims.contains(&0) {
+                return Err(Error::invalid(
+                    name,
+                    format!("shape {dims:?}"),
+                    "every dimension (batch, heads, seqlen, head_dim) must be at least 1",
+                ));
+            }
+        }
+        let names = ["batch", "heads", "seqlen", "head_dim"];
+        for axis in [0, 1, 3] {
+            for (name, dims) in [("k", k), ("v", v)] {
+                if dims[axis] != q[axis] {
+                    return Err(Error::invalid(
+                        name,
+                        format!("shape {dims:?}"),
+                        format!(
+                            "its {} must equal q's ({}; q is {q:?})",
+                            names[axis], q[axis]
+                        ),
+                    ));
+                }
+            }
+        }
+        if v[2] != k[2] {
+            return Err(Error::invalid(
+                "v",
+                format!("shape {v:?}"),
+                format!("its seqlen must equal k's ({}; k is {k:?})", k[2]),
+            ));
+        }
+        let head_dim = q[3];
+        if head_dim > MAX_HEAD_DIM {
+            return Err(Error::invalid(
+                "head_dim",
+                head_dim,
+                format!("allowed: 1 to {MAX_HEAD_DIM}"),
+            ));
+        }
+        let softmax_scale = options
+            .softmax_scale
+            .unwrap_or(1.0 / (head_dim as f32).sqrt());
+        if !softmax_scale.is_finite() || softmax_scale <= 0.0 {
+            return Err(Error::invalid(
+                "softmax_scale",
+                softmax_scale,
+                "must be finite and > 0",
+            ));
+        }
+        let problem = Self {
+            batch: q[0],
+            heads: q[1],
+            seqlen_q: q[2],
+            seqlen_k: k[2],
+            head_dim,
+            softmax_scale,
+            causal: options.causal,
+        };
+        problem.check_index_ranges()?;
+        Ok(problem)
+    }
+
+    /// The kernels index rows and columns with u32 and a head's rows with u32 counts; grids are
+    /// limited to 65 535 in y and z.
+    fn check_index_ranges(&self) -> Result<()> {
+        let u32_max = u32::MAX as usize;
+        for (name, value) in [("seqlen_q", self.seqlen_q), ("seqlen_k", self.seqlen_k)] {
+            if value
+                .checked_mul(self.head_dim.max(MATMUL_TILE as usize))
+                .is_none_or(|n| n > u32_max)
+            {
+                return Err(Error::invalid(
+                    name,
+                    value,
+                    format!("seqlen × max(head_dim, 16) must fit in 32 bits (≤ {u32_max})"),
+                ));
+            }
+        }
+        if self.seqlen_q.div_ceil(MATMUL_TILE as usize) > MAX_GRID_YZ {
+            return Err(Error::invalid(
+                "seqlen_q",
+                self.seqlen_q,
+                format!(
+                    "at most {} (grid limit)",
+                    MAX_GRID_YZ * MATMUL_TILE as usize
+                ),
+            ));
+        }
+        if self.batch_heads() > MAX_GRID_YZ {
+            return Err(Error::invalid(
+                "batch × heads",
+                self.batch_heads(),
+                format!("at most {MAX_GRID_YZ} (grid limit)"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn batch_heads(&self) -> usize {
+        self.batch * self.heads
+    }
+
+    pub(crate) fn shape(&self) -> AttentionShape {
+        AttentionShape {
+            batch: self.batch as u32,
+            heads: self.heads as u32,
+            seqlen_q: self.seqlen_q as u32,
+            seqlen_k: self.seqlen_k as u32,
+            head_dim: self.head_dim as u32,
+            softmax_scale: self.softmax_scale,
+            causal: self.causal as u32,
+            _pad: 0,
+        }
+    }
+
+    /// Elements of a per-row statistics vector: batch·heads·seqlen_q.
+    pub(crate) fn rows(&self) -> usize {
+        self.batch_heads() * self.seqlen_q
+    }
+}
+
+/// Parses an FA2-TC tiling: `WxR`, optionally followed by `sS` and `cC` (warps, row tiles per
+/// warp, K/V stages, B_c), e.g. `4x2`, `4x2s1`, `4x2s1c32`; the stages default to 2 and B_c to
+/// 64. Whether the kernel is compiled with it is checked per head dim by [`fa2_tc_tiling`].
+pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
+    let invalid = || {
+        Error::invalid(
+            "fa2-tc-tiling",
+            text,
+            "WARPSxROW_TILES, optionally followed by sSTAGES and cB_C, e.g. 4x2, 4x2s1 or 4x2s1c32",
+        )
+    };
+    let number = |s: &str| s.parse::<u32>().map_err(|_| invalid());
+    let optional = |value: Option<&str>, default: u32| value.map_or(Ok(default), number);
+    // The optional fields, last first: the text before the tag, and the tag's value if present.
+    let (warps, rest) = text.split_once('x').ok_or_else(invalid)?;
+    let (rest, cols) = rest
+        .split_once('c')
+        .map_or((rest, None), |(r, c)| (r, Some(c)));
+    let (row_tiles, stages) = rest
+        .split_once('s')
+        .map_or((rest, None), |(r, s)| (r, Some(s)));
+    Ok(Fa2TcTiling::new(
+        number(warps)?,
+        number(row_tiles)?,
+        optional(stages, 2)?,
+        optional(cols, DEFAULT_BLOCK_COLS)?,
+    ))
+}
+
+/// [`parse_fa2_tc_tiling`] of an optional override: `None` (the default per head dim) stays `None`.
+pub fn parse_optional_fa2_tc_tiling(text: Option<&str>) -> Result<Option<Fa2TcTiling>> {
+    text.map(parse_fa2_tc_tiling).transpose()
+}
+

@@ -1,0 +1,108 @@
+//! Where one thread block's work sits in the problem: its batch and head, the K/V head it reads,
+//! the row and key ranges of its sequence, and which key blocks the causal mask lets it skip or
+//! must apply element-wise. Every kernel starts from a [`BlockInfo`], so grouped K/V heads (GQA)
+//! and packed variable-length batches change this file, not the kernels.
+
+use crate::common::mask::CausalMask;
+use crate::common::params::AttentionShape;
+
+/// One (batch, head) of the problem, as a block sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub batch: u32,
+    /// The query head (and O's, and the statistics').
+    pub head: u32,
+    /// The K/V head this query head reads: the same head today (as many K/V heads as query
+    /// heads); with grouped K/V heads, `head / (heads / kv_heads)`.
+    pub kv_head: u32,
+    /// batch·heads + head: the index of this head's rows in the (batch·heads, seqlen_q)
+    /// statistics vectors and workspaces.
+    pub batch_head: u32,
+    /// Query rows of this head's sequence.
+    pub seqlen_q: u32,
+    /// Keys of this head's sequence.
+    pub seqlen_k: u32,
+    pub mask: CausalMask,
+}
+
+impl BlockInfo {
+    /// The block that works on head `batch_head` (batch-major) of `shape`.
+    #[inline(always)]
+    pub fn new(shape: &AttentionShape, batch_head: u32) -> Self {
+        let (batch, head) = (batch_head / shape.heads, batch_head % shape.heads);
+        Self {
+            batch,
+            head,
+            kv_head: head,
+            batch_head,
+            seqlen_q: shape.seqlen_q,
+            seqlen_k: shape.seqlen_k,
+            mask: CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k),
+        }
+    }
+
+    /// Key blocks of `block_cols` keys that rows `[.., row_end)` need: the causal mask hides
+    /// every later block from all of them, so those are never loaded.
+    #[inline(always)]
+    pub fn key_blocks(&self, row_end: u32, block_cols: u32) -> u32 {
+        self.mask
+            .key_blocks_needed(row_end, self.seqlen_k, block_cols)
+    }
+
+    /// Whether the key block `[key_start, key_start + block_cols)` of the rows from `row_start`
+    /// needs the element-wise mask: it runs past seqlen_k, or crosses the causal diagonal. Every
+    /// other block runs the step compiled with `MASK = false`.
+    #[inline(always)]
+    pub fn block_needs_mask(&self, row_start: u32, key_start: u32, block_cols: u32) -> bool {
+        key_start + block_cols > self.seqlen_k
+            || self.mask.tile_needs_mask(row_start, key_start + block_cols)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(heads: u32, seqlen_q: u32, seqlen_k: u32, causal: bool) -> AttentionShape {
+        AttentionShape {
+            batch: 2,
+            heads,
+            seqlen_q,
+            seqlen_k,
+            head_dim: 64,
+            softmax_scale: 0.125,
+            causal: causal as u32,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn batch_and_head_are_batch_major() {
+        let block = BlockInfo::new(&shape(3, 10, 10, false), 5);
+        assert_eq!((block.batch, block.head, block.kv_head), (1, 2, 2));
+    }
+
+    #[test]
+    fn causal_blocks_past_the_diagonal_are_skipped_and_the_diagonal_is_masked() {
+        // 256 × 256, causal, B_c = 64: rows 64..128 need key blocks 0 and 1; block 1 crosses the
+        // diagonal, block 0 does not.
+        let block = BlockInfo::new(&shape(1, 256, 256, true), 0);
+        assert_eq!(block.key_blocks(128, 64), 2);
+        assert!(!block.block_needs_mask(64, 0, 64));
+        assert!(block.block_needs_mask(64, 64, 64));
+        // Non-causal: every block, and only the tail past seqlen_k is masked.
+        let block = BlockInfo::new(&shape(1, 100, 100, false), 0);
+        assert_eq!(block.key_blocks(64, 64), 2);
+        assert!(!block.block_needs_mask(0, 0, 64));
+        assert!(block.block_needs_mask(0, 64, 64));
+    }
+
+    #[test]
+    fn bottom_right_alignment_with_more_queries_than_keys() {
+        // seqlen_q = 100 > seqlen_k = 40: the first 60 queries see no key, so rows 0..60 need
+        // no key block at all.
+        let block = BlockInfo::new(&shape(1, 100, 40, true), 0);
+        assert_eq!(block.key_blocks(60, 64), 0);
+        assert_eq!(block.key_blocks(61, 64), 1);
+    }
+}

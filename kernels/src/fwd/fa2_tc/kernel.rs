@@ -1,0 +1,473 @@
+//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
+//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
+//!
+//! Block: `WARPS` warps, each owning `ROW_TILES` m16 tiles of Q (split-Q), so
+//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 8·`KEY_TILES` keys (64, or 32 where S must be smaller
+//! for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
+//! memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids run the heaviest
+//! row blocks (the last) first.
+//!
+//! ```text
+//!  shared memory (16-bit elements, rows padded by 8)      registers of one warp, per row tile
+//!  ┌──────────────┐                                       Q_i fragments   16 × d   (kept when they
+//!  │ Q_i B_r × d  │  cp.async, once                                        fit in 32 registers)
+//!  ├──────────────┤                                       S = Q_i·K_jᵀ    16 × B_c (f32 accum.)
+//!  │ K_j, V_j     │  stage j % 2   ← ldmatrix            P̃ = exp2(S − m) repacked as A fragments
+//!  │              │                                       Õ              16 × d   (f32 accum.)
+//!  │ K_j+1, V_j+1 │  stage (j+1) % 2 ← cp.async in flight while block j is computed
+//!  └──────────────┘
+//! ```
+//!
+//! `KV_STAGES` = 1 keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
+//! copied behind S = Q_i·K_jᵀ, K_j+1 behind P̃·V_j (two barriers per block, less
+//! shared memory, so more of the SM's 256 KiB stays L1 cache).
+//!
+//! Fragment layouts (PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
+//! `l/4 + 8` at columns `2·(l%4)` and `+1`. The S tile of keys 16t..16t+16 therefore already is
+//! the A fragment of P̃ for the P̃·V product once packed to 16 bits: P never leaves registers.
+//!
+//! Softmax in the exp2 domain (scale·log2 e folded into one FMA); each thread keeps partial row
+//! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
+//! exact because α is the same for the whole row. Up to d = 128 the running max moves only when a
+//! block's row max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's
+//! conditional rescale, decided once per warp by a vote; `layout::fa2_tc_conditional_rescale`):
+//! most blocks then skip α and the d/8·4 multiplies of Õ, and the result is the same because Õ
+//! and ℓ are sums against the same max.
+
+use super::config::{Fa2TcConfig, shared_row_stride};
+use crate::arch;
+use crate::common::block::BlockInfo;
+use crate::common::element::TensorCoreElement;
+use crate::common::params::Fa2Params;
+use crate::common::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale, pairwise};
+use crate::tile::copy::copy_rows_async;
+use crate::tile::fragment::{
+    MMA_K, MMA_M, MMA_N, a_fragment_col, a_fragment_row, accumulator_col, accumulator_row,
+    key_pair_col, key_pair_row,
+};
+use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::shared::SharedTile16;
+
+/// One row tile's running state: for the lane's two rows (`l/4` and `l/4 + 8`), m and partial ℓ,
+/// and the unnormalised Õ tile (`C::O_TILES` = d/8 tiles of 16×8).
+struct RowTileState<C: Fa2TcConfig> {
+    stats: [RowStats; 2],
+    acc: [[f32; 4]; C::O_TILES],
+}
+
+impl<C: Fa2TcConfig> Clone for RowTileState<C> {
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C: Fa2TcConfig> Copy for RowTileState<C> {}
+
+/// The block's shared memory: Q_i, then `kv_stages` pairs of K_j, V_j tiles.
+#[derive(Clone, Copy)]
+struct Fa2TcSram {
+    q: SharedTile16,
+    /// Stage 0's K; stage s's K is `2·s·B_c` rows further, its V `B_c` rows after its K.
+    kv: SharedTile16,
+    block_cols: u32,
+}
+
+impl Fa2TcSram {
+    #[inline(always)]
+    fn new(head_dim: u32, block_rows: u32, block_cols: u32) -> Self {
+        let q = SharedTile16::at_start(shared_row_stride(head_dim) * 2);
+        Self {
+            q,
+            kv: q.rows_after(block_rows),
+            block_cols,
+        }
+    }
+
+    #[inline(always)]
+    fn k(&self, stage: u32) -> SharedTile16 {
+        self.kv.rows_after(stage * 2 * self.block_cols)
+    }
+
+    #[inline(always)]
+    fn v(&self, stage: u32) -> SharedTile16 {
+        self.k(stage).rows_after(self.block_cols)
+    }
+}
+
+/// This lane's row address of an x4 A-fragment load of Q's 16-column chunk `chunk`, for the row
+/// tile whose first row (within Q_i) is `first_row`.
+#[inline(always)]
+fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> arch::SharedAddress {
+    q.at(
+        first_row + a_fragment_row(),
+        chunk * MMA_K + a_fragment_col(),
+    )
+}
+
+/// The kernel body for one config `C` (head dim, tiling, register-array sizes). Grid
+/// (⌈seqlen_q/B_r⌉, batch·heads), `C::TILING.threads()` threads,
+/// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
+#[inline(always)]
+pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
+    let () = C::CHECKED;
+    let tiling = C::TILING;
+    let block_cols = tiling.block_cols;
+    let head_dim = C::HEAD_DIM;
+    let block_rows = tiling.block_rows();
+    let threads = tiling.threads();
+    let shape = &p.shape;
+    let info = BlockInfo::new(shape, arch::block_idx_y());
+    // Causal: the last row blocks see the most keys; start them first so the grid's tail is short.
+    let row_block = if shape.causal != 0 {
+        arch::grid_dim_x() - 1 - arch::block_idx_x()
+    } else {
+        arch::block_idx_x()
+    };
+    let row_start = row_block * block_rows;
+    let q = HeadRows16::new(&p.operands.q, info.batch, info.head, info.seqlen_q);
+    let k = HeadRows16::new(&p.operands.k, info.batch, info.kv_head, info.seqlen_k);
+    let v = HeadRows16::new(&p.operands.v, info.batch, info.kv_head, info.seqlen_k);
+    let sram = Fa2TcSram::new(head_dim, block_rows, block_cols);
+    let copy_block = |rows: &HeadRows16, block: u32, dst: SharedTile16| {
+        let first = block * block_cols;
+        copy_rows_async(rows, first, block_cols, head_dim, threads, dst);
+    };
+
+    // Q_i and K_0 (and V_0, with two stages) in flight together.
+    copy_rows_async(&q, row_start, block_rows, head_dim, threads, sram.q);
+    copy_block(&k, 0, sram.k(0));
+    if tiling.kv_stages == 2 {
+        copy_block(&v, 0, sram.v(0));
+    }
+    arch::copy_async_commit();
+
+    let key_blocks = info.key_blocks(row_start + block_rows, block_cols);
+    let warp_rows = WarpRows {
+        first_row: arch::warp_idx() * MMA_M * C::ROW_TILES as u32,
+    };
+    let empty = RowTileState::<C> {
+        stats: [RowStats::EMPTY; 2],
+        acc: [[0.0; 4]; C::O_TILES],
+    };
+    let mut state = [empty; C::ROW_TILES];
+    let mut q_registers = [[[0u32; 4]; C::Q_CHUNKS]; C::ROW_TILES];
+    let step_base = BlockStep {
+        sram: &sram,
+        stage: 0,
+        key_start: 0,
+        row_start,
+        info,
+        score_scale: shape.softmax_scale * LOG2_E,
+    };
+    for j in 0..key_blocks {
+        // Block j has landed, and every warp is done with block j − 1, whose stage is reused next.
+        arch::copy_async_wait_all();
+        arch::sync_threads();
+        if j == 0 && C::Q_IN_REGISTERS {
+            for (tile, fragments) in q_registers.iter_mut().enumerate() {
+                for (chunk, fragment) in fragments.iter_mut().enumerate() {
+                    *fragment = arch::load_matrix_x4(q_fragment_address(
+                        sram.q,
+                        warp_rows.tile_row(tile),
+                        chunk as u32,
+                    ));
+                }
+            }
+        }
+        if tiling.kv_stages == 2 {
+            // Block j + 1 into the other stage, in flight while block j is computed.
+            if j + 1 < key_blocks {
+                let next = (j + 1) % 2;
+                copy_block(&k, j + 1, sram.k(next));
+                copy_block(&v, j + 1, sram.v(next));
+                arch::copy_async_commit();
+            }
+        } else {
+            // One stage (FlashAttention-2's schedule): V_j lands while S = Q_i·K_jᵀ is computed.
+            copy_block(&v, j, sram.v(0));
+            arch::copy_async_commit();
+        }
+        // With one stage, V_j must have landed, and every warp be done reading K_j, before
+        // P̃·V_j; K_j+1 then overwrites K_j while P̃·V_j runs. (Issuing it before the softmax, as
+        // FlashAttention-2 does, keeps the copy's addresses live beside S: 108 bytes of spills at
+        // d = 128 against 80, and spills at d = 96 and 256 that this order avoids.)
+        let before_pv = || {
+            if tiling.kv_stages == 1 {
+                arch::copy_async_wait_all();
+                arch::sync_threads();
+                if j + 1 < key_blocks {
+                    copy_block(&k, j + 1, sram.k(0));
+                    arch::copy_async_commit();
+                }
+            }
+        };
+        let key_start = j * block_cols;
+        let step = BlockStep {
+            stage: j % tiling.kv_stages,
+            key_start,
+            ..step_base
+        };
+        if info.block_needs_mask(row_start, key_start, block_cols) {
+            step.run::<T, C, true>(&warp_rows, &q_registers, &mut state, before_pv);
+        } else {
+            step.run::<T, C, false>(&warp_rows, &q_registers, &mut state, before_pv);
+        }
+    }
+    arch::copy_async_wait_all(); // Nothing may be in flight when the block exits.
+    for (tile, tile_state) in state.iter_mut().enumerate() {
+        store_output::<T, C>(p, &info, row_start + warp_rows.tile_row(tile), tile_state);
+    }
+}
+
+/// The rows of Q_i one warp owns: `C::ROW_TILES` consecutive m16 tiles.
+struct WarpRows {
+    first_row: u32,
+}
+
+impl WarpRows {
+    /// First row (within Q_i) of row tile `tile`.
+    #[inline(always)]
+    fn tile_row(&self, tile: usize) -> u32 {
+        self.first_row + MMA_M * tile as u32
+    }
+}
+
+/// One step of the inner loop (one K/V block) for one warp.
+#[derive(Clone, Copy)]
+struct BlockStep<'a> {
+    sram: &'a Fa2TcSram,
+    stage: u32,
+    key_start: u32,
+    row_start: u32,
+    info: BlockInfo,
+    score_scale: f32,
+}
+
+impl BlockStep<'_> {
+    /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S) when the max jumps by more than
+    /// `RESCALE_THRESHOLD` for some row of the warp (else m^(j) = m^(j−1)); P̃ = exp2(S − m^(j));
+    /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the
+    /// causal mask and the seqlen_k tail element-wise. `before_pv` runs between the softmax and
+    /// P̃·V_j: the one-stage pipeline waits for V_j and refills K there.
+    #[inline(always)]
+    fn run<T: TensorCoreElement, C: Fa2TcConfig, const MASK: bool>(
+        &self,
+        rows: &WarpRows,
+        q_registers: &[[[u32; 4]; C::Q_CHUNKS]; C::ROW_TILES],
+        state: &mut [RowTileState<C>; C::ROW_TILES],
+        before_pv: impl FnOnce(),
+    ) {
+        let mut scores = self.scores::<T, C>(rows, q_registers);
+        let mut block_max = [[0.0f32; 2]; C::ROW_TILES];
+        let mut any_row_needs_rescale = false;
+        for (tile, tile_scores) in scores.iter_mut().enumerate() {
+            if MASK {
+                self.apply_mask::<C>(tile_scores, self.row_start + rows.tile_row(tile));
+            }
+            for (h, max) in block_max[tile].iter_mut().enumerate() {
+                *max = self.block_row_max::<C>(tile_scores, h);
+                any_row_needs_rescale |= needs_rescale(state[tile].stats[h].max, *max);
+            }
+        }
+        // One decision per warp and block: the branches below are warp-uniform. Where the head
+        // dim keeps the unconditional rescale, `rescale` is the constant `true` and the vote and
+        // branches compile away.
+        let rescale = !C::CONDITIONAL_RESCALE || arch::vote_any(any_row_needs_rescale);
+        let mut p = [[[0u32; 4]; C::KEY_CHUNKS]; C::ROW_TILES];
+        for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
+        {
+            p[tile] =
+                self.online_softmax::<T, C>(tile_scores, block_max[tile], rescale, tile_state);
+        }
+        before_pv();
+        self.accumulate_pv::<T, C>(&p, state);
+    }
+
+    /// S = Q_i·K_jᵀ for each row tile and the block's B_c keys (`C::KEY_TILES` tiles of 16×8).
+    /// Each K fragment is read once and used by every row tile.
+    #[inline(always)]
+    fn scores<T: TensorCoreElement, C: Fa2TcConfig>(
+        &self,
+        rows: &WarpRows,
+        q_registers: &[[[u32; 4]; C::Q_CHUNKS]; C::ROW_TILES],
+    ) -> [[[f32; 4]; C::KEY_TILES]; C::ROW_TILES] {
+        let k_tile = self.sram.k(self.stage);
+        // x4 load of two key tiles × one 16-column chunk. K's rows are B's columns: no transpose.
+        let (key_in_pair, col_in_chunk) = (key_pair_row(), key_pair_col());
+        let mut scores = [[[0.0f32; 4]; C::KEY_TILES]; C::ROW_TILES];
+        for chunk in 0..C::Q_CHUNKS {
+            let mut q = [[0u32; 4]; C::ROW_TILES];
+            for tile in 0..C::ROW_TILES {
+                q[tile] = if C::Q_IN_REGISTERS {
+                    q_registers[tile][chunk]
+                } else {
+                    arch::load_matrix_x4(q_fragment_address(
+                        self.sram.q,
+                        rows.tile_row(tile),
+                        chunk as u32,
+                    ))
+                };
+            }
+            for pair in 0..C::KEY_TILES / 2 {
+                let b = arch::load_matrix_x4(k_tile.at(
+                    pair as u32 * 2 * MMA_N + key_in_pair,
+                    chunk as u32 * MMA_K + col_in_chunk,
+                ));
+                for tile in 0..C::ROW_TILES {
+                    scores[tile][2 * pair] = T::mma(q[tile], [b[0], b[1]], scores[tile][2 * pair]);
+                    scores[tile][2 * pair + 1] =
+                        T::mma(q[tile], [b[2], b[3]], scores[tile][2 * pair + 1]);
+                }
+            }
+        }
+        scores
+    }
+
+    /// −∞ where the key is past seqlen_k or hidden by the causal mask (row tile starting at row
+    /// `first_row` of the sequence).
+    #[inline(always)]
+    fn apply_mask<C: Fa2TcConfig>(&self, scores: &mut [[f32; 4]; C::KEY_TILES], first_row: u32) {
+        for (tile, values) in scores.iter_mut().enumerate() {
+            for (e, value) in values.iter_mut().enumerate() {
+                let row = first_row + accumulator_row(e as u32);
+                let key = self.key_start + tile as u32 * MMA_N + accumulator_col(e as u32);
+                if key >= self.info.seqlen_k || !self.info.mask.visible(row, key) {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
+    /// max_k S[row, k] · scale · log2 e for the lane's row `h` of a row tile (`h` = 0: row l/4,
+    /// elements 0–1 of each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3), complete across the
+    /// quad (lanes 4g..4g+3 hold the row's B_c keys between them).
+    #[inline(always)]
+    fn block_row_max<C: Fa2TcConfig>(&self, scores: &[[f32; 4]; C::KEY_TILES], h: usize) -> f32 {
+        let row_max = row_reduce(scores, h, f32::max);
+        let row_max = row_max.max(arch::shuffle_xor(row_max, 1));
+        let row_max = row_max.max(arch::shuffle_xor(row_max, 2));
+        row_max * self.score_scale
+    }
+
+    /// The FA2 update for the lane's two rows of one row tile, against the block's row maxima
+    /// `block_max`. The running max m moves only when `rescale` (some row of the warp would
+    /// otherwise see P̃ > 2^`RESCALE_THRESHOLD`): then m^(j) = max(m^(j−1), rowmax),
+    /// ℓ = α·ℓ and Õ = diag(α)·Õ exactly as in FA2; otherwise m stays, α = 1 and no multiply is
+    /// issued. Overwrites `scores` with P̃ and returns P̃ packed to 16 bits as the A fragments of
+    /// P̃·V (one per 16-key chunk): from here on only half the registers of S stay live. ℓ adds
+    /// the f32 values, before rounding.
+    #[inline(always)]
+    fn online_softmax<T: TensorCoreElement, C: Fa2TcConfig>(
+        &self,
+        scores: &mut [[f32; 4]; C::KEY_TILES],
+        block_max: [f32; 2],
+        rescale: bool,
+        state: &mut RowTileState<C>,
+    ) -> [[u32; 4]; C::KEY_CHUNKS] {
+        // The S tile of keys 16c..16c+8 gives fragment registers 0 (row l/4) and 1 (row l/4 + 8)
+        // of chunk c; keys 16c+8..16c+16 give registers 2 and 3 (mma.m16n8k16's A layout).
+        let mut fragments = [[0u32; 4]; C::KEY_CHUNKS];
+        for h in 0..2 {
+            if rescale {
+                let (stats, alpha) = fa2_rescale(state.stats[h], block_max[h], arch::exp2);
+                state.stats[h] = stats;
+                for tile in state.acc.iter_mut() {
+                    tile[2 * h] *= alpha;
+                    tile[2 * h + 1] *= alpha;
+                }
+            }
+            let base = RowStats::exp_base(state.stats[h].max);
+            for tile in scores.iter_mut() {
+                for value in &mut tile[2 * h..2 * h + 2] {
+                    // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
+                    *value = arch::exp2(arch::fma(*value, self.score_scale, -base));
+                }
+            }
+            state.stats[h].sum += row_reduce(scores, h, |a, b| a + b);
+            for (tile, values) in scores.iter().enumerate() {
+                fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
+            }
+        }
+        fragments
+    }
+
+    /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`, each V
+    /// fragment used by every row tile.
+    #[inline(always)]
+    fn accumulate_pv<T: TensorCoreElement, C: Fa2TcConfig>(
+        &self,
+        p: &[[[u32; 4]; C::KEY_CHUNKS]; C::ROW_TILES],
+        state: &mut [RowTileState<C>; C::ROW_TILES],
+    ) {
+        let v_tile = self.sram.v(self.stage);
+        // x4.trans load of one 16-key chunk × two column tiles, in an A fragment's lane order:
+        // keys +0–7 / +8–15 (lanes 8–15, 24–31), columns +0–7 / +8–15 (lanes 16–31).
+        let (key_in_chunk, col_in_pair) = (a_fragment_row(), a_fragment_col());
+        for chunk in 0..C::KEY_CHUNKS {
+            for pair in 0..C::O_TILES / 2 {
+                let b = arch::load_matrix_x4_transposed(v_tile.at(
+                    chunk as u32 * MMA_K + key_in_chunk,
+                    pair as u32 * 2 * MMA_N + col_in_pair,
+                ));
+                for tile in 0..C::ROW_TILES {
+                    state[tile].acc[2 * pair] =
+                        T::mma(p[tile][chunk], [b[0], b[1]], state[tile].acc[2 * pair]);
+                    state[tile].acc[2 * pair + 1] =
+                        T::mma(p[tile][chunk], [b[2], b[3]], state[tile].acc[2 * pair + 1]);
+                }
+            }
+        }
+    }
+}
+
+/// Reduces by `op` the lane's values of one row of a row tile's S (or P̃): elements 2h and
+/// 2h + 1 of each 16×8 tile (`h` = 0: row l/4; `h` = 1: row l/4 + 8), each tile's pair first,
+/// then the tiles as a balanced tree.
+#[inline(always)]
+fn row_reduce<const KEY_TILES: usize>(
+    scores: &[[f32; 4]; KEY_TILES],
+    h: usize,
+    op: impl Fn(f32, f32) -> f32 + Copy,
+) -> f32 {
+    let mut per_tile = [0.0; KEY_TILES];
+    for (value, tile) in per_tile.iter_mut().zip(scores) {
+        *value = op(tile[2 * h], tile[2 * h + 1]);
+    }
+    pairwise(per_tile, op)
+}
+
+/// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ, for the
+/// row tile whose first row (in the sequence) is `first_row`.
+#[inline(always)]
+fn store_output<T: TensorCoreElement, C: Fa2TcConfig>(
+    p: &Fa2Params,
+    info: &BlockInfo,
+    first_row: u32,
+    state: &mut RowTileState<C>,
+) {
+    let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
+    let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
+    for h in 0..2 {
+        // Complete ℓ: each lane summed its own columns; the quad adds the four partial sums.
+        let mut sum = state.stats[h].sum;
+        sum += arch::shuffle_xor(sum, 1);
+        sum += arch::shuffle_xor(sum, 2);
+        let stats = RowStats {
+            max: state.stats[h].max,
+            sum,
+        };
+        let row = first_row + accumulator_row(2 * h as u32);
+        if row >= info.seqlen_q {
+            continue;
+        }
+        let inverse_sum = stats.inverse_sum();
+        for (tile, values) in state.acc.iter().enumerate() {
+            let col = tile as u32 * MMA_N + accumulator_col(0);
+            let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
+            o.store_pair(row, col, packed);
+        }
+        if arch::lane_idx().is_multiple_of(4) {
+            logsumexp.write(row, stats.logsumexp(arch::log2));
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! A kernel's identity as a type: its family with the compile-time parameters that family has,
+//! and its element type. `Display` writes the PTX entry name and `FromStr` reads it back; no
+//! other code formats or parses kernel names.
+
+use core::fmt;
+use core::str::FromStr;
+
+use crate::fwd::fa2::config as fa2;
+use crate::fwd::fa2_tc::config::Fa2TcTiling;
+use crate::fwd::{fa1, standard};
+
+/// The element type of Q, K, V and O a kernel is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElementType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl ElementType {
+    pub const ALL: [ElementType; 3] = [ElementType::F32, ElementType::F16, ElementType::Bf16];
+
+    /// The name in kernel names (`f32`, `f16`, `bf16`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ElementType::F32 => "f32",
+            ElementType::F16 => "f16",
+            ElementType::Bf16 => "bf16",
+        }
+    }
+
+    // Constructors named as the kernel list spells the types (`for_each_kernel!`).
+    pub const fn f32() -> Self {
+        ElementType::F32
+    }
+    pub const fn f16() -> Self {
+        ElementType::F16
+    }
+    pub const fn bf16() -> Self {
+        ElementType::Bf16
+    }
+}
+
+/// The three kernels of standard attention, in launch order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StandardStage {
+    /// S = scale·Q·Kᵀ to HBM.
+    Scores,
+    /// P = softmax(S) to HBM, and L.
+    Softmax,
+    /// O = P·V.
+    Output,
+}
+
+impl StandardStage {
+    pub const ALL: [StandardStage; 3] = [
+        StandardStage::Scores,
+        StandardStage::Softmax,
+        StandardStage::Output,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            StandardStage::Scores => "scores",
+            StandardStage::Softmax => "softmax",
+            StandardStage::Output => "output",
+        }
+    }
+
+    // Constructors named as the kernel list spells the stages (`for_each_kernel!`).
+    pub const fn scores() -> Self {
+        StandardStage::Scores
+    }
+    pub const fn softmax() -> Self {
+        StandardStage::Softmax
+    }
+    pub const fn output() -> Self {
+        StandardStage::Output
+    }
+}
+
+/// A kernel family and the parameters it is compiled with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// Standard attention (any head dim).
+    Standard(StandardStage),
+    /// FlashAttention-1 forward (any head dim; B_r, B_c chosen at launch).
+    Fa1,
+    /// FlashAttention-2 forward, scalar FP32: head dims up to `head_dim_capacity`; B_r chosen at
+    /// launch.
+    Fa2 {
+        head_dim_capacity: u32,
+        block_cols: u32,
+    },
+    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`.
+    Fa2Tc {
+        head_dim: u32,
+        tiling: Fa2TcTiling,
+    },
+}
+
+/// One compiled kernel: an entry point of the PTX module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelId {
+    pub family: Family,
+    pub dtype: ElementType,
+}
+
+impl KernelId {
+    /// Fills [`crate::registry::KernelList`] before its ids are written.
+    pub(crate) const PLACEHOLDER: Self = Self::new(Family::Fa1, ElementType::F32);
+
+    pub const fn new(family: Family, dtype: ElementType) -> Self {
+        Self { family, dtype }
+    }
+
+    /// Largest head dim the kernel computes (`None`: any).
+    pub const fn head_dim_capacity(&self) -> Option<u32> {
+        match self.family {
+            Family::Standard(_) | Family::Fa1 => None,
+            Family::Fa2 {
+                head_dim_capacity, ..
+            } => Some(head_dim_capacity),
+            Family::Fa2Tc { head_dim, .. } => Some(head_dim),
+        }
+    }
+
+    /// Whether the kernel multiplies on tensor cores (`xtask sass` requires HMMA in its loop).
+    pub const fn uses_tensor_cores(&self) -> bool {
+        matches!(self.family, Family::Fa2Tc { .. })
+    }
+
+    /// The most threads a block of this kernel is launched with. `ptx-build` writes it into the
+    /// PTX as `.maxntid`, so ptxas budgets registers for that many threads (at 512 threads, 128
+    /// registers each) instead of assuming the worst; the host's launch plan never exceeds it.
+    pub const fn max_threads(&self) -> u32 {
+        match self.family {
+            Family::Standard(_) => standard::config::THREADS,
+            Family::Fa1 => fa1::config::THREADS,
+            Family::Fa2 {
+                head_dim_capacity, ..
+            } => fa2::threads(fa2::max_block_rows(head_dim_capacity)),
+            Family::Fa2Tc { tiling, .. } => tiling.threads(),
+        }
+    }
+
+    /// Field-by-field equality usable in `const` code.
+    pub const fn const_eq(&self, other: &Self) -> bool {
+        let same_family = match (self.family, other.family) {
+            (Family::Standard(a), Family::Standard(b)) => a as u8 == b as u8,
+            (Family::Fa1, Family::Fa1) => true,
+            (
+                Family::Fa2 {
+                    head_dim_capacity: a,
+                    block_cols: b,
+                },
+                Family::Fa2 {
+                    head_dim_capacity: c,
+                    block_cols: d,
+                },
+            ) => a == c && b == d,
+            (
+                Family::Fa2Tc {
+                    head_dim: a,
+                    tiling: s,
+                },
+                Family::Fa2Tc {
+                    head_dim: b,
+                    tiling: t,
+                },
+            ) => a == b && s.const_eq(t),
+            _ => false,
+        };
+        same_family && self.dtype as u8 == other.dtype as u8
+    }
+}
+
+impl fmt::Display for KernelId {
+    /// The PTX entry name: `standard_<stage>_<dtype>`, `fa1_forward_<dtype>`,
+    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dtype = self.dtype.name();
+        match self.family {
+            Family::Standard(stage) => write!(f, "standard_{}_{dtype}", stage.name()),
+            Family::Fa1 => write!(f, "fa1_forward_{dtype}"),
+            Family::Fa2 {
+                head_dim_capacity,
+                block_cols,
+            } => write!(f, "fa2_forward_{dtype}_d{head_dim_capacity}_bc{block_cols}"),
+            Family::Fa2Tc { head_dim, tiling } => {
+                let Fa2TcTiling {
+                    warps,
+                    row_tiles,
+                    kv_stages,
+                    block_cols,
+                } = tiling;
+                write!(
+                    f,
+                    "fa2tc_forward_{dtype}_d{head_dim}_w{warps}r{row_tiles}s{kv_stages}c{block_cols}"
+                )
+            }
+        }
+    }
+}
+
+/// A name that is not a kernel name of the form [`KernelId`]'s `Display` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParseKernelIdError;
+
+impl fmt::Display for ParseKernelIdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "not a kernel name (standard_<stage>_<dtype>, fa1_forward_<dtype>, \
+             fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>)",
+        )
+    }
+}
+
+impl FromStr for KernelId {
+    type Err = ParseKernelIdError;
+
+    /// Reads a name `Display` writes; whether that kernel is compiled is
+    /// [`crate::registry::KERNELS`]`.contains`.
+    fn from_str(name: &str) -> Result<Self, ParseKernelIdError> {
+        let number = |s: &str| s.parse::<u32>().map_err(|_| ParseKernelIdError);
+        let dtype_of = |s: &str| {
+            ElementType::ALL
+                .into_iter()
+                .find(|t| t.name() == s)
+                .ok_or(ParseKernelIdError)
+        };
+        let (family, dtype) = if let Some(rest) = name.strip_prefix("standard_") {
+            let (stage, dtype) = rest.split_once('_').ok_or(ParseKernelIdError)?;
+            let stage = StandardStage::ALL
+                .into_iter()
+                .find(|s| s.name() == stage)
+                .ok_or(ParseKernelIdError)?;
+            (Family::Standard(stage), dtype)
+        } else if let Some(dtype) = name.strip_prefix("fa1_forward_") {
+            (Family::Fa1, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa2_forward_") {
+            // <dtype>_d<capacity>_bc<B_c>
+            let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (capacity, cols) = rest.split_once("_bc").ok_or(ParseKernelIdError)?;
+            let family = Family::Fa2 {
+                head_dim_capacity: number(capacity)?,
+                block_cols: number(cols)?,
+            };
+            (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa2tc_forward_") {
+            // <dtype>_d<d>_w<W>r<R>s<S>c<C>
+            let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
+            let (warps, rest) = rest.split_once('r').ok_or(ParseKernelIdError)?;
+            let (rows, rest) = rest.split_once('s').ok_or(ParseKernelIdError)?;
+            let (stages, cols) = rest.split_once('c').ok_or(ParseKernelIdError)?;
+            let tiling =
+                Fa2TcTiling::new(number(warps)?, number(rows)?, number(stages)?, number(cols)?);
+            let family = Family::Fa2Tc {
+                head_dim: number(head_dim)?,
+                tiling,
+            };
+            (family, dtype)
+        } else {
+            return Err(ParseKernelIdError);
+        };
+        Ok(KernelId::new(family, dtype_of(dtype)?))
+    }
+}

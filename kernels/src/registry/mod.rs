@@ -1,0 +1,159 @@
+//! Every kernel the module holds, listed once.
+//!
+//! [`for_each_kernel!`] is the list. On the GPU it generates the entry points (`entry.rs`); on
+//! the host it builds [`KERNELS`], the typed ids ([`KernelId`]) that the host launches, that
+//! `ptx-build` reads launch bounds from, and that `xtask ptxas`/`sass` and `flash-attn info`
+//! report. A CPU test checks [`KERNELS`] against the PTX's `.entry` names, so a kernel cannot be
+//! compiled without being listed, or listed without being compiled.
+
+mod id;
+
+pub use id::{ElementType, Family, KernelId, ParseKernelIdError, StandardStage};
+
+use crate::fwd::fa2_tc::config::Fa2TcTiling;
+
+/// Invokes `$emit!` once per compiled kernel, with one of:
+///
+/// - `standard <stage> <dtype>`: the three kernels of standard attention;
+/// - `fa1 <dtype>`: FlashAttention-1's forward;
+/// - `fa2 <dtype> <head-dim capacity> <B_c>`: the faithful FA2 forward;
+/// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores.
+///
+/// FA2-TC: every head dim up to 128 takes the full set of tilings; at d = 256 two row tiles would
+/// hold 2·256 f32 accumulators per lane, past the 255-register limit, so single row tiles only.
+/// B_c = 32 and 48 only with two row tiles: that is where the 16 × B_c S tiles of both row tiles,
+/// beside Õ, press on the register limit (at d = 128 `4x2s1c64` spills 92 bytes; `4x2s2c48` and
+/// the `c32` tilings spill none).
+#[macro_export]
+macro_rules! for_each_kernel {
+    ($emit:ident) => {
+        $crate::for_each_kernel!(@standard $emit [f32 f16 bf16]);
+        $crate::for_each_kernel!(@fa1 $emit [f32 f16 bf16]);
+        $crate::for_each_kernel!(@fa2 $emit [f32 f16 bf16] [32 64 128 256] [64 128]);
+        $crate::for_each_kernel!(@fa2_tc $emit [f16 bf16] {
+            32 => (4 1 2 64) (8 1 2 64) (4 2 2 64) (4 1 1 64) (8 1 1 64) (4 2 1 64)
+                  (4 2 2 32) (4 2 1 32) (4 2 2 48);
+            64 => (4 1 2 64) (8 1 2 64) (4 2 2 64) (4 1 1 64) (8 1 1 64) (4 2 1 64)
+                  (4 2 2 32) (4 2 1 32) (4 2 2 48);
+            96 => (4 1 2 64) (8 1 2 64) (4 2 2 64) (4 1 1 64) (8 1 1 64) (4 2 1 64)
+                  (4 2 2 32) (4 2 1 32) (4 2 2 48);
+            128 => (4 1 2 64) (8 1 2 64) (4 2 2 64) (4 1 1 64) (8 1 1 64) (4 2 1 64)
+                   (4 2 2 32) (4 2 1 32) (4 2 2 48);
+            256 => (4 1 2 64) (8 1 2 64) (4 1 1 64) (8 1 1 64);
+        });
+    };
+    (@standard $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(standard scores $dtype);
+        $emit!(standard softmax $dtype);
+        $emit!(standard output $dtype);
+    )*};
+    (@fa1 $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(fa1 $dtype);
+    )*};
+    (@fa2 $emit:ident [$($dtype:ident)*] $capacities:tt $block_cols:tt) => {$(
+        $crate::for_each_kernel!(@fa2_dtype $emit $dtype $capacities $block_cols);
+    )*};
+    (@fa2_dtype $emit:ident $dtype:ident [$($capacity:literal)*] $block_cols:tt) => {$(
+        $crate::for_each_kernel!(@fa2_capacity $emit $dtype $capacity $block_cols);
+    )*};
+    (@fa2_capacity $emit:ident $dtype:ident $capacity:literal [$($cols:literal)*]) => {$(
+        $emit!(fa2 $dtype $capacity $cols);
+    )*};
+    (@fa2_tc $emit:ident [$($dtype:ident)*] $by_head_dim:tt) => {$(
+        $crate::for_each_kernel!(@fa2_tc_dtype $emit $dtype $by_head_dim);
+    )*};
+    (@fa2_tc_dtype $emit:ident $dtype:ident {
+        $($head_dim:literal => $(($warps:literal $rows:literal $stages:literal $cols:literal))*;)*
+    }) => {$($(
+        $emit!(fa2_tc $dtype $head_dim $warps $rows $stages $cols);
+    )*)*};
+}
+
+/// The most kernels [`KERNELS`] can hold (a fixed capacity, so the list is a `const`).
+type const CAPACITY: usize = 256;
+
+/// A fixed-capacity list of kernel ids, filled at compile time.
+#[derive(Clone, Copy)]
+pub struct KernelList {
+    ids: [KernelId; CAPACITY],
+    len: usize,
+}
+
+impl KernelList {
+    const EMPTY: Self = Self {
+        ids: [KernelId::PLACEHOLDER; CAPACITY],
+        len: 0,
+    };
+
+    const fn with(mut self, id: KernelId) -> Self {
+        assert!(self.len < CAPACITY, "raise registry::CAPACITY");
+        self.ids[self.len] = id;
+        self.len += 1;
+        self
+    }
+
+    pub const fn as_slice(&self) -> &[KernelId] {
+        self.ids.split_at(self.len).0
+    }
+
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `id` is compiled.
+    pub const fn contains(&self, id: &KernelId) -> bool {
+        let mut i = 0;
+        while i < self.len {
+            if self.ids[i].const_eq(id) {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &KernelId> {
+        self.as_slice().iter()
+    }
+}
+
+/// Every compiled kernel, in [`for_each_kernel!`]'s order.
+pub const KERNELS: KernelList = {
+    let mut list = KernelList::EMPTY;
+    macro_rules! push {
+        (standard $stage:ident $dtype:ident) => {
+            list = list.with(KernelId::new(
+                Family::Standard(StandardStage::$stage()),
+                ElementType::$dtype(),
+            ));
+        };
+        (fa1 $dtype:ident) => {
+            list = list.with(KernelId::new(Family::Fa1, ElementType::$dtype()));
+        };
+        (fa2 $dtype:ident $capacity:literal $cols:literal) => {
+            list = list.with(KernelId::new(
+                Family::Fa2 {
+                    head_dim_capacity: $capacity,
+                    block_cols: $cols,
+                },
+                ElementType::$dtype(),
+            ));
+        };
+        (fa2_tc $dtype:ident $head_dim:literal $warps:literal $rows:literal $stages:literal
+         $cols:literal) => {
+            list = list.with(KernelId::new(
+                Family::Fa2Tc {
+                    head_dim: $head_dim,
+                    tiling: Fa2TcTiling::new($warps, $rows, $stages, $cols),
+                },
+                ElementType::$dtype(),
+            ));
+        };
+    }
+    for_each_kernel!(push);
+    list
+};

@@ -1,0 +1,150 @@
+//! Tensors in device memory, seen by one (batch, head): rows to read and write with bounds
+//! checks and conversions, and per-row statistics vectors.
+
+use crate::arch;
+use crate::common::element::Element;
+use crate::common::params::TensorView;
+
+/// The rows of one (batch, head) of a (batch, heads, seqlen, head_dim) tensor in device memory.
+#[derive(Clone, Copy)]
+pub struct HeadRows<T> {
+    base: *mut T,
+    row_stride: u64,
+    /// Rows that exist (seqlen); reads beyond are zero and writes beyond are dropped.
+    rows: u32,
+}
+
+impl<T: Element> HeadRows<T> {
+    #[inline(always)]
+    pub fn new(view: &TensorView, batch: u32, head: u32, rows: u32) -> Self {
+        let base = (view.addr as *mut T).wrapping_add(view.head_offset(batch, head) as usize);
+        Self {
+            base,
+            row_stride: view.row_stride,
+            rows,
+        }
+    }
+
+    /// Rows of a contiguous (batch·heads, rows, row_len) buffer, for head `batch_head`.
+    #[inline(always)]
+    pub fn contiguous(addr: u64, batch_head: u32, rows: u32, row_len: u32) -> Self {
+        let row_stride = row_len as u64;
+        let base =
+            (addr as *mut T).wrapping_add((batch_head as u64 * rows as u64 * row_stride) as usize);
+        Self {
+            base,
+            row_stride,
+            rows,
+        }
+    }
+
+    #[inline(always)]
+    fn element(&self, row: u32, col: u32) -> *mut T {
+        self.base
+            .wrapping_add((row as u64 * self.row_stride + col as u64) as usize)
+    }
+
+    /// Element (row, col) as f32, or 0 for a row past the end.
+    #[inline(always)]
+    pub fn read(&self, row: u32, col: u32) -> f32 {
+        if row < self.rows {
+            // SAFETY: row < rows and the host checked col < row length, so the address is inside
+            // the tensor the host described.
+            unsafe { arch::load(self.element(row, col)) }.to_f32()
+        } else {
+            0.0
+        }
+    }
+
+    /// Stores `value` (rounded to T) at (row, col); a row past the end is dropped.
+    #[inline(always)]
+    pub fn write(&self, row: u32, col: u32, value: f32) {
+        if row < self.rows {
+            // SAFETY: as for `read`.
+            unsafe { arch::store(self.element(row, col), T::from_f32(value)) }
+        }
+    }
+}
+
+/// Per-row f32 statistics of one head in device memory (m, ℓ or L), `rows` long.
+#[derive(Clone, Copy)]
+pub struct HeadVector {
+    base: *mut f32,
+}
+
+impl HeadVector {
+    #[inline(always)]
+    pub fn new(addr: u64, batch_head: u32, rows: u32) -> Self {
+        Self {
+            base: (addr as *mut f32).wrapping_add(batch_head as usize * rows as usize),
+        }
+    }
+
+    #[inline(always)]
+    pub fn read(&self, row: u32) -> f32 {
+        // SAFETY: kernels pass rows < seqlen_q; the host allocated batch·heads·seqlen_q floats.
+        unsafe { arch::load(arch::offset(self.base, row as usize)) }
+    }
+
+    #[inline(always)]
+    pub fn write(&self, row: u32, value: f32) {
+        // SAFETY: as for `read`.
+        unsafe { arch::store(arch::offset(self.base, row as usize), value) }
+    }
+}
+
+
+/// One head's rows of a 16-bit tensor in device memory, byte-addressed: the source of 16-byte
+/// `cp.async` copies and the destination of two-element (4-byte) stores.
+#[derive(Clone, Copy)]
+pub struct HeadRows16 {
+    base: *const u8,
+    row_bytes: u64,
+    /// Rows that exist (seqlen); copies of rows beyond are zero-filled, stores beyond dropped
+    /// by the caller.
+    rows: u32,
+}
+
+impl HeadRows16 {
+    #[inline(always)]
+    pub fn new(view: &TensorView, batch: u32, head: u32, rows: u32) -> Self {
+        let base =
+            (view.addr as *const u8).wrapping_add(view.head_offset(batch, head) as usize * 2);
+        Self {
+            base,
+            row_bytes: view.row_stride * 2,
+            rows,
+        }
+    }
+
+    /// Rows that exist.
+    #[inline(always)]
+    pub fn rows(&self) -> u32 {
+        self.rows
+    }
+
+    /// Address of element (row, col); any address inside the tensor when `row` is past the end
+    /// (a zero-filling copy reads nothing from it).
+    #[inline(always)]
+    pub fn element(&self, row: u32, col: u32) -> *const u8 {
+        if row < self.rows {
+            self.base
+                .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
+        } else {
+            self.base
+        }
+    }
+
+    /// Stores two packed 16-bit elements at (row, col) and (row, col + 1).
+    ///
+    /// The caller passes row < rows and col + 1 < the row length; the host checked that strides
+    /// are multiples of 8 elements, so the 4-byte store is aligned.
+    #[inline(always)]
+    pub fn store_pair(&self, row: u32, col: u32, packed: u32) {
+        let address = self
+            .base
+            .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize);
+        // SAFETY: inside the tensor the host described (see above), 4-byte aligned.
+        unsafe { arch::store(address as *mut u32, packed) }
+    }
+}

@@ -1,0 +1,24 @@
+//! Tiles: the only code that turns "rows 64..128 of K for this head" into addresses, bounds
+//! checks and conversions. Kernels name tiles; these helpers do the index arithmetic.
+//!
+//! - [`layout`]: strides and padding of shared tiles (host and GPU: the host sizes launches);
+//! - [`fragment`]: the tensor-core operand shapes, and which element each lane holds;
+//! - `global`: one head's rows of a tensor in device memory, and its statistics vectors;
+//! - `shared`: f32 and 16-bit tiles in shared memory, and the block-wide loops that fill them;
+//! - `copy`: asynchronous 16-byte copies of global rows into 16-bit shared tiles;
+//! - `register`: one thread's 4 × 4 register blocks of a matrix product;
+//! - `warp`: reductions across a warp.
+
+pub mod fragment;
+pub mod layout;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod copy;
+#[cfg(target_arch = "nvptx64")]
+pub mod global;
+#[cfg(target_arch = "nvptx64")]
+pub mod register;
+#[cfg(target_arch = "nvptx64")]
+pub mod shared;
+#[cfg(target_arch = "nvptx64")]
+pub mod warp;
