@@ -2,7 +2,7 @@
 //! checks, none of which need a GPU.
 
 use flash_attn::attention::{AttentionOptions, Problem, fa1_blocks, fa2_blocks};
-use flash_attn::reference::{attention_in_dtype, attention_reference};
+use flash_attn::model::reference::{attention_in_dtype, attention_reference};
 use flash_attn::{Algorithm, DType, Error};
 use ndarray::{Array4, Axis, array, s};
 use rand::SeedableRng;
@@ -234,7 +234,7 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
     );
     let whole = attention_reference(q.view(), k.view(), v.view(), true, 0.3);
     let rows = [0, 19, 20, 21, 49];
-    let part = flash_attn::reference::attention_reference_rows(
+    let part = flash_attn::model::reference::attention_reference_rows(
         q.view(),
         k.view(),
         v.view(),
@@ -252,8 +252,8 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
             whole.logsumexp.slice(s![.., .., row])
         );
     }
-    let sample = flash_attn::check::rows_to_compare(5000, &mut rng);
-    assert_eq!(sample.len(), flash_attn::check::FULL_CHECK_ROWS);
+    let sample = flash_attn::tools::check::rows_to_compare(5000, &mut rng);
+    assert_eq!(sample.len(), flash_attn::tools::check::FULL_CHECK_ROWS);
     assert!(
         sample.windows(2).all(|w| w[0] < w[1])
             && sample[0] == 0

@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use flash_attn::bench::SweepConfig;
-use flash_attn::emulator::{H200_SHARED_MEMORY_PER_BLOCK, IoShape, io_table, io_table_markdown};
+use flash_attn::model::io_table::{H200_SHARED_MEMORY_PER_BLOCK, io_table, io_table_markdown};
+use flash_attn::model::prediction::IoShape;
+use flash_attn::tools::bench::SweepConfig;
 use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Error, Gpu, Layout};
 
 #[derive(clap::Args)]
@@ -112,7 +113,7 @@ fn run_each_once_typed<T: flash_attn::Element>(
     let mut upload = || {
         DeviceTensor::from_array(
             gpu,
-            flash_attn::check::random_tensor::<T>(dims, &mut rng).view(),
+            flash_attn::tools::check::random_tensor::<T>(dims, &mut rng).view(),
             Layout::BatchHeadSeqDim,
         )
     };

@@ -20,7 +20,7 @@ use crate::attention::{
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
-use crate::reference::{attention_in_dtype, attention_reference_rows};
+use crate::model::reference::{attention_in_dtype, attention_reference_rows};
 use crate::tensor::{DeviceTensor, Layout};
 
 /// Relative-error bound for f32.
