@@ -1,6 +1,5 @@
 //! Running the benchmark on the GPU: timing one case, and the longest sequence that fits.
 
-use half::{bf16, f16};
 use rand::Rng;
 
 use crate::attention::{
@@ -12,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{DeviceTensor, Layout};
 use crate::tools::bench::{BenchRecord, BenchShape, MaxSeqlen, SweepConfig};
 use crate::tools::check::random_tensor;
+use crate::with_element;
 
 impl BenchRecord {
     fn failed(implementation: &str, dtype: DType, shape: BenchShape, error: &Error) -> Self {
@@ -36,11 +36,8 @@ pub fn run_case(
     config: &SweepConfig,
     rng: &mut impl Rng,
 ) -> BenchRecord {
-    let result = match config.dtype {
-        DType::F32 => time_case::<f32>(gpu, algorithm, shape, config, rng),
-        DType::F16 => time_case::<f16>(gpu, algorithm, shape, config, rng),
-        DType::Bf16 => time_case::<bf16>(gpu, algorithm, shape, config, rng),
-    };
+    let result =
+        with_element!(config.dtype, T => time_case::<T>(gpu, algorithm, shape, config, rng));
     result.unwrap_or_else(|e| {
         BenchRecord::failed(
             &implementation_name(algorithm, config),
@@ -176,11 +173,8 @@ pub fn max_seqlen(
 ) -> Result<MaxSeqlen> {
     let heads = (hidden / head_dim).max(1);
     let fits = |seqlen: usize| -> Result<std::result::Result<(), String>> {
-        let outcome = match dtype {
-            DType::F32 => allocate_call::<f32>(gpu, algorithm, [1, heads, seqlen, head_dim]),
-            DType::F16 => allocate_call::<f16>(gpu, algorithm, [1, heads, seqlen, head_dim]),
-            DType::Bf16 => allocate_call::<bf16>(gpu, algorithm, [1, heads, seqlen, head_dim]),
-        };
+        let dims = [1, heads, seqlen, head_dim];
+        let outcome = with_element!(dtype, T => allocate_call::<T>(gpu, algorithm, dims));
         gpu.synchronize()?;
         match outcome {
             Ok(()) => Ok(Ok(())),
