@@ -1,6 +1,8 @@
 //! CPU tests: the f64 reference (hand-computed cases and properties) and the host API's argument
 //! checks, none of which need a GPU.
 
+mod common;
+
 use flash_attn::attention::{AttentionOptions, Problem, fa1_blocks, fa2_blocks};
 use flash_attn::model::reference::{attention_in_dtype, attention_reference};
 use flash_attn::{Algorithm, DType, Error};
@@ -302,7 +304,7 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
     if flash_attn::Gpu::open(0).is_ok() {
         return;
     }
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flash-attn"))
+    let output = std::process::Command::new(common::cli())
         .args(["bench", "--quick"])
         .output()
         .expect("the CLI runs");
@@ -421,7 +423,7 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
 #[test]
 fn check_filters_name_the_bad_value_and_the_allowed_ones() {
     let run = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flash-attn"))
+        let output = std::process::Command::new(common::cli())
             .args(["check", "--shapes", "sanitizer"])
             .args(args)
             .output()

@@ -364,20 +364,8 @@ fn writes_outputs_that_read_back_with_names_dtypes_shapes_and_values() {
     write_and_read_back::<bf16>(true);
 }
 
-/// The `flash-attn` CLI: cargo's build of it, or the copy beside this test binary (where
-/// `cargo xtask bundle` puts both).
-fn cli() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_flash-attn"));
-    if built.exists() {
-        return built;
-    }
-    std::env::current_exe()
-        .expect("the test binary's path")
-        .with_file_name("flash-attn")
-}
-
 fn run_cli(args: &[&str]) -> Output {
-    Command::new(cli())
+    Command::new(common::cli())
         .args(args)
         .output()
         .expect("starting the flash-attn CLI")
