@@ -11,6 +11,8 @@
 pub mod chart;
 pub mod report;
 pub mod runner;
+#[cfg(test)]
+mod test_records;
 
 use crate::attention::Algorithm;
 use crate::dtype::DType;
