@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flash_attn::check::random_tensor;
+use flash_attn::tools::check::random_tensor;
 use flash_attn::{
     Algorithm, AttentionOptions, DeviceTensor, Gpu, Layout, attention_into, new_output,
 };

@@ -1,8 +1,10 @@
 //! CPU tests: the f64 reference (hand-computed cases and properties) and the host API's argument
 //! checks, none of which need a GPU.
 
+mod common;
+
 use flash_attn::attention::{AttentionOptions, Problem, fa1_blocks, fa2_blocks};
-use flash_attn::reference::{attention_in_dtype, attention_reference};
+use flash_attn::model::reference::{attention_in_dtype, attention_reference};
 use flash_attn::{Algorithm, DType, Error};
 use ndarray::{Array4, Axis, array, s};
 use rand::SeedableRng;
@@ -234,7 +236,7 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
     );
     let whole = attention_reference(q.view(), k.view(), v.view(), true, 0.3);
     let rows = [0, 19, 20, 21, 49];
-    let part = flash_attn::reference::attention_reference_rows(
+    let part = flash_attn::model::reference::attention_reference_rows(
         q.view(),
         k.view(),
         v.view(),
@@ -252,8 +254,8 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
             whole.logsumexp.slice(s![.., .., row])
         );
     }
-    let sample = flash_attn::check::rows_to_compare(5000, &mut rng);
-    assert_eq!(sample.len(), flash_attn::check::FULL_CHECK_ROWS);
+    let sample = flash_attn::tools::check::rows_to_compare(5000, &mut rng);
+    assert_eq!(sample.len(), flash_attn::tools::check::FULL_CHECK_ROWS);
     assert!(
         sample.windows(2).all(|w| w[0] < w[1])
             && sample[0] == 0
@@ -302,7 +304,7 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
     if flash_attn::Gpu::open(0).is_ok() {
         return;
     }
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flash-attn"))
+    let output = std::process::Command::new(common::cli())
         .args(["bench", "--quick"])
         .output()
         .expect("the CLI runs");
@@ -421,7 +423,7 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
 #[test]
 fn check_filters_name_the_bad_value_and_the_allowed_ones() {
     let run = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flash-attn"))
+        let output = std::process::Command::new(common::cli())
             .args(["check", "--shapes", "sanitizer"])
             .args(args)
             .output()

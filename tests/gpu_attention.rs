@@ -4,7 +4,7 @@
 
 mod common;
 
-use flash_attn::check::{CheckProblem, CheckResult, check_problem, describe};
+use flash_attn::tools::check::{CheckProblem, CheckResult, check_problem, describe};
 use flash_attn::{Algorithm, DType, Gpu, Layout};
 
 /// Runs the problems, prints every result and the worst error/bound ratio, and fails on any miss.
@@ -150,7 +150,7 @@ fn every_fa2_tc_tiling_matches_the_reference() {
                 for (sq, sk) in [(113, 203), (1024, 1023), (300, 300), (1, 1)] {
                     for causal in [false, true] {
                         let p = problem(sq, sk, d as usize, causal, dtype);
-                        let checked = flash_attn::check::check_problem_with(
+                        let checked = flash_attn::tools::check::check_problem_with(
                             &gpu,
                             p,
                             &[Algorithm::Fa2Tc],

@@ -4,10 +4,10 @@
 
 mod common;
 
-use flash_attn::check::{
+use flash_attn::model::reference::attention_reference;
+use flash_attn::tools::check::{
     CheckProblem, check_problem, describe, random_tensor, run_poisoned, to_f64,
 };
-use flash_attn::reference::attention_reference;
 use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Error, Gpu, Layout, Problem};
 use half::bf16;
 use ndarray::{Array4, Axis, s};
@@ -280,7 +280,7 @@ fn two_hundred_random_cases_pass_the_tolerance_rule() {
     };
     let mut rng = common::seeded_rng("randomized");
     const HEAD_DIMS: [usize; 12] = [1, 8, 16, 32, 40, 59, 64, 80, 96, 111, 128, 256];
-    let mut worst: Option<flash_attn::check::CheckResult> = None;
+    let mut worst: Option<flash_attn::tools::check::CheckResult> = None;
     for case in 0..200 {
         let problem = CheckProblem {
             batch: rng.random_range(1..=4),

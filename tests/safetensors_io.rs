@@ -364,20 +364,8 @@ fn writes_outputs_that_read_back_with_names_dtypes_shapes_and_values() {
     write_and_read_back::<bf16>(true);
 }
 
-/// The `flash-attn` CLI: cargo's build of it, or the copy beside this test binary (where
-/// `cargo xtask bundle` puts both).
-fn cli() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_flash-attn"));
-    if built.exists() {
-        return built;
-    }
-    std::env::current_exe()
-        .expect("the test binary's path")
-        .with_file_name("flash-attn")
-}
-
 fn run_cli(args: &[&str]) -> Output {
-    Command::new(cli())
+    Command::new(common::cli())
         .args(args)
         .output()
         .expect("starting the flash-attn CLI")
@@ -420,7 +408,7 @@ fn cli_reports_file_and_shape_errors_before_looking_for_a_gpu() {
     }
 }
 
-/// max |got − want| / max |want|, the f32 rule of `flash_attn::check`.
+/// max |got − want| / max |want|, the f32 rule of `flash_attn::tools::check`.
 fn relative_error(got: &[f64], want: &[f64]) -> f64 {
     let max_error = got
         .iter()
@@ -444,9 +432,9 @@ fn run_command_matches_the_reference_on_a_gpu() {
     println!("{test}: seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (q_dims, kv_dims) = ([2, 3, 53, 64], [2, 3, 37, 64]);
-    let q = flash_attn::check::random_tensor::<f32>(q_dims, &mut rng);
-    let k = flash_attn::check::random_tensor::<f32>(kv_dims, &mut rng);
-    let v = flash_attn::check::random_tensor::<f32>(kv_dims, &mut rng);
+    let q = flash_attn::tools::check::random_tensor::<f32>(q_dims, &mut rng);
+    let k = flash_attn::tools::check::random_tensor::<f32>(kv_dims, &mut rng);
+    let v = flash_attn::tools::check::random_tensor::<f32>(kv_dims, &mut rng);
     let dir = temp_dir();
     let tensor = |name, a: &Array4<f32>| TestTensor {
         name,
@@ -460,7 +448,7 @@ fn run_command_matches_the_reference_on_a_gpu() {
         &[tensor("q", &q), tensor("k", &k), tensor("v", &v)],
     );
     let to_f64 = |a: &Array4<f32>| a.mapv(f64::from);
-    let reference = flash_attn::reference::attention_reference(
+    let reference = flash_attn::model::reference::attention_reference(
         to_f64(&q).view(),
         to_f64(&k).view(),
         to_f64(&v).view(),
@@ -506,7 +494,7 @@ fn run_command_matches_the_reference_on_a_gpu() {
         assert_eq!((dtype, shape), (Dtype::F32, vec![2, 3, 53]));
         for (got, want) in lse.iter().zip(&reference.logsumexp) {
             let close = if want.is_finite() {
-                (got - want).abs() <= flash_attn::check::LOGSUMEXP_TOLERANCE
+                (got - want).abs() <= flash_attn::tools::check::LOGSUMEXP_TOLERANCE
             } else {
                 got == want
             };

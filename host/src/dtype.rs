@@ -1,7 +1,8 @@
 //! The element types a user's tensors can have.
 
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
-use half::{bf16, f16};
+/// The half-precision [`Element`]s, re-exported so [`with_element!`] can name them from any crate.
+pub use half::{bf16, f16};
 
 /// Element type of Q, K, V and O (all four share one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -46,6 +47,42 @@ impl std::str::FromStr for DType {
             .find(|d| d.name() == s)
             .ok_or_else(|| crate::Error::invalid("dtype", s, "allowed: f32, f16, bf16"))
     }
+}
+
+/// Evaluates an expression with a type alias bound to the Rust type of a run-time [`DType`]: the
+/// one place a dtype chosen by a user becomes a generic [`Element`] parameter.
+///
+/// `with_element!(dtype, T => body)` expands to a `match` on `dtype` whose arms each declare
+/// `type T = f32;` (or [`f16`], [`bf16`]) and evaluate `body`, so every arm must have the same type.
+///
+/// ```
+/// use flash_attn::{DType, Element, with_element};
+///
+/// fn bytes_of<T: Element>(elements: usize) -> usize {
+///     elements * size_of::<T>()
+/// }
+/// let dtype: DType = "bf16".parse()?;
+/// assert_eq!(with_element!(dtype, T => bytes_of::<T>(10)), 20);
+/// # Ok::<(), flash_attn::Error>(())
+/// ```
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = $crate::dtype::f16;
+                $body
+            }
+            $crate::DType::Bf16 => {
+                type $T = $crate::dtype::bf16;
+                $body
+            }
+        }
+    };
 }
 
 /// A Rust type that is one of the [`DType`]s.

@@ -6,7 +6,7 @@
 //! # fn main() -> flash_attn::Result<()> {
 //! let gpu = Gpu::open(0)?;
 //! let mut rng = rand::rng();
-//! let q = flash_attn::check::random_tensor::<half::bf16>([2, 8, 1024, 64], &mut rng);
+//! let q = flash_attn::tools::check::random_tensor::<half::bf16>([2, 8, 1024, 64], &mut rng);
 //! let dq = DeviceTensor::from_array(&gpu, q.view(), Layout::BatchHeadSeqDim)?;
 //! let out = attention(&gpu, Algorithm::Fa2, &dq, &dq, &dq, &AttentionOptions { causal: true, ..Default::default() })?;
 //! let o = out.o.to_array(&gpu)?;
@@ -14,15 +14,13 @@
 //! ```
 
 pub mod attention;
-pub mod bench;
-pub mod check;
 pub mod device;
 pub mod dtype;
-pub mod emulator;
 pub mod error;
-pub mod reference;
+pub mod model;
 pub mod safetensors_io;
 pub mod tensor;
+pub mod tools;
 
 pub use attention::{
     Algorithm, AttentionOptions, AttentionOutput, Problem, RowStatistics, Workspace, attention,

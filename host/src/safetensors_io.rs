@@ -17,6 +17,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::with_element;
 
 /// What the attention API calls Q, K and V, and the tensor names read when the caller gives none.
 pub const INPUT_ROLES: [&str; 3] = ["q", "k", "v"];
@@ -42,9 +43,10 @@ pub trait SafetensorsElement: Element {
     fn encode(self, bytes: &mut Vec<u8>);
 }
 
-/// The three element types share one encoding rule: `from_le_bytes` / `to_le_bytes`.
+/// The three element types share one encoding rule (`from_le_bytes` / `to_le_bytes`), and each has
+/// its [`HostQkv`] variant.
 macro_rules! safetensors_element {
-    ($($rust:ty => $file:ident),* $(,)?) => {$(
+    ($($rust:ty => $file:ident, $variant:ident),* $(,)?) => {$(
         impl SafetensorsElement for $rust {
             const SAFETENSORS_DTYPE: Dtype = Dtype::$file;
             fn decode(bytes: &[u8]) -> Vec<Self> {
@@ -55,9 +57,15 @@ macro_rules! safetensors_element {
                 bytes.extend_from_slice(&self.to_le_bytes());
             }
         }
+
+        impl From<Qkv<$rust>> for HostQkv {
+            fn from(qkv: Qkv<$rust>) -> Self {
+                HostQkv::$variant(qkv)
+            }
+        }
     )*};
 }
-safetensors_element!(f32 => F32, f16 => F16, bf16 => BF16);
+safetensors_element!(f32 => F32, F32, f16 => F16, F16, bf16 => BF16, Bf16);
 
 /// The [`DType`] a file dtype is read as, if it is one the kernels take.
 fn supported_dtype(dtype: Dtype) -> Option<DType> {
@@ -139,11 +147,7 @@ pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
             });
         }
     }
-    Ok(match q.dtype {
-        DType::F32 => HostQkv::F32(decode_qkv(&inputs)?),
-        DType::F16 => HostQkv::F16(decode_qkv(&inputs)?),
-        DType::Bf16 => HostQkv::Bf16(decode_qkv(&inputs)?),
-    })
+    Ok(with_element!(q.dtype, T => HostQkv::from(decode_qkv::<T>(&inputs)?)))
 }
 
 /// One of Q, K, V found in a file, with a supported dtype and rank 4.

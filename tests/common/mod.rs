@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use flash_attn::{Error, Gpu};
 use rand::SeedableRng;
@@ -21,6 +22,18 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
         }
         Err(e) => panic!("{test}: cannot open the GPU: {e}"),
     }
+}
+
+/// The `flash-attn` CLI: cargo's build of it, or the copy beside this test binary (where
+/// `cargo xtask bundle` puts both: on the GPU machine there is no cargo build tree).
+pub fn cli() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_flash-attn"));
+    if built.exists() {
+        return built;
+    }
+    std::env::current_exe()
+        .expect("the test binary's path")
+        .with_file_name("flash-attn")
 }
 
 /// A fresh random generator whose seed is printed; `FLASH_ATTN_SEED` replays a run.

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use flash_attn::bench::{
-    BenchReport, SweepConfig, chart_svg, max_seqlen, memory_table, merged_table, read_records,
-    run_case,
-};
+use flash_attn::tools::bench::chart::chart_svg;
+use flash_attn::tools::bench::report::{memory_table, merged_table, read_records};
+use flash_attn::tools::bench::runner::{max_seqlen, run_case};
+use flash_attn::tools::bench::{BenchReport, SweepConfig};
 use flash_attn::{DType, Error, Gpu};
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use flash_attn::check::{CheckProblem, check_problem_with, describe};
+use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::{Algorithm, AttentionOptions, DType, Gpu, Layout};
 use rand::SeedableRng;
 

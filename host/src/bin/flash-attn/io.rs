@@ -13,9 +13,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use flash_attn::bench::SweepConfig;
-use flash_attn::emulator::{H200_SHARED_MEMORY_PER_BLOCK, IoShape, io_table, io_table_markdown};
-use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Error, Gpu, Layout};
+use flash_attn::model::io_table::{H200_SHARED_MEMORY_PER_BLOCK, io_table, io_table_markdown};
+use flash_attn::model::prediction::IoShape;
+use flash_attn::tools::bench::SweepConfig;
+use flash_attn::{
+    Algorithm, AttentionOptions, DType, DeviceTensor, Error, Gpu, Layout, with_element,
+};
 
 #[derive(clap::Args)]
 pub struct IoArgs {
@@ -97,11 +100,7 @@ pub fn main(device: usize, args: &IoArgs) -> flash_attn::Result<ExitCode> {
 
 /// One launch of every algorithm (FA2 on tensor cores too), on random-free but non-zero inputs.
 fn run_each_once(gpu: &Gpu, dtype: DType, dims: [usize; 4]) -> flash_attn::Result<()> {
-    match dtype {
-        DType::F32 => run_each_once_typed::<f32>(gpu, dims),
-        DType::F16 => run_each_once_typed::<half::f16>(gpu, dims),
-        DType::Bf16 => run_each_once_typed::<half::bf16>(gpu, dims),
-    }
+    with_element!(dtype, T => run_each_once_typed::<T>(gpu, dims))
 }
 
 fn run_each_once_typed<T: flash_attn::Element>(
@@ -112,7 +111,7 @@ fn run_each_once_typed<T: flash_attn::Element>(
     let mut upload = || {
         DeviceTensor::from_array(
             gpu,
-            flash_attn::check::random_tensor::<T>(dims, &mut rng).view(),
+            flash_attn::tools::check::random_tensor::<T>(dims, &mut rng).view(),
             Layout::BatchHeadSeqDim,
         )
     };

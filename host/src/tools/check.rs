@@ -9,7 +9,6 @@
 //! Inputs are fresh N(0, 1) draws; outputs are poisoned (NaN) before the launch, so an element the
 //! kernel did not write fails the check.
 
-use half::{bf16, f16};
 use ndarray::{Array3, Array4, ArrayView4, Axis};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -20,8 +19,9 @@ use crate::attention::{
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
-use crate::reference::{attention_in_dtype, attention_reference_rows};
+use crate::model::reference::{attention_in_dtype, attention_reference_rows};
 use crate::tensor::{DeviceTensor, Layout};
+use crate::with_element;
 
 /// Relative-error bound for f32.
 pub const F32_RELATIVE_TOLERANCE: f64 = 1e-5;
@@ -132,11 +132,9 @@ pub fn check_problem_with(
         causal: problem.causal,
         ..*overrides
     };
-    match problem.dtype {
-        DType::F32 => check_typed::<f32>(gpu, problem, algorithms, layouts, &options, rng),
-        DType::F16 => check_typed::<f16>(gpu, problem, algorithms, layouts, &options, rng),
-        DType::Bf16 => check_typed::<bf16>(gpu, problem, algorithms, layouts, &options, rng),
-    }
+    with_element!(problem.dtype, T => {
+        check_typed::<T>(gpu, problem, algorithms, layouts, &options, rng)
+    })
 }
 
 /// N(0, 1) values rounded to `T`, shape (batch, heads, seqlen, head_dim).

@@ -13,7 +13,7 @@ pub struct Reference {
     pub logsumexp: Array3<f64>,
 }
 
-/// softmax(scale·Q·Kᵀ [causal])·V in f64, with the causal mask aligned to the bottom-right
+/// softmax(scale·Q·Kᵀ \[causal\])·V in f64, with the causal mask aligned to the bottom-right
 /// (query q sees key k iff k ≤ q + seqlen_k − seqlen_q). Rows with no visible key give O = 0 and
 /// L = −∞.
 pub fn attention_reference(

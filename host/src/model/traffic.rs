@@ -1,0 +1,159 @@
+//! HBM traffic, counted per tensor: what the emulators count and the formulas predict.
+
+use crate::dtype::DType;
+
+/// Bytes of an f32: FA1's O accumulator, m, ℓ, L and the standard attention's S.
+const F32_BYTES: u64 = 4;
+
+/// Elements of one tensor moved between HBM and the chip.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub read: u64,
+    pub written: u64,
+}
+
+impl Traffic {
+    /// Both counts times `factor` (e.g. per head → whole problem), `None` on overflow.
+    pub(super) fn checked_scale(self, factor: u64) -> Option<Self> {
+        Some(Self {
+            read: self.read.checked_mul(factor)?,
+            written: self.written.checked_mul(factor)?,
+        })
+    }
+}
+
+/// The HBM traffic of one tensor: its element counts and the size of its elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorIo {
+    pub element_bytes: u64,
+    pub elements: Traffic,
+}
+
+impl TensorIo {
+    pub(super) fn new(element_bytes: u64) -> Self {
+        Self {
+            element_bytes,
+            elements: Traffic::default(),
+        }
+    }
+
+    /// Bytes read (saturating at `u64::MAX`).
+    pub fn bytes_read(&self) -> u64 {
+        self.elements.read.saturating_mul(self.element_bytes)
+    }
+
+    /// Bytes written (saturating at `u64::MAX`).
+    pub fn bytes_written(&self) -> u64 {
+        self.elements.written.saturating_mul(self.element_bytes)
+    }
+
+    pub(super) fn count_read(&mut self, elements: usize) {
+        self.elements.read += elements as u64;
+    }
+
+    pub(super) fn count_written(&mut self, elements: usize) {
+        self.elements.written += elements as u64;
+    }
+}
+
+/// HBM traffic per tensor. Q, K, V, O are in the input dtype; everything else is f32. A tensor an
+/// algorithm does not have stays at zero (the emulators never touch S and P).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoCounts {
+    pub q: TensorIo,
+    pub k: TensorIo,
+    pub v: TensorIo,
+    /// The final output O.
+    pub o: TensorIo,
+    /// FA1's f32 copy of O between outer steps (kept normalised, Algorithm 1 line 12).
+    pub o_accumulator: TensorIo,
+    /// FA1's running row max m (natural-log units).
+    pub row_max: TensorIo,
+    /// FA1's running row sum ℓ.
+    pub row_sum: TensorIo,
+    /// L = m + log ℓ (FA2 and the standard attention).
+    pub logsumexp: TensorIo,
+    /// The standard attention's S = scale·Q·Kᵀ (f32).
+    pub scores: TensorIo,
+    /// The standard attention's P = softmax(S) (input dtype).
+    pub probs: TensorIo,
+}
+
+impl IoCounts {
+    /// All counts zero, with element sizes for inputs of `dtype`.
+    pub fn new(dtype: DType) -> Self {
+        let input = dtype.size_bytes() as u64;
+        let f32_tensor = TensorIo::new(F32_BYTES);
+        Self {
+            q: TensorIo::new(input),
+            k: TensorIo::new(input),
+            v: TensorIo::new(input),
+            o: TensorIo::new(input),
+            o_accumulator: f32_tensor,
+            row_max: f32_tensor,
+            row_sum: f32_tensor,
+            logsumexp: f32_tensor,
+            scores: f32_tensor,
+            probs: TensorIo::new(input),
+        }
+    }
+
+    /// Every tensor with its name, for reports.
+    pub fn tensors(&self) -> [(&'static str, TensorIo); 10] {
+        [
+            ("Q", self.q),
+            ("K", self.k),
+            ("V", self.v),
+            ("O", self.o),
+            ("O accumulator", self.o_accumulator),
+            ("m", self.row_max),
+            ("ℓ", self.row_sum),
+            ("L", self.logsumexp),
+            ("S", self.scores),
+            ("P", self.probs),
+        ]
+    }
+
+    /// Bytes read from HBM over all tensors (saturating at `u64::MAX`).
+    pub fn bytes_read(&self) -> u64 {
+        self.checked_total(|t| t.elements.read).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes written to HBM over all tensors (saturating at `u64::MAX`).
+    pub fn bytes_written(&self) -> u64 {
+        self.checked_total(|t| t.elements.written)
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Σ elements·element_bytes over the tensors, `None` on overflow.
+    fn checked_total(&self, elements: impl Fn(&TensorIo) -> u64) -> Option<u64> {
+        self.tensors().iter().try_fold(0u64, |total, (_, tensor)| {
+            total.checked_add(elements(tensor).checked_mul(tensor.element_bytes)?)
+        })
+    }
+
+    /// Every count times `factor`, `None` if a count or a byte total overflows.
+    pub(super) fn checked_scale(&self, factor: u64) -> Option<Self> {
+        let scale = |t: TensorIo| -> Option<TensorIo> {
+            Some(TensorIo {
+                element_bytes: t.element_bytes,
+                elements: t.elements.checked_scale(factor)?,
+            })
+        };
+        let scaled = Self {
+            q: scale(self.q)?,
+            k: scale(self.k)?,
+            v: scale(self.v)?,
+            o: scale(self.o)?,
+            o_accumulator: scale(self.o_accumulator)?,
+            row_max: scale(self.row_max)?,
+            row_sum: scale(self.row_sum)?,
+            logsumexp: scale(self.logsumexp)?,
+            scores: scale(self.scores)?,
+            probs: scale(self.probs)?,
+        };
+        scaled.checked_total(|t| t.elements.read)?;
+        scaled.checked_total(|t| t.elements.written)?;
+        Some(scaled)
+    }
+}

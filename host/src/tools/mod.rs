@@ -1,0 +1,4 @@
+//! Tools around the kernels: the benchmark and the checks against the f64 reference.
+
+pub mod bench;
+pub mod check;
