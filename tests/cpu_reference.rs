@@ -218,7 +218,9 @@ fn block_sizes_fit_the_device_and_follow_the_formulas() {
         assert_eq!(blocks.block_cols, m.div_ceil(4 * d as u32));
         assert_eq!(blocks.block_rows, blocks.block_cols.min(d as u32));
         let (r, c) = fa2_blocks(d, H200_SHARED, None).unwrap();
-        assert!(flash_kernels::layout::fa2_shared_bytes(r, c, d as u32) <= H200_SHARED as u64);
+        assert!(
+            flash_kernels::fwd::fa2::config::shared_bytes(r, c, d as u32) <= H200_SHARED as u64
+        );
     }
     assert_eq!(fa2_blocks(256, H200_SHARED, None).unwrap(), (64, 64));
     assert!(fa2_blocks(64, H200_SHARED, Some((96, 64))).is_err());
@@ -279,6 +281,29 @@ fn device_errors_say_which_problem_it_is() {
     );
     assert!(check_capability(0, "NVIDIA H200", (9, 0), "sm_90").is_ok());
     assert!(check_capability(0, "NVIDIA A100", (8, 0), "sm_80").is_ok());
+    // sm_80 and sm_90 PTX also run on later devices; sm_90a's Hopper-only instructions (wgmma,
+    // setmaxnreg) run on 9.0 alone.
+    assert!(check_capability(0, "NVIDIA H200", (9, 0), "sm_80").is_ok());
+    assert!(check_capability(0, "NVIDIA B200", (10, 0), "sm_90").is_ok());
+    assert!(check_capability(0, "NVIDIA H200", (9, 0), "sm_90a").is_ok());
+    for (name, capability) in [("NVIDIA B200", (10, 0)), ("NVIDIA A100", (8, 0))] {
+        let err = check_capability(0, name, capability, "sm_90a")
+            .unwrap_err()
+            .to_string();
+        let (major, minor) = capability;
+        assert!(
+            err.contains(name)
+                && err.contains(&format!("{major}.{minor}"))
+                && err.contains("sm_90a"),
+            "{err}"
+        );
+    }
+    assert!(
+        check_capability(0, "NVIDIA B200", (10, 0), "sm_90a")
+            .unwrap_err()
+            .to_string()
+            .contains("run only on 9.0")
+    );
     // Module-load and driver errors name what failed.
     let load = Error::ModuleLoad {
         ordinal: 0,
@@ -356,7 +381,7 @@ fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
 #[test]
 fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
     use flash_attn::attention::{fa2_tc_tiling, parse_fa2_tc_tiling};
-    use flash_kernels::layout::Fa2TcTiling;
+    use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
     let default = Fa2TcTiling::new(4, 2, 2, 64);
     assert_eq!(parse_fa2_tc_tiling("4x2").unwrap(), default);
     assert_eq!(parse_fa2_tc_tiling("4x2s2").unwrap(), default);
@@ -390,7 +415,7 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
         (128, Fa2TcTiling::new(4, 2, 1, 64)),
     ] {
         assert_eq!(fa2_tc_tiling(d, None).unwrap(), expected);
-        for tiling in flash_kernels::layout::FA2_TC_TILINGS {
+        for tiling in flash_attn::attention::fa2_tc_tilings(d as u32) {
             assert_eq!(fa2_tc_tiling(d, Some(tiling)).unwrap(), tiling);
         }
     }

@@ -15,7 +15,7 @@ use flash_attn::model::reference::{Reference, attention_reference};
 use flash_attn::model::traffic::{IoCounts, Traffic};
 use flash_attn::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
 use flash_attn::{Error, Result};
-use flash_kernels::layout::Fa1Blocks;
+use flash_kernels::fwd::fa1::config::Fa1Blocks;
 use ndarray::{Array3, Array4, Axis};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};

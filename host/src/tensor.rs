@@ -1,7 +1,7 @@
 //! Device tensors of shape (batch, heads, seqlen, head_dim) with explicit strides.
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::params::TensorView;
+use flash_kernels::common::params::TensorView;
 use ndarray::{Array4, ArrayView4};
 
 use crate::device::Gpu;

@@ -1,5 +1,6 @@
 //! `cargo xtask ptx` and `cargo xtask ptxas`.
 
+use flash_kernels::registry::KERNELS;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -75,14 +76,24 @@ pub fn ptxas_report(arch: Arch) -> Result<Vec<KernelResources>> {
     if !output.status.success() || log.contains("error") {
         return Err(format!("ptxas failed on {}:\n{log}", ptx.path.display()));
     }
-    let kernels = parse_ptxas(&log);
-    if kernels.len() != ptx.kernels.len() {
+    let mut kernels = parse_ptxas(&log);
+    // One row per kernel of the list, in the list's order; anything else is an error.
+    let position = |name: &str| KERNELS.iter().position(|k| k.to_string() == name);
+    if let Some(k) = kernels.iter().find(|k| position(&k.name).is_none()) {
         return Err(format!(
-            "ptxas reported {} kernels, the module has {}",
-            kernels.len(),
-            ptx.kernels.len()
+            "ptxas reported `{}`, which `flash_kernels::registry::KERNELS` does not list",
+            k.name
         ));
     }
+    if kernels.len() != KERNELS.len() || kernels.len() != ptx.kernels.len() {
+        return Err(format!(
+            "ptxas reported {} kernels, the module has {} and the list {}",
+            kernels.len(),
+            ptx.kernels.len(),
+            KERNELS.len()
+        ));
+    }
+    kernels.sort_by_key(|k| position(&k.name));
     println!("ptxas -arch={arch} -v {}", ptx.path.display());
     println!(
         "{:<34} {:>9} {:>12} {:>11} {:>13}",

@@ -5,6 +5,7 @@
 //! The PTX is assembled with the same ptxas wheel as `cargo xtask ptxas`; `cuobjdump` and
 //! `nvdisasm` come from their PyPI wheels, so this runs on any machine, GPU or not.
 
+use flash_kernels::registry::KernelId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -15,8 +16,11 @@ use crate::ptx::{build, ptxas, tool_from_wheel};
 
 const CUOBJDUMP_WHEEL: &str = "nvidia-cuda-cuobjdump==13.5.37";
 const NVDISASM_WHEEL: &str = "nvidia-cuda-nvdisasm==13.5.37";
-/// The kernels whose main loop must run on tensor cores.
-const TENSOR_CORE_PREFIX: &str = "fa2tc_";
+/// Whether `name` is a kernel whose main loop must run on tensor cores (the list says which).
+fn uses_tensor_cores(name: &str) -> bool {
+    name.parse::<KernelId>()
+        .is_ok_and(|k| k.uses_tensor_cores())
+}
 
 /// Instruction counts of one loop (the code between a backward branch and its target).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -107,7 +111,7 @@ pub fn report(arch: Arch, filter: Option<&str>, blocks: bool) -> Result<Vec<Kern
         .into_iter()
         .filter(|k| match filter {
             Some(f) => k.name.contains(f),
-            None => k.name.starts_with(TENSOR_CORE_PREFIX),
+            None => uses_tensor_cores(&k.name),
         })
         .collect();
     println!(
@@ -133,7 +137,7 @@ pub fn report(arch: Arch, filter: Option<&str>, blocks: bool) -> Result<Vec<Kern
     }
     let missing: Vec<&str> = kernels
         .iter()
-        .filter(|k| k.name.starts_with(TENSOR_CORE_PREFIX) && k.main_loop.is_none())
+        .filter(|k| uses_tensor_cores(&k.name) && k.main_loop.is_none())
         .map(|k| k.name.as_str())
         .collect();
     if !missing.is_empty() {

@@ -225,7 +225,11 @@ pub fn attention_with_workspace<T: Element>(
             launch_plan(gpu, &plan, params)?;
         }
         (Blocks::Fa2 { block_rows, .. }, RowStatistics::LogSumExp(l)) => {
-            launch_plan(gpu, &plan, fa2_params(gpu, operands, &problem, l, block_rows))?;
+            launch_plan(
+                gpu,
+                &plan,
+                fa2_params(gpu, operands, &problem, l, block_rows),
+            )?;
         }
         (Blocks::Fa2Tc(tiling), RowStatistics::LogSumExp(l)) => {
             let params = fa2_params(gpu, operands, &problem, l, tiling.block_rows());

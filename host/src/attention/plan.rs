@@ -75,9 +75,15 @@ pub struct PlannedLaunch {
 pub enum Blocks {
     Standard,
     /// FA1's M (f32 elements) and the B_r, B_c it gives.
-    Fa1 { sram_floats: u32, blocks: Fa1Blocks },
+    Fa1 {
+        sram_floats: u32,
+        blocks: Fa1Blocks,
+    },
     /// FA2's B_r, B_c.
-    Fa2 { block_rows: u32, block_cols: u32 },
+    Fa2 {
+        block_rows: u32,
+        block_cols: u32,
+    },
     Fa2Tc(Fa2TcTiling),
 }
 
@@ -420,7 +426,7 @@ fn check_threads(
     limits: &dyn LaunchLimits,
     kernel: KernelId,
     threads: u32,
-    argument: &str,
+    argument: &'static str,
 ) -> Result<()> {
     let max_threads = limits.max_threads(kernel)?;
     if threads > max_threads {
@@ -496,7 +502,14 @@ pub fn fa2_blocks(
     let limits = CompiledLimits {
         shared_memory_per_block: shared_limit,
     };
-    let plan = Plan::new(&limits, Algorithm::Fa2, DType::F32, &problem, &options, None)?;
+    let plan = Plan::new(
+        &limits,
+        Algorithm::Fa2,
+        DType::F32,
+        &problem,
+        &options,
+        None,
+    )?;
     match plan.blocks {
         Blocks::Fa2 {
             block_rows,

@@ -254,4 +254,3 @@ pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
 pub fn parse_optional_fa2_tc_tiling(text: Option<&str>) -> Result<Option<Fa2TcTiling>> {
     text.map(parse_fa2_tc_tiling).transpose()
 }
-

@@ -24,7 +24,6 @@ struct ByValue<P>(P);
 // SAFETY: every ParamBlock is `#[repr(C)]` plain data whose layout the kernels share.
 unsafe impl<P: ParamBlock> DeviceRepr for ByValue<P> {}
 
-
 impl Gpu {
     /// A kernel of the module, loaded on first use.
     pub fn function(&self, kernel: KernelId) -> Result<CudaFunction> {
@@ -42,7 +41,6 @@ impl Gpu {
         functions.insert(kernel, f.clone());
         Ok(f)
     }
-
 
     /// Launches `kernel` with one parameter block, raising its dynamic shared-memory limit first
     /// when it needs more than the default 48 KiB.
@@ -79,7 +77,6 @@ impl Gpu {
             .context(|| format!("launching `{kernel}` with {launch:?}"))?;
         Ok(())
     }
-
 }
 
 impl LaunchLimits for Gpu {
@@ -89,11 +86,20 @@ impl LaunchLimits for Gpu {
 
     /// `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`: the kernel's `.maxntid`, lowered where its
     /// registers per thread would not fit that many threads on this device.
+    /// Read once per kernel and kept: every call's plan asks.
     fn max_threads(&self, kernel: KernelId) -> Result<u32> {
-        let f = self.function(kernel)?;
-        let threads = f
+        let mut limits = self
+            .thread_limits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(&threads) = limits.get(&kernel) {
+            return Ok(threads);
+        }
+        let threads = self
+            .function(kernel)?
             .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
-            .context(|| format!("reading `{kernel}`'s thread limit"))?;
-        Ok(threads as u32)
+            .context(|| format!("reading `{kernel}`'s thread limit"))? as u32;
+        limits.insert(kernel, threads);
+        Ok(threads)
     }
 }

@@ -12,11 +12,8 @@ use flash_kernels::registry::KernelId;
 pub use launch::ParamBlock;
 pub use module::{PTX_ARCH, PTX_OVERRIDE_VAR, check_capability, entry_names, module_source, ptx};
 
-use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUmemPool_attribute};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg,
-};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUmemPool_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use crate::dtype::Element;
@@ -44,6 +41,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<KernelId, CudaFunction>>,
+    /// Each kernel's `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`, read on first use.
+    thread_limits: Mutex<HashMap<KernelId, u32>>,
     info: DeviceInfo,
 }
 
@@ -80,6 +79,7 @@ impl Gpu {
             stream,
             module,
             functions: Mutex::new(HashMap::new()),
+            thread_limits: Mutex::new(HashMap::new()),
             info,
         };
         // Keep freed memory in the pool instead of returning it at every synchronisation, so a

@@ -94,4 +94,3 @@ pub fn check_capability(
         required_minor,
     })
 }
-

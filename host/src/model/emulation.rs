@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
-use flash_kernels::mask::CausalMask;
-use flash_kernels::softmax::LOG2_E;
+use flash_kernels::common::mask::CausalMask;
+use flash_kernels::common::softmax::LOG2_E;
 use ndarray::{
     ArrayView, ArrayView1, ArrayView2, ArrayView4, ArrayViewMut, ArrayViewMut1, Axis, Dimension,
     Slice, s,

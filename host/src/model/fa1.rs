@@ -2,8 +2,8 @@
 
 use std::ops::Range;
 
-use flash_kernels::layout::Fa1Blocks;
-use flash_kernels::softmax::{LN_2, LOG2_E, RowStats, fa1_merge};
+use flash_kernels::common::softmax::{LN_2, LOG2_E, RowStats, fa1_merge};
+use flash_kernels::fwd::fa1::config::Fa1Blocks;
 use ndarray::{Array1, Array2, Array3, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut2, Zip, s};
 
 use crate::dtype::DType;

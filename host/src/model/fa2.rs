@@ -1,6 +1,6 @@
 //! The FA2 emulator: FA2's forward pass on the CPU with every HBM access counted.
 
-use flash_kernels::softmax::{RowStats, fa2_rescale};
+use flash_kernels::common::softmax::{RowStats, fa2_rescale};
 use ndarray::{Array1, Array2, Array3, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut2, s};
 
 use crate::dtype::DType;

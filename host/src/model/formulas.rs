@@ -9,7 +9,7 @@
 //! - FA2 ≈ Nd (Q read once) + 2·T_r·Nd (K, V read T_r times) + Nd (O read 0 times, written once):
 //!   the outer loop walks Q, so Q_i and Õ_i stay on chip and K/V are re-read per row block.
 
-use flash_kernels::layout::Fa1Blocks;
+use flash_kernels::fwd::fa1::config::Fa1Blocks;
 
 use crate::model::traffic::Traffic;
 

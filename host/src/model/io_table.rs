@@ -58,9 +58,10 @@ pub fn io_table(shape: IoShape, dtype: DType, shared_memory_bytes: u32) -> Resul
     ];
     // FA2 on tensor cores moves the same tensors as FA2, with its own B_r; where it falls back
     // to the scalar FA2 (f32, other head dims) its row would repeat FA2's.
-    let tc = flash_kernels::layout::FA2_TC_HEAD_DIMS.contains(&(shape.head_dim as u32));
+    let tc = crate::attention::fa2_tc_head_dims().contains(&(shape.head_dim as u32));
     if dtype != DType::F32 && tc {
-        let tiling = flash_kernels::layout::Fa2TcTiling::default_for(shape.head_dim as u32);
+        let tiling =
+            flash_kernels::fwd::fa2_tc::config::Fa2TcTiling::default_for(shape.head_dim as u32);
         let (tc_rows, tc_cols) = (tiling.block_rows(), tiling.block_cols);
         rows.push(row(
             Algorithm::Fa2Tc,

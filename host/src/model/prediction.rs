@@ -15,7 +15,7 @@
 //!   P and O once per pass over it; its tiled matrix products re-read Q, K, V and P once per
 //!   16-wide tile of their result, mostly from L2, which this level of counting does not see.
 
-use flash_kernels::layout::Fa1Blocks;
+use flash_kernels::fwd::fa1::config::Fa1Blocks;
 
 use crate::attention::{AttentionOptions, Problem};
 use crate::dtype::DType;

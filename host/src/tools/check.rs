@@ -247,6 +247,7 @@ pub fn run_poisoned<T: Element>(
     let mut output = AttentionOutput {
         o: DeviceTensor::filled(gpu, q.dims(), layout, T::poison())?,
         stats: new_statistics(gpu, algorithm, &problem)?,
+        plan: None,
     };
     attention_into(gpu, algorithm, q, k, v, &mut output, options)?;
     gpu.synchronize()?;

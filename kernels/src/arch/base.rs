@@ -199,7 +199,7 @@ pub fn f32_to_bf16(value: f32) -> u16 {
 
 /// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
 ///
-/// The host sizes the launch with the same arithmetic (`crate::layout`), so a kernel that carves
+/// The host sizes the launch with the same arithmetic (each family's `config`), so a kernel that carves
 /// the tiles its layout names stays inside the allocation.
 pub struct SharedCarver {
     next: *mut f32,
@@ -223,7 +223,6 @@ impl SharedCarver {
         tile
     }
 }
-
 
 /// The value at `pointer`.
 ///

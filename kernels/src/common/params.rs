@@ -90,7 +90,7 @@ pub struct Fa2Params {
     pub shape: AttentionShape,
     /// L, f32, (batch·heads, seqlen_q): m + log ℓ, natural-log units; −∞ for rows with no visible key.
     pub logsumexp: u64,
-    /// B_r (a multiple of `layout::FA2_ROWS_PER_WARP`, one warp per that many rows).
+    /// B_r (a multiple of `fwd::fa2::config::ROWS_PER_WARP`, one warp per that many rows).
     pub block_rows: u32,
     pub _pad: u32,
 }

@@ -93,10 +93,7 @@ pub enum Family {
         block_cols: u32,
     },
     /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`.
-    Fa2Tc {
-        head_dim: u32,
-        tiling: Fa2TcTiling,
-    },
+    Fa2Tc { head_dim: u32, tiling: Fa2TcTiling },
 }
 
 /// One compiled kernel: an entry point of the PTX module.
@@ -254,8 +251,12 @@ impl FromStr for KernelId {
             let (warps, rest) = rest.split_once('r').ok_or(ParseKernelIdError)?;
             let (rows, rest) = rest.split_once('s').ok_or(ParseKernelIdError)?;
             let (stages, cols) = rest.split_once('c').ok_or(ParseKernelIdError)?;
-            let tiling =
-                Fa2TcTiling::new(number(warps)?, number(rows)?, number(stages)?, number(cols)?);
+            let tiling = Fa2TcTiling::new(
+                number(warps)?,
+                number(rows)?,
+                number(stages)?,
+                number(cols)?,
+            );
             let family = Family::Fa2Tc {
                 head_dim: number(head_dim)?,
                 tiling,

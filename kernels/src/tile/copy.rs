@@ -24,11 +24,10 @@ pub fn copy_rows_async(
     let rows_per_pass = threads / chunks_per_row;
     let thread = arch::thread_idx_x();
     let copy_chunk = |r: u32, col: u32| {
-        let row = first_row + r;
-        let valid = row < src.rows();
+        let (source, valid) = src.copy_source(first_row + r, col);
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
-        unsafe { arch::copy_async_16(dst.at(r, col), src.element(row, col), valid) };
+        unsafe { arch::copy_async_16(dst.at(r, col), source, valid) };
     };
     if threads.is_multiple_of(chunks_per_row) && rows.is_multiple_of(rows_per_pass) {
         let (first_tile_row, col) = (

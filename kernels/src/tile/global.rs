@@ -93,7 +93,6 @@ impl HeadVector {
     }
 }
 
-
 /// One head's rows of a 16-bit tensor in device memory, byte-addressed: the source of 16-byte
 /// `cp.async` copies and the destination of two-element (4-byte) stores.
 #[derive(Clone, Copy)]
@@ -117,22 +116,23 @@ impl HeadRows16 {
         }
     }
 
-    /// Rows that exist.
+    /// Where a 16-byte copy of (row, col) reads from, and whether it reads at all: rows past the
+    /// end read nothing (the copy zero-fills), from an address inside the tensor.
     #[inline(always)]
-    pub fn rows(&self) -> u32 {
-        self.rows
-    }
-
-    /// Address of element (row, col); any address inside the tensor when `row` is past the end
-    /// (a zero-filling copy reads nothing from it).
-    #[inline(always)]
-    pub fn element(&self, row: u32, col: u32) -> *const u8 {
-        if row < self.rows {
-            self.base
-                .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
+    pub fn copy_source(&self, row: u32, col: u32) -> (*const u8, bool) {
+        let valid = row < self.rows;
+        let source = if valid {
+            self.element(row, col)
         } else {
             self.base
-        }
+        };
+        (source, valid)
+    }
+
+    #[inline(always)]
+    fn element(&self, row: u32, col: u32) -> *const u8 {
+        self.base
+            .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
     }
 
     /// Stores two packed 16-bit elements at (row, col) and (row, col + 1).
@@ -141,9 +141,7 @@ impl HeadRows16 {
     /// are multiples of 8 elements, so the 4-byte store is aligned.
     #[inline(always)]
     pub fn store_pair(&self, row: u32, col: u32, packed: u32) {
-        let address = self
-            .base
-            .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize);
+        let address = self.element(row, col);
         // SAFETY: inside the tensor the host described (see above), 4-byte aligned.
         unsafe { arch::store(address as *mut u32, packed) }
     }

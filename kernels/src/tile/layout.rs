@@ -35,7 +35,6 @@ pub const fn quad_padded(n: u32) -> u32 {
     n.div_ceil(QUAD) * QUAD
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

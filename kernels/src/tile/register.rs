@@ -55,4 +55,3 @@ pub fn product_block(
     }
     out
 }
-

@@ -42,7 +42,12 @@ impl SharedTile {
     #[inline(always)]
     pub fn set(&self, row: u32, col: u32, value: f32) {
         // SAFETY: as for `get`.
-        unsafe { arch::store(arch::offset(self.base, (row * self.stride + col) as usize), value) }
+        unsafe {
+            arch::store(
+                arch::offset(self.base, (row * self.stride + col) as usize),
+                value,
+            )
+        }
     }
 }
 
@@ -52,7 +57,7 @@ impl SharedTile {
 struct Quad([f32; QUAD_LEN]);
 
 /// A row-major f32 tile in shared memory that is read a quad (four floats, 16 bytes) at a time:
-/// rows and row length rounded up to whole quads, at `layout::quad_stride`. One wide read moves
+/// rows and row length rounded up to whole quads, at `tile::layout::quad_stride`. One wide read moves
 /// four values, so a thread can keep a 4 × 4 block of results in registers and feed its 64
 /// multiply-adds from eight reads ([`dot_block`], [`product_block`]).
 ///
@@ -160,7 +165,6 @@ pub fn for_each_element(rows: u32, cols: u32, mut f: impl FnMut(u32, u32)) {
         index += arch::block_dim_x();
     }
 }
-
 
 /// A row-major tile of 16-bit elements in shared memory, as `ldmatrix` and `cp.async` address it
 /// (the shared window), rows at the padded stride `row_bytes`.

@@ -14,7 +14,9 @@ mod run;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use flash_attn::{Error, Gpu};
+use flash_attn::{Error, Gpu, attention};
+use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
+use flash_kernels::registry::KERNELS;
 
 #[derive(Parser)]
 #[command(
@@ -76,25 +78,42 @@ fn is_missing_gpu(e: &Error) -> bool {
     matches!(e, Error::NoDriver | Error::NoDevice { .. })
 }
 
-/// What `info` says about FA2 on tensor cores: where it runs and what falls back.
-const FA2_TC_NOTE: &str = "fa2-tc: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async) for f16 and bf16 \
-at head dims 32, 64, 96, 128 and 256 with 16-byte-aligned rows; tilings 4x1, 8x1, 4x2 (warps x row tiles), \
-each with 2 K/V pipeline stages (s2) or 1 (s1); default 4x2s2 at d <= 64, 4x2s1 at d = 96 and 128, 4x1s1 at d = 256 (4x2 is not compiled there). \
-Every other dtype, head dim or layout runs the scalar fa2 (faithful FA2) instead.";
+/// What `info` says about FA2 on tensor cores: where it runs (from the kernel list) and what
+/// falls back.
+fn fa2_tc_note() -> String {
+    let per_head_dim: Vec<String> = attention::fa2_tc_head_dims()
+        .into_iter()
+        .map(|d| {
+            let tilings: Vec<String> = attention::fa2_tc_tilings(d)
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            let default = Fa2TcTiling::default_for(d);
+            format!("d = {d}: {} (default {default})", tilings.join(", "))
+        })
+        .collect();
+    format!(
+        "fa2-tc: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async) for f16 and bf16 with \
+         16-byte-aligned rows; tilings WxRsScC (warps x row tiles, K/V stages, B_c):\n  {}\n\
+         Every other dtype, head dim or layout runs the scalar fa2 (faithful FA2) instead, and the \
+         plan says why.",
+        per_head_dim.join("\n  ")
+    )
+}
 
 fn info(device: usize) -> flash_attn::Result<ExitCode> {
     println!(
         "PTX module: {} ({} kernels, embedded)",
         flash_attn::device::PTX_ARCH,
-        Gpu::kernel_names().len()
+        KERNELS.len()
     );
-    println!("{FA2_TC_NOTE}");
+    println!("{}", fa2_tc_note());
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
         Err(e) if is_missing_gpu(&e) => {
             println!("no GPU: {e}");
-            for name in Gpu::kernel_names() {
-                println!("  {name}");
+            for kernel in KERNELS.iter() {
+                println!("  {kernel}");
             }
             return Ok(ExitCode::SUCCESS);
         }
@@ -125,12 +144,12 @@ fn info(device: usize) -> flash_attn::Result<ExitCode> {
         "kernel", "registers", "static smem", "local bytes", "max threads"
     );
     use cudarc::driver::sys::CUfunction_attribute as A;
-    for name in Gpu::kernel_names() {
-        let f = gpu.function(name)?;
+    for &kernel in KERNELS.iter() {
+        let f = gpu.function(kernel)?;
         let attr = |a: A| f.get_attribute(a).unwrap_or(-1);
         println!(
             "{:<34} {:>9} {:>12} {:>12} {:>11}",
-            name,
+            kernel.to_string(),
             attr(A::CU_FUNC_ATTRIBUTE_NUM_REGS),
             attr(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
             attr(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),

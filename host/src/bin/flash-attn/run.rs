@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use cudarc::driver::CudaSlice;
+use flash_attn::attention::Plan;
 use flash_attn::safetensors_io::{
     self, AttentionFileOutput, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
 };
@@ -112,7 +113,7 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
         options: &options,
         problem: &problem,
     };
-    let milliseconds = match qkv {
+    let (milliseconds, plan) = match qkv {
         HostQkv::F32(qkv) => run.run_and_write(qkv),
         HostQkv::F16(qkv) => run.run_and_write(qkv),
         HostQkv::Bf16(qkv) => run.run_and_write(qkv),
@@ -125,6 +126,7 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
         gpu.info().name,
         args.output.display()
     );
+    println!("plan: {plan}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -138,8 +140,9 @@ struct Run<'a> {
 
 impl Run<'_> {
     /// Uploads Q, K and V, runs the algorithm (timed on the GPU: the kernels and their workspace,
-    /// not the transfers), downloads O and the statistics, writes them, and returns the time.
-    fn run_and_write<T: SafetensorsElement>(&self, qkv: Qkv<T>) -> flash_attn::Result<f32> {
+    /// not the transfers), downloads O and the statistics, writes them (the plan in the file's
+    /// metadata), and returns the time and the plan.
+    fn run_and_write<T: SafetensorsElement>(&self, qkv: Qkv<T>) -> flash_attn::Result<(f32, Plan)> {
         let gpu = self.gpu;
         let algorithm = self.args.algorithm;
         let upload = |a: &ndarray::Array4<T>| {
@@ -148,8 +151,13 @@ impl Run<'_> {
         let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
         drop(qkv);
         let mut out = new_output(gpu, algorithm, &q, &k, &v, self.options)?;
-        let milliseconds =
-            gpu.time_ms(|| attention_into(gpu, algorithm, &q, &k, &v, &mut out, self.options))?;
+        let milliseconds = gpu.time_ms(|| {
+            attention_into(gpu, algorithm, &q, &k, &v, &mut out, self.options).map(|_plan| ())
+        })?;
+        let plan = out
+            .plan
+            .clone()
+            .ok_or_else(|| Error::File("the attention call returned without a plan".into()))?;
         let rows = [
             self.problem.batch,
             self.problem.heads,
@@ -167,12 +175,13 @@ impl Run<'_> {
             logsumexp: out.stats.logsumexp(gpu, rows)?,
             row_max_and_sum,
         };
-        safetensors_io::write_outputs(&self.args.output, &output, self.metadata())?;
-        Ok(milliseconds)
+        safetensors_io::write_outputs(&self.args.output, &output, self.metadata(&plan))?;
+        Ok((milliseconds, plan))
     }
 
-    /// How the outputs were made, stored in the output file's metadata.
-    fn metadata(&self) -> HashMap<String, String> {
+    /// How the outputs were made, stored in the output file's metadata: the arguments, the
+    /// kernels that ran (`kernel`) and the whole plan (`plan`).
+    fn metadata(&self, plan: &Plan) -> HashMap<String, String> {
         let inputs = INPUT_ROLES
             .iter()
             .zip(&self.args.names)
@@ -188,6 +197,8 @@ impl Run<'_> {
             ),
             ("input".into(), self.args.input.display().to_string()),
             ("input_tensors".into(), inputs),
+            ("kernel".into(), plan.kernel_names()),
+            ("plan".into(), plan.to_string()),
         ])
     }
 }

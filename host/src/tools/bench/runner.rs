@@ -141,6 +141,7 @@ fn time_case<T: Element>(
             &workspace,
             &options,
         )
+        .map(|_plan| ())
     };
     // Warm-up: one launch per input set, then an estimate of how many repeats fit the target.
     let warm = gpu.time_each_ms(sets, &mut launch)?;

@@ -48,7 +48,6 @@ impl Fa1Blocks {
 /// Per-row vectors the FA1 kernel keeps in shared memory: m_i, ℓ_i, α and β (ℓ_new/ℓ_i folded).
 pub const ROW_VECTORS: u64 = 4;
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

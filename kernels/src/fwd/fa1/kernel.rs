@@ -4,7 +4,7 @@
 //! shared memory; the inner loop walks every Q block i and, for each, reads O_i, ℓ_i and m_i from
 //! HBM, folds in block (i, j) and writes them back. O_i is kept normalised in HBM between steps.
 //!
-//! Block sizes: B_c = ⌈M/4d⌉, B_r = min(⌈M/4d⌉, d) (`layout::Fa1Blocks`), chosen by the host.
+//! Block sizes: B_c = ⌈M/4d⌉, B_r = min(⌈M/4d⌉, d) (`config::Fa1Blocks`), chosen by the host.
 //! Scores are kept in log2 units (scale·log2 e folded in), so each e^x is one `exp2`; m is stored
 //! in HBM in natural-log units, as the article defines it.
 //!
@@ -78,7 +78,7 @@ impl Fa1Sram {
             old_weight: SharedVector::carve(&mut carver, block_rows),
             new_weight: SharedVector::carve(&mut carver, block_rows),
         };
-        // Keep `layout::Fa1Blocks::shared_bytes` honest: it counts exactly these four vectors.
+        // Keep `config::Fa1Blocks::shared_bytes` honest: it counts exactly these four vectors.
         const _: () = assert!(ROW_VECTORS == 4);
         sram
     }
@@ -94,7 +94,7 @@ impl Fa1Sram {
     }
 }
 
-/// The kernel body. Grid (batch·heads), `layout::THREADS_PER_BLOCK` threads,
+/// The kernel body. Grid (batch·heads), `config::THREADS` threads,
 /// `Fa1Blocks::shared_bytes` of dynamic shared memory.
 #[inline(always)]
 pub fn forward<T: Element>(p: &Fa1Params) {
@@ -156,7 +156,9 @@ pub fn forward<T: Element>(p: &Fa1Params) {
 fn initialize<T: Element>(h: &Fa1Head<T>) {
     for_each_element(h.block.seqlen_q, h.head_dim, |row, col| {
         h.o_accumulator.write(row, col, 0.0);
-        if h.block.mask.visible_key_end(row, h.block.seqlen_k) == 0 && row_block_is_never_visited(h, row) {
+        if h.block.mask.visible_key_end(row, h.block.seqlen_k) == 0
+            && row_block_is_never_visited(h, row)
+        {
             h.o.write(row, col, 0.0);
         }
     });

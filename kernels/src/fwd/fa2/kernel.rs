@@ -1,7 +1,7 @@
 //! FlashAttention-2 forward (Dao 2023, Algorithm 1), as the article lays it out.
 //!
 //! Grid over (row block i, batch·head). Q_i is loaded once; the inner loop walks the K/V blocks j.
-//! Split-Q: each warp owns `FA2_ROWS_PER_WARP` rows of Q_i, so warps never exchange partial
+//! Split-Q: each warp owns `config::ROWS_PER_WARP` rows of Q_i, so warps never exchange partial
 //! results. Each lane keeps, in registers, its share of those rows' statistics m and ℓ and of the
 //! unnormalised accumulator Õ (columns lane, lane + 32, …); one divide at the end, then O and
 //! L = m + log ℓ go to HBM.

@@ -36,6 +36,9 @@ impl core::fmt::Display for Fa2TcTiling {
     }
 }
 
+/// The B_c a tiling has when its name leaves it out (`4x2s1` is `4x2s1c64`).
+pub const DEFAULT_BLOCK_COLS: u32 = 64;
+
 impl Fa2TcTiling {
     pub const fn new(warps: u32, row_tiles: u32, kv_stages: u32, block_cols: u32) -> Self {
         Self {
@@ -88,7 +91,6 @@ impl Fa2TcTiling {
 pub const fn conditional_rescale(head_dim: u32) -> bool {
     head_dim <= 128
 }
-
 
 /// Row stride, in 16-bit elements, of the tensor-core kernel's shared tiles: 16 bytes of padding
 /// per row shift consecutive rows by four banks, so the eight rows one `ldmatrix` reads land in

@@ -1,9 +1,10 @@
-//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
-//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
+//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fwd::fa2`], with both
+//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate). Generic over one config type
+//! `C: Fa2TcConfig` (head dim, tiling, and the sizes of the per-lane register arrays).
 //!
-//! Block: `WARPS` warps, each owning `ROW_TILES` m16 tiles of Q (split-Q), so
-//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 8·`KEY_TILES` keys (64, or 32 where S must be smaller
-//! for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
+//! Block: `C::TILING.warps` warps, each owning `C::ROW_TILES` m16 tiles of Q (split-Q), so
+//! B_r = 16·warps·row tiles; B_c = 8·`C::KEY_TILES` keys (64, or 32 and 48 where S must be
+//! smaller for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
 //! memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids run the heaviest
 //! row blocks (the last) first.
 //!
@@ -18,11 +19,11 @@
 //!  └──────────────┘
 //! ```
 //!
-//! `KV_STAGES` = 1 keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
+//! One K/V stage (`C::TILING.kv_stages` = 1) keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
 //! copied behind S = Q_i·K_jᵀ, K_j+1 behind P̃·V_j (two barriers per block, less
 //! shared memory, so more of the SM's 256 KiB stays L1 cache).
 //!
-//! Fragment layouts (PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
+//! Fragment layouts (`tile::fragment`): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
 //! `l/4 + 8` at columns `2·(l%4)` and `+1`. The S tile of keys 16t..16t+16 therefore already is
 //! the A fragment of P̃ for the P̃·V product once packed to 16 bits: P never leaves registers.
 //!
@@ -30,7 +31,7 @@
 //! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
 //! exact because α is the same for the whole row. Up to d = 128 the running max moves only when a
 //! block's row max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's
-//! conditional rescale, decided once per warp by a vote; `layout::fa2_tc_conditional_rescale`):
+//! conditional rescale, decided once per warp by a vote; `config::conditional_rescale`):
 //! most blocks then skip α and the d/8·4 multiplies of Õ, and the result is the same because Õ
 //! and ℓ are sums against the same max.
 
@@ -42,8 +43,8 @@ use crate::common::params::Fa2Params;
 use crate::common::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale, pairwise};
 use crate::tile::copy::copy_rows_async;
 use crate::tile::fragment::{
-    MMA_K, MMA_M, MMA_N, a_fragment_col, a_fragment_row, accumulator_col, accumulator_row,
-    key_pair_col, key_pair_row,
+    LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, a_fragment_col, a_fragment_row, accumulator_col,
+    accumulator_row, key_pair_col, key_pair_row,
 };
 use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::shared::SharedTile16;
@@ -327,10 +328,12 @@ impl BlockStep<'_> {
     /// `first_row` of the sequence).
     #[inline(always)]
     fn apply_mask<C: Fa2TcConfig>(&self, scores: &mut [[f32; 4]; C::KEY_TILES], first_row: u32) {
+        let (lane_row, lane_key) = (first_row + accumulator_row(0), accumulator_col(0));
         for (tile, values) in scores.iter_mut().enumerate() {
             for (e, value) in values.iter_mut().enumerate() {
-                let row = first_row + accumulator_row(e as u32);
-                let key = self.key_start + tile as u32 * MMA_N + accumulator_col(e as u32);
+                // Elements 2 and 3 are 8 rows down, odd elements one key further.
+                let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
+                let key = self.key_start + tile as u32 * MMA_N + lane_key + e as u32 % 2;
                 if key >= self.info.seqlen_k || !self.info.mask.visible(row, key) {
                     *value = f32::NEG_INFINITY;
                 }
