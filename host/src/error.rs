@@ -14,28 +14,16 @@ pub enum Error {
     #[error("no CUDA device {ordinal}: {detail}")]
     NoDevice { ordinal: usize, detail: String },
     #[error(
-        "device {ordinal} ({name}) has compute capability {major}.{minor}, but the kernels were built for {arch}, which needs {required_major}.{required_minor} or newer"
+        "device {ordinal} ({name}) has compute capability {major}.{minor}, but the kernels were built for {arch}, which {requirement}"
     )]
-    DeviceTooOld {
+    UnsupportedDevice {
         ordinal: usize,
         name: String,
         major: i32,
         minor: i32,
         arch: &'static str,
-        required_major: i32,
-        required_minor: i32,
-    },
-    #[error(
-        "device {ordinal} ({name}) has compute capability {major}.{minor}, but the kernels were built for {arch}, whose architecture-specific instructions run only on {required_major}.{required_minor}; build with FLASH_ATTN_PTX_ARCH=sm_90 for other devices"
-    )]
-    ArchSpecific {
-        ordinal: usize,
-        name: String,
-        major: i32,
-        minor: i32,
-        arch: &'static str,
-        required_major: i32,
-        required_minor: i32,
+        /// What `arch` needs, e.g. "needs 9.0 or newer".
+        requirement: String,
     },
     #[error("the kernel module ({arch} PTX) failed to load on device {ordinal}: {detail}")]
     ModuleLoad {

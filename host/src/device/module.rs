@@ -73,24 +73,20 @@ pub fn check_capability(
     if capability == required || (newer_run_it && capability > required) {
         return Ok(());
     }
-    if capability > required {
-        return Err(Error::ArchSpecific {
-            ordinal,
-            name: name.to_string(),
-            major: capability.0,
-            minor: capability.1,
-            arch,
-            required_major,
-            required_minor,
-        });
-    }
-    Err(Error::DeviceTooOld {
+    let requirement = if newer_run_it {
+        format!("needs {required_major}.{required_minor} or newer")
+    } else {
+        format!(
+            "uses architecture-specific instructions that run only on {required_major}.{required_minor} \
+             (build with FLASH_ATTN_PTX_ARCH=sm_90 for other devices)"
+        )
+    };
+    Err(Error::UnsupportedDevice {
         ordinal,
         name: name.to_string(),
         major: capability.0,
         minor: capability.1,
         arch,
-        required_major,
-        required_minor,
+        requirement,
     })
 }

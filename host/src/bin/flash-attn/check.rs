@@ -46,7 +46,7 @@ type Shape = (usize, usize, usize, usize, usize);
 /// Lengths that are not multiples of any block
 /// size (1, 17, 1000, 113, 203), seqlen_q < seqlen_k and >, odd head dims, and every head dim the
 /// tensor-core FA2 is compiled for (32, 64, 96, 128, 256).
-const STANDARD_SHAPES: [Shape; 9] = [
+const STANDARD_SHAPES: [Shape; 11] = [
     (1, 1, 1, 1, 64),
     (2, 3, 17, 17, 40),
     (1, 2, 1000, 1000, 64),
@@ -56,6 +56,9 @@ const STANDARD_SHAPES: [Shape; 9] = [
     (2, 2, 77, 33, 1),
     (2, 2, 129, 250, 32),
     (1, 3, 333, 200, 96),
+    // Between the compiled capacities 128 and 256 (24 heads: the shape of issue 13's bug).
+    (1, 24, 333, 333, 160),
+    (2, 3, 200, 257, 192),
 ];
 
 /// The shapes of `set` whose head dim is in `head_dims` and whose seqlen_q is in `seqlens` (an

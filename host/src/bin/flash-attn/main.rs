@@ -5,10 +5,12 @@
 //! - `flash-attn run`    one algorithm on the user's Q, K, V from a safetensors file
 //! - `flash-attn bench`  the benchmark sweep, merged with PyTorch's SDPA backends
 //! - `flash-attn io`     HBM traffic: the articles' formulas beside ncu's measurement
+//! - `flash-attn plan`   which kernels a call would run, with which launches (no GPU needed)
 
 mod bench;
 mod check;
 mod io;
+mod plan;
 mod run;
 
 use std::process::ExitCode;
@@ -46,6 +48,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// HBM traffic per algorithm: run once (under ncu), or compare ncu's CSV with the prediction.
     Io(io::IoArgs),
+    /// The launch plan of a problem given by its shape, for each algorithm: kernels, grids,
+    /// threads, shared memory, block sizes, and why a fallback. Uses the GPU's limits when there
+    /// is one, the H200's otherwise.
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +69,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::main(cli.device, &args),
         Command::Bench(args) => bench::main(cli.device, &args),
         Command::Io(args) => io::main(cli.device, &args),
+        Command::Plan(args) => plan::main(cli.device, &args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,74 @@
+//! `flash-attn plan`: which kernels a call would run, with which launches, and why a fallback,
+//! for a problem given by its shape: no tensors, no GPU needed (with a GPU, its own limits).
+
+use std::process::ExitCode;
+
+use flash_attn::attention::{
+    Algorithm, AttentionOptions, CompiledLimits, LaunchLimits, Plan, Problem,
+    parse_optional_fa2_tc_tiling,
+};
+use flash_attn::{DType, Gpu};
+
+use crate::is_missing_gpu;
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// Q's shape: batch,heads,seqlen_q,head_dim.
+    #[arg(long, value_name = "B,H,N,D", value_parser = parse_shape)]
+    shape: [usize; 4],
+    /// K's and V's sequence length (default: seqlen_q).
+    #[arg(long, value_name = "N")]
+    seqlen_k: Option<usize>,
+    #[arg(long, default_value = "bf16")]
+    dtype: DType,
+    /// Algorithms to plan, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    algorithms: Option<Vec<Algorithm>>,
+    #[arg(long)]
+    causal: bool,
+    /// FA2-TC's tiling, e.g. 4x2s1c64 (default: measured per head dim).
+    #[arg(long, value_name = "TILING")]
+    fa2_tc_tiling: Option<String>,
+}
+
+pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
+    let options = AttentionOptions {
+        causal: args.causal,
+        fa2_tc_tiling: parse_optional_fa2_tc_tiling(args.fa2_tc_tiling.as_deref())?,
+        ..Default::default()
+    };
+    let q = args.shape;
+    let kv = [q[0], q[1], args.seqlen_k.unwrap_or(q[2]), q[3]];
+    let problem = Problem::new(q, kv, kv, &options)?;
+    let gpu = match Gpu::open(device) {
+        Ok(gpu) => Some(gpu),
+        Err(e) if is_missing_gpu(&e) => None,
+        Err(e) => return Err(e),
+    };
+    let limits: &dyn LaunchLimits = match &gpu {
+        Some(gpu) => {
+            println!("limits of device {device}: {}", gpu.info().name);
+            gpu
+        }
+        None => {
+            println!("no GPU: the H200's shared memory and each kernel's compiled thread bound");
+            &CompiledLimits::H200
+        }
+    };
+    let algorithms = args.algorithms.clone().unwrap_or(Algorithm::ALL.to_vec());
+    for algorithm in algorithms {
+        let plan = Plan::new(limits, algorithm, args.dtype, &problem, &options, None)?;
+        println!("{plan}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_shape(text: &str) -> Result<[usize; 4], String> {
+    let dims: Vec<usize> = text
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("`{text}`: {e}"))?;
+    dims.try_into()
+        .map_err(|d: Vec<usize>| format!("`{text}`: four dimensions B,H,N,D, got {}", d.len()))
+}
