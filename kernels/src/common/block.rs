@@ -22,7 +22,8 @@ pub struct BlockInfo {
     pub seqlen_q: u32,
     /// Keys of this head's sequence.
     pub seqlen_k: u32,
-    pub mask: CausalMask,
+    /// Whether the causal mask applies (see [`BlockInfo::mask`]).
+    pub causal: bool,
 }
 
 impl BlockInfo {
@@ -37,25 +38,71 @@ impl BlockInfo {
             batch_head,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
-            mask: CausalMask::new(shape.causal != 0, shape.seqlen_q, shape.seqlen_k),
+            causal: shape.causal != 0,
         }
     }
 
-    /// Key blocks of `block_cols` keys that rows `[.., row_end)` need: the causal mask hides
-    /// every later block from all of them, so those are never loaded.
+    /// The causal mask of this head's sequences (a no-op when not causal). Made where it is used,
+    /// so its diagonal offset is computed where the kernel first needs it.
     #[inline(always)]
-    pub fn key_blocks(&self, row_end: u32, block_cols: u32) -> u32 {
-        self.mask
-            .key_blocks_needed(row_end, self.seqlen_k, block_cols)
+    pub fn mask(&self) -> CausalMask {
+        CausalMask::new(self.causal, self.seqlen_q, self.seqlen_k)
     }
 
-    /// Whether the key block `[key_start, key_start + block_cols)` of the rows from `row_start`
-    /// needs the element-wise mask: it runs past seqlen_k, or crosses the causal diagonal. Every
-    /// other block runs the step compiled with `MASK = false`.
+    /// The key blocks of `block_cols` keys that the row block `[row_start, row_start + block_rows)`
+    /// visits, and which of them need the element-wise mask.
     #[inline(always)]
-    pub fn block_needs_mask(&self, row_start: u32, key_start: u32, block_cols: u32) -> bool {
-        key_start + block_cols > self.seqlen_k
-            || self.mask.tile_needs_mask(row_start, key_start + block_cols)
+    pub fn key_blocks(&self, row_start: u32, block_rows: u32, block_cols: u32) -> KeyBlocks {
+        KeyBlocks {
+            seqlen_k: self.seqlen_k,
+            mask: self.mask(),
+            row_start,
+            block_rows,
+            block_cols,
+        }
+    }
+}
+
+/// The key blocks one row block visits: [`KeyBlocks::count`] of them from key 0 (the causal
+/// mask hides every later block from all its rows, so those are never loaded), and which need the
+/// element-wise mask ([`KeyBlocks::needs_mask`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyBlocks {
+    seqlen_k: u32,
+    mask: CausalMask,
+    row_start: u32,
+    block_rows: u32,
+    block_cols: u32,
+}
+
+impl KeyBlocks {
+    /// How many key blocks, from key 0, the rows see.
+    #[inline(always)]
+    pub fn count(&self) -> u32 {
+        self.mask.key_blocks_needed(
+            self.row_start + self.block_rows,
+            self.seqlen_k,
+            self.block_cols,
+        )
+    }
+
+    /// Whether the key block starting at `key_start` runs past `seqlen_k` or crosses the causal
+    /// diagonal, so its step is the one compiled with `MASK = true`; every other block runs the
+    /// step with `MASK = false`. Kernels pass `seqlen_k` as they read it from their parameter
+    /// block inside the loop (a copy kept from before the loop changes the tensor-core kernel's
+    /// machine code).
+    #[inline(always)]
+    pub fn needs_mask(&self, key_start: u32, seqlen_k: u32) -> bool {
+        key_start + self.block_cols > seqlen_k
+            || self
+                .mask
+                .tile_needs_mask(self.row_start, key_start + self.block_cols)
+    }
+
+    /// The mask the masked steps apply element by element.
+    #[inline(always)]
+    pub fn mask(&self) -> CausalMask {
+        self.mask
     }
 }
 
@@ -86,15 +133,15 @@ mod tests {
     fn causal_blocks_past_the_diagonal_are_skipped_and_the_diagonal_is_masked() {
         // 256 × 256, causal, B_c = 64: rows 64..128 need key blocks 0 and 1; block 1 crosses the
         // diagonal, block 0 does not.
-        let block = BlockInfo::new(&shape(1, 256, 256, true), 0);
-        assert_eq!(block.key_blocks(128, 64), 2);
-        assert!(!block.block_needs_mask(64, 0, 64));
-        assert!(block.block_needs_mask(64, 64, 64));
+        let blocks = BlockInfo::new(&shape(1, 256, 256, true), 0).key_blocks(64, 64, 64);
+        assert_eq!(blocks.count(), 2);
+        assert!(!blocks.needs_mask(0, 256));
+        assert!(blocks.needs_mask(64, 256));
         // Non-causal: every block, and only the tail past seqlen_k is masked.
-        let block = BlockInfo::new(&shape(1, 100, 100, false), 0);
-        assert_eq!(block.key_blocks(64, 64), 2);
-        assert!(!block.block_needs_mask(0, 0, 64));
-        assert!(block.block_needs_mask(0, 64, 64));
+        let blocks = BlockInfo::new(&shape(1, 100, 100, false), 0).key_blocks(0, 64, 64);
+        assert_eq!(blocks.count(), 2);
+        assert!(!blocks.needs_mask(0, 100));
+        assert!(blocks.needs_mask(64, 100));
     }
 
     #[test]
@@ -102,7 +149,7 @@ mod tests {
         // seqlen_q = 100 > seqlen_k = 40: the first 60 queries see no key, so rows 0..60 need
         // no key block at all.
         let block = BlockInfo::new(&shape(1, 100, 40, true), 0);
-        assert_eq!(block.key_blocks(60, 64), 0);
-        assert_eq!(block.key_blocks(61, 64), 1);
+        assert_eq!(block.key_blocks(0, 60, 64).count(), 0);
+        assert_eq!(block.key_blocks(0, 61, 64).count(), 1);
     }
 }

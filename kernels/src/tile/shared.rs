@@ -184,11 +184,17 @@ impl SharedTile16 {
         }
     }
 
-    /// The tile that starts `rows` rows after this one starts (same stride).
+    /// Bytes of `rows` rows of this tile.
     #[inline(always)]
-    pub fn rows_after(&self, rows: u32) -> Self {
+    pub fn bytes_of_rows(&self, rows: u32) -> u32 {
+        rows * self.row_bytes
+    }
+
+    /// The tile (same stride) that starts `bytes` after this one starts.
+    #[inline(always)]
+    pub fn bytes_after(&self, bytes: u32) -> Self {
         Self {
-            base: self.base.offset(rows * self.row_bytes),
+            base: self.base.offset(bytes),
             row_bytes: self.row_bytes,
         }
     }

@@ -139,7 +139,10 @@ pub fn forward<T: Element>(p: &Fa1Params) {
         // Line 7: for 1 ≤ i ≤ T_r.
         for i in 0..row_blocks {
             let row_start = i * h.block_rows;
-            let key_blocks = h.block.key_blocks(row_start + h.block_rows, h.block_cols);
+            let key_blocks = h
+                .block
+                .key_blocks(row_start, h.block_rows, h.block_cols)
+                .count();
             if j >= key_blocks.min(col_blocks) {
                 continue; // Causal: block (i, j) is masked for every row; nothing to fold in.
             }
@@ -156,7 +159,7 @@ pub fn forward<T: Element>(p: &Fa1Params) {
 fn initialize<T: Element>(h: &Fa1Head<T>) {
     for_each_element(h.block.seqlen_q, h.head_dim, |row, col| {
         h.o_accumulator.write(row, col, 0.0);
-        if h.block.mask.visible_key_end(row, h.block.seqlen_k) == 0
+        if h.block.mask().visible_key_end(row, h.block.seqlen_k) == 0
             && row_block_is_never_visited(h, row)
         {
             h.o.write(row, col, 0.0);
@@ -171,8 +174,11 @@ fn initialize<T: Element>(h: &Fa1Head<T>) {
 /// Whether the row block holding `row` sees no key at all (so the K/V loop skips it entirely).
 #[inline(always)]
 fn row_block_is_never_visited<T>(h: &Fa1Head<T>, row: u32) -> bool {
-    let block_end = (row / h.block_rows + 1) * h.block_rows;
-    h.block.key_blocks(block_end, h.block_cols) == 0
+    let block_start = row / h.block_rows * h.block_rows;
+    h.block
+        .key_blocks(block_start, h.block_rows, h.block_cols)
+        .count()
+        == 0
 }
 
 /// Lines 8–13 for one (i, j): load Q_i, O_i, ℓ_i, m_i; S_ij = Q_i·K_jᵀ; block statistics; merge;
@@ -213,7 +219,7 @@ fn update_row_block<T: Element>(
         for (&r, dots) in tile_rows.iter().zip(&dots) {
             for (&c, &dot) in tile_keys.iter().zip(dots) {
                 let (row, key) = (row_start + r, key_start + c);
-                let visible = c < keys_in_block && h.block.mask.visible(row, key);
+                let visible = c < keys_in_block && h.block.mask().visible(row, key);
                 if r < rows {
                     let score = if visible {
                         dot * h.score_scale

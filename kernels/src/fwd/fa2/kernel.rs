@@ -84,14 +84,14 @@ pub fn forward<T: Element, C: Fa2Config>(p: &Fa2Params) {
     };
 
     // Inner loop over K/V blocks; causal blocks past the diagonal of this row block are skipped.
-    let key_blocks = info.key_blocks(blk.row_start + block_rows, block_cols);
-    for j in 0..key_blocks {
+    let key_blocks = info.key_blocks(blk.row_start, block_rows, block_cols);
+    for j in 0..key_blocks.count() {
         let key_start = j * block_cols;
         arch::sync_threads(); // Every warp is done with K_{j−1}, V_{j−1}.
         load_tile(&k, key_start, block_cols, head_dim, &sram.k);
         load_tile(&v, key_start, block_cols, head_dim, &sram.v);
         arch::sync_threads();
-        if info.block_needs_mask(blk.row_start, key_start, block_cols) {
+        if key_blocks.needs_mask(key_start, shape.seqlen_k) {
             attend_block::<true, C>(&blk, &sram, &mut rows, key_start);
         } else {
             attend_block::<false, C>(&blk, &sram, &mut rows, key_start);
@@ -145,7 +145,7 @@ fn attend_block<const MASK: bool, C: Fa2Config>(
         let row = blk.row_start + rows.first + r as u32;
         for (u, score) in row_scores.iter_mut().enumerate() {
             let key = key_start + lane + WARP_SIZE * u as u32;
-            let visible = !MASK || (key < blk.info.seqlen_k && blk.info.mask.visible(row, key));
+            let visible = !MASK || (key < blk.info.seqlen_k && blk.info.mask().visible(row, key));
             *score = if visible {
                 *score * blk.score_scale
             } else {

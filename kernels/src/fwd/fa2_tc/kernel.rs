@@ -1,10 +1,9 @@
-//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fwd::fa2`], with both
-//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate). Generic over one config type
-//! `C: Fa2TcConfig` (head dim, tiling, and the sizes of the per-lane register arrays).
+//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
+//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
 //!
-//! Block: `C::TILING.warps` warps, each owning `C::ROW_TILES` m16 tiles of Q (split-Q), so
-//! B_r = 16·warps·row tiles; B_c = 8·`C::KEY_TILES` keys (64, or 32 and 48 where S must be
-//! smaller for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
+//! Block: `WARPS` warps, each owning `ROW_TILES` m16 tiles of Q (split-Q), so
+//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 8·`KEY_TILES` keys (64, or 32 where S must be smaller
+//! for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
 //! memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids run the heaviest
 //! row blocks (the last) first.
 //!
@@ -19,11 +18,11 @@
 //!  └──────────────┘
 //! ```
 //!
-//! One K/V stage (`C::TILING.kv_stages` = 1) keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
+//! `KV_STAGES` = 1 keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
 //! copied behind S = Q_i·K_jᵀ, K_j+1 behind P̃·V_j (two barriers per block, less
 //! shared memory, so more of the SM's 256 KiB stays L1 cache).
 //!
-//! Fragment layouts (`tile::fragment`): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
+//! Fragment layouts (PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
 //! `l/4 + 8` at columns `2·(l%4)` and `+1`. The S tile of keys 16t..16t+16 therefore already is
 //! the A fragment of P̃ for the P̃·V product once packed to 16 bits: P never leaves registers.
 //!
@@ -31,19 +30,20 @@
 //! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
 //! exact because α is the same for the whole row. Up to d = 128 the running max moves only when a
 //! block's row max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's
-//! conditional rescale, decided once per warp by a vote; `config::conditional_rescale`):
+//! conditional rescale, decided once per warp by a vote; `layout::fa2_tc_conditional_rescale`):
 //! most blocks then skip α and the d/8·4 multiplies of Õ, and the result is the same because Õ
 //! and ℓ are sums against the same max.
 
-use super::config::{Fa2TcConfig, shared_row_stride};
-use crate::arch;
+use super::config::{Fa2TcConfig, shared_row_stride as fa2_tc_stride};
+use crate::arch::{self, SharedAddress, WARP_SIZE};
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
+use crate::common::mask::CausalMask;
 use crate::common::params::Fa2Params;
 use crate::common::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale, pairwise};
 use crate::tile::copy::copy_rows_async;
 use crate::tile::fragment::{
-    LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, a_fragment_col, a_fragment_row, accumulator_col,
+    LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, accumulator_col,
     accumulator_row, key_pair_col, key_pair_row,
 };
 use crate::tile::global::{HeadRows16, HeadVector};
@@ -68,81 +68,85 @@ impl<C: Fa2TcConfig> Copy for RowTileState<C> {}
 #[derive(Clone, Copy)]
 struct Fa2TcSram {
     q: SharedTile16,
-    /// Stage 0's K; stage s's K is `2·s·B_c` rows further, its V `B_c` rows after its K.
+    /// Stage 0's K; stage s's K is two K/V tiles further, its V one tile after its K.
     kv: SharedTile16,
-    block_cols: u32,
+    /// Bytes of one K or V tile (B_c rows).
+    tile_bytes: u32,
 }
 
 impl Fa2TcSram {
     #[inline(always)]
     fn new(head_dim: u32, block_rows: u32, block_cols: u32) -> Self {
-        let q = SharedTile16::at_start(shared_row_stride(head_dim) * 2);
+        let q = SharedTile16::at_start(fa2_tc_stride(head_dim) * 2);
         Self {
             q,
-            kv: q.rows_after(block_rows),
-            block_cols,
+            kv: q.bytes_after(q.bytes_of_rows(block_rows)),
+            tile_bytes: q.bytes_of_rows(block_cols),
         }
     }
 
     #[inline(always)]
     fn k(&self, stage: u32) -> SharedTile16 {
-        self.kv.rows_after(stage * 2 * self.block_cols)
+        self.kv.bytes_after(stage * 2 * self.tile_bytes)
     }
 
     #[inline(always)]
     fn v(&self, stage: u32) -> SharedTile16 {
-        self.k(stage).rows_after(self.block_cols)
+        self.k(stage).bytes_after(self.tile_bytes)
     }
 }
 
-/// This lane's row address of an x4 A-fragment load of Q's 16-column chunk `chunk`, for the row
-/// tile whose first row (within Q_i) is `first_row`.
+/// Shared-memory row of this lane's part of an x4 A-fragment load of row tile `tile`: matrices
+/// rows 0–7 / 8–15 (lanes 8–15, 24–31) × columns 0–7 / 8–15 (lanes 16–31).
 #[inline(always)]
-fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> arch::SharedAddress {
-    q.at(
-        first_row + a_fragment_row(),
-        chunk * MMA_K + a_fragment_col(),
-    )
+fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddress {
+    let lane = arch::lane_idx();
+    // `fragment::a_fragment_row` summed term by term: the association order decides the register
+    // allocation at d = 256, where Q is re-read at every block.
+    let row = first_row + lane % LDMATRIX_SIDE + (lane / LDMATRIX_SIDE) % 2 * LDMATRIX_SIDE;
+    q.at(row, chunk * MMA_K + a_fragment_col(lane))
 }
 
-/// The kernel body for one config `C` (head dim, tiling, register-array sizes). Grid
-/// (⌈seqlen_q/B_r⌉, batch·heads), `C::TILING.threads()` threads,
-/// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
+/// The kernel body for one config `C` (head dim, tiling, and the register arrays' sizes:
+/// `C::Q_CHUNKS` = d/16, `C::O_TILES` = d/8, `C::KEY_TILES` = B_c/8 tiles of S per row tile and
+/// K/V block, `C::KEY_CHUNKS` = B_c/16 k-steps of P̃·V). Grid (⌈seqlen_q/B_r⌉, batch·heads),
+/// `C::THREADS` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
     let () = C::CHECKED;
-    let tiling = C::TILING;
-    let block_cols = tiling.block_cols;
+    let block_cols = C::KEY_TILES as u32 * MMA_N; // B_c: KEY_TILES tiles of MMA_N keys
     let head_dim = C::HEAD_DIM;
-    let block_rows = tiling.block_rows();
-    let threads = tiling.threads();
+    let block_rows = C::TILING.block_rows();
+    let threads = C::TILING.warps * WARP_SIZE;
     let shape = &p.shape;
-    let info = BlockInfo::new(shape, arch::block_idx_y());
+    let batch_head = arch::block_idx_y();
+    let info = BlockInfo::new(shape, batch_head);
     // Causal: the last row blocks see the most keys; start them first so the grid's tail is short.
-    let row_block = if shape.causal != 0 {
+    let row_block = if info.causal {
         arch::grid_dim_x() - 1 - arch::block_idx_x()
     } else {
         arch::block_idx_x()
     };
     let row_start = row_block * block_rows;
+    let blocks = info.key_blocks(row_start, block_rows, block_cols);
     let q = HeadRows16::new(&p.operands.q, info.batch, info.head, info.seqlen_q);
     let k = HeadRows16::new(&p.operands.k, info.batch, info.kv_head, info.seqlen_k);
     let v = HeadRows16::new(&p.operands.v, info.batch, info.kv_head, info.seqlen_k);
-    let sram = Fa2TcSram::new(head_dim, block_rows, block_cols);
+    let tiles = Fa2TcSram::new(head_dim, block_rows, block_cols);
     let copy_block = |rows: &HeadRows16, block: u32, dst: SharedTile16| {
         let first = block * block_cols;
         copy_rows_async(rows, first, block_cols, head_dim, threads, dst);
     };
 
     // Q_i and K_0 (and V_0, with two stages) in flight together.
-    copy_rows_async(&q, row_start, block_rows, head_dim, threads, sram.q);
-    copy_block(&k, 0, sram.k(0));
-    if tiling.kv_stages == 2 {
-        copy_block(&v, 0, sram.v(0));
+    copy_rows_async(&q, row_start, block_rows, head_dim, threads, tiles.q);
+    copy_block(&k, 0, tiles.k(0));
+    if C::KV_STAGES == 2 {
+        copy_block(&v, 0, tiles.v(0));
     }
     arch::copy_async_commit();
 
-    let key_blocks = info.key_blocks(row_start + block_rows, block_cols);
+    let key_blocks = blocks.count();
     let warp_rows = WarpRows {
         first_row: arch::warp_idx() * MMA_M * C::ROW_TILES as u32,
     };
@@ -153,11 +157,12 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
     let mut state = [empty; C::ROW_TILES];
     let mut q_registers = [[[0u32; 4]; C::Q_CHUNKS]; C::ROW_TILES];
     let step_base = BlockStep {
-        sram: &sram,
+        tiles: &tiles,
         stage: 0,
         key_start: 0,
         row_start,
-        info,
+        mask: blocks.mask(),
+        seqlen_k: info.seqlen_k,
         score_scale: shape.softmax_scale * LOG2_E,
     };
     for j in 0..key_blocks {
@@ -168,24 +173,24 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
             for (tile, fragments) in q_registers.iter_mut().enumerate() {
                 for (chunk, fragment) in fragments.iter_mut().enumerate() {
                     *fragment = arch::load_matrix_x4(q_fragment_address(
-                        sram.q,
+                        tiles.q,
                         warp_rows.tile_row(tile),
                         chunk as u32,
                     ));
                 }
             }
         }
-        if tiling.kv_stages == 2 {
+        if C::KV_STAGES == 2 {
             // Block j + 1 into the other stage, in flight while block j is computed.
             if j + 1 < key_blocks {
                 let next = (j + 1) % 2;
-                copy_block(&k, j + 1, sram.k(next));
-                copy_block(&v, j + 1, sram.v(next));
+                copy_block(&k, j + 1, tiles.k(next));
+                copy_block(&v, j + 1, tiles.v(next));
                 arch::copy_async_commit();
             }
         } else {
             // One stage (FlashAttention-2's schedule): V_j lands while S = Q_i·K_jᵀ is computed.
-            copy_block(&v, j, sram.v(0));
+            copy_block(&v, j, tiles.v(0));
             arch::copy_async_commit();
         }
         // With one stage, V_j must have landed, and every warp be done reading K_j, before
@@ -193,22 +198,26 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
         // FlashAttention-2 does, keeps the copy's addresses live beside S: 108 bytes of spills at
         // d = 128 against 80, and spills at d = 96 and 256 that this order avoids.)
         let before_pv = || {
-            if tiling.kv_stages == 1 {
+            if C::KV_STAGES == 1 {
                 arch::copy_async_wait_all();
                 arch::sync_threads();
                 if j + 1 < key_blocks {
-                    copy_block(&k, j + 1, sram.k(0));
+                    copy_block(&k, j + 1, tiles.k(0));
                     arch::copy_async_commit();
                 }
             }
         };
         let key_start = j * block_cols;
         let step = BlockStep {
-            stage: j % tiling.kv_stages,
+            stage: j % C::KV_STAGES,
             key_start,
             ..step_base
         };
-        if info.block_needs_mask(row_start, key_start, block_cols) {
+        if key_start + block_cols > shape.seqlen_k
+            || blocks
+                .mask()
+                .tile_needs_mask(row_start, key_start + block_cols)
+        {
             step.run::<T, C, true>(&warp_rows, &q_registers, &mut state, before_pv);
         } else {
             step.run::<T, C, false>(&warp_rows, &q_registers, &mut state, before_pv);
@@ -236,20 +245,21 @@ impl WarpRows {
 /// One step of the inner loop (one K/V block) for one warp.
 #[derive(Clone, Copy)]
 struct BlockStep<'a> {
-    sram: &'a Fa2TcSram,
+    tiles: &'a Fa2TcSram,
     stage: u32,
     key_start: u32,
     row_start: u32,
-    info: BlockInfo,
+    mask: CausalMask,
+    seqlen_k: u32,
     score_scale: f32,
 }
 
 impl BlockStep<'_> {
     /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S) when the max jumps by more than
     /// `RESCALE_THRESHOLD` for some row of the warp (else m^(j) = m^(j−1)); P̃ = exp2(S − m^(j));
-    /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the
-    /// causal mask and the seqlen_k tail element-wise. `before_pv` runs between the softmax and
-    /// P̃·V_j: the one-stage pipeline waits for V_j and refills K there.
+    /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the causal mask and the
+    /// seqlen_k tail element-wise. `before_pv` runs between the softmax and P̃·V_j: the
+    /// one-stage pipeline waits for V_j and refills K there.
     #[inline(always)]
     fn run<T: TensorCoreElement, C: Fa2TcConfig, const MASK: bool>(
         &self,
@@ -284,17 +294,19 @@ impl BlockStep<'_> {
         self.accumulate_pv::<T, C>(&p, state);
     }
 
-    /// S = Q_i·K_jᵀ for each row tile and the block's B_c keys (`C::KEY_TILES` tiles of 16×8).
-    /// Each K fragment is read once and used by every row tile.
+    /// S = Q_i·K_jᵀ for each row tile and the block's B_c keys (`KEY_TILES` tiles of 16×8). Each K fragment
+    /// is read once and used by every row tile.
     #[inline(always)]
     fn scores<T: TensorCoreElement, C: Fa2TcConfig>(
         &self,
         rows: &WarpRows,
         q_registers: &[[[u32; 4]; C::Q_CHUNKS]; C::ROW_TILES],
     ) -> [[[f32; 4]; C::KEY_TILES]; C::ROW_TILES] {
-        let k_tile = self.sram.k(self.stage);
-        // x4 load of two key tiles × one 16-column chunk. K's rows are B's columns: no transpose.
-        let (key_in_pair, col_in_chunk) = (key_pair_row(), key_pair_col());
+        let lane = arch::lane_idx();
+        let k_tile = self.tiles.k(self.stage);
+        // x4 load of two key tiles × one 16-column chunk: keys +0–7 / +8–15 (lanes 16–31),
+        // columns 0–7 / 8–15 (lanes 8–15, 24–31). K's rows are B's columns: no transpose.
+        let (key_in_pair, col_in_chunk) = (key_pair_row(lane), key_pair_col(lane));
         let mut scores = [[[0.0f32; 4]; C::KEY_TILES]; C::ROW_TILES];
         for chunk in 0..C::Q_CHUNKS {
             let mut q = [[0u32; 4]; C::ROW_TILES];
@@ -303,7 +315,7 @@ impl BlockStep<'_> {
                     q_registers[tile][chunk]
                 } else {
                     arch::load_matrix_x4(q_fragment_address(
-                        self.sram.q,
+                        self.tiles.q,
                         rows.tile_row(tile),
                         chunk as u32,
                     ))
@@ -311,7 +323,7 @@ impl BlockStep<'_> {
             }
             for pair in 0..C::KEY_TILES / 2 {
                 let b = arch::load_matrix_x4(k_tile.at(
-                    pair as u32 * 2 * MMA_N + key_in_pair,
+                    pair as u32 * TILE_PAIR + key_in_pair,
                     chunk as u32 * MMA_K + col_in_chunk,
                 ));
                 for tile in 0..C::ROW_TILES {
@@ -328,13 +340,14 @@ impl BlockStep<'_> {
     /// `first_row` of the sequence).
     #[inline(always)]
     fn apply_mask<C: Fa2TcConfig>(&self, scores: &mut [[f32; 4]; C::KEY_TILES], first_row: u32) {
-        let (lane_row, lane_key) = (first_row + accumulator_row(0), accumulator_col(0));
+        let lane = arch::lane_idx();
+        let lane_row = first_row + accumulator_row(lane);
         for (tile, values) in scores.iter_mut().enumerate() {
             for (e, value) in values.iter_mut().enumerate() {
-                // Elements 2 and 3 are 8 rows down, odd elements one key further.
                 let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
-                let key = self.key_start + tile as u32 * MMA_N + lane_key + e as u32 % 2;
-                if key >= self.info.seqlen_k || !self.info.mask.visible(row, key) {
+                let key =
+                    self.key_start + tile as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
+                if key >= self.seqlen_k || !self.mask.visible(row, key) {
                     *value = f32::NEG_INFINITY;
                 }
             }
@@ -402,15 +415,15 @@ impl BlockStep<'_> {
         p: &[[[u32; 4]; C::KEY_CHUNKS]; C::ROW_TILES],
         state: &mut [RowTileState<C>; C::ROW_TILES],
     ) {
-        let v_tile = self.sram.v(self.stage);
-        // x4.trans load of one 16-key chunk × two column tiles, in an A fragment's lane order:
-        // keys +0–7 / +8–15 (lanes 8–15, 24–31), columns +0–7 / +8–15 (lanes 16–31).
-        let (key_in_chunk, col_in_pair) = (a_fragment_row(), a_fragment_col());
+        let lane = arch::lane_idx();
+        let v_tile = self.tiles.v(self.stage);
+        // x4.trans load: keys +0–7 / +8–15 (lanes 8–15, 24–31), columns +0–7 / +8–15 (lanes 16–31).
+        let (key_in_chunk, col_in_pair) = (a_fragment_row(lane), a_fragment_col(lane));
         for chunk in 0..C::KEY_CHUNKS {
             for pair in 0..C::O_TILES / 2 {
                 let b = arch::load_matrix_x4_transposed(v_tile.at(
                     chunk as u32 * MMA_K + key_in_chunk,
-                    pair as u32 * 2 * MMA_N + col_in_pair,
+                    pair as u32 * TILE_PAIR + col_in_pair,
                 ));
                 for tile in 0..C::ROW_TILES {
                     state[tile].acc[2 * pair] =
@@ -448,6 +461,7 @@ fn store_output<T: TensorCoreElement, C: Fa2TcConfig>(
     first_row: u32,
     state: &mut RowTileState<C>,
 ) {
+    let lane = arch::lane_idx();
     let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
     let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
     for h in 0..2 {
@@ -459,17 +473,17 @@ fn store_output<T: TensorCoreElement, C: Fa2TcConfig>(
             max: state.stats[h].max,
             sum,
         };
-        let row = first_row + accumulator_row(2 * h as u32);
+        let row = first_row + accumulator_row(lane) + h as u32 * LDMATRIX_SIDE;
         if row >= info.seqlen_q {
             continue;
         }
         let inverse_sum = stats.inverse_sum();
         for (tile, values) in state.acc.iter().enumerate() {
-            let col = tile as u32 * MMA_N + accumulator_col(0);
+            let col = tile as u32 * MMA_N + accumulator_col(lane);
             let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
             o.store_pair(row, col, packed);
         }
-        if arch::lane_idx().is_multiple_of(4) {
+        if lane.is_multiple_of(4) {
             logsumexp.write(row, stats.logsumexp(arch::log2));
         }
     }

@@ -119,7 +119,7 @@ pub fn softmax<T: Element>(p: &StandardParams) {
     }
     let s = HeadRows::<f32>::contiguous(p.scores, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
     let probs = HeadRows::<T>::contiguous(p.probs, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
-    let visible_end = blk.mask.visible_key_end(row, blk.seqlen_k);
+    let visible_end = blk.mask().visible_key_end(row, blk.seqlen_k);
     let lanes = arch::WARP_SIZE;
 
     // Pass 1: per-lane (m, ℓ) over the lane's keys, then the warp's merge of the 32 partial rows.
