@@ -213,6 +213,9 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
             key_start,
             ..step_base
         };
+        // `blocks.needs_mask(key_start)`, written out from this function's own values: read
+        // through `KeyBlocks`, the same test changes this kernel's machine code (PERF.md, the
+        // house refactor), which is kept identical to the measured v6.
         if key_start + block_cols > shape.seqlen_k
             || blocks
                 .mask()
