@@ -1,6 +1,7 @@
 //! The element types a user's tensors can have.
 
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use flash_kernels::registry::ElementType;
 /// The half-precision [`Element`]s, re-exported so [`with_element!`] can name them from any crate.
 pub use half::{bf16, f16};
 
@@ -131,5 +132,16 @@ impl Element for bf16 {
     }
     fn from_f64(value: f64) -> Self {
         bf16::from_f64(value)
+    }
+}
+
+/// The kernels' name for the same element type (`flash_kernels::registry`).
+impl From<DType> for ElementType {
+    fn from(dtype: DType) -> Self {
+        match dtype {
+            DType::F32 => ElementType::F32,
+            DType::F16 => ElementType::F16,
+            DType::Bf16 => ElementType::Bf16,
+        }
     }
 }

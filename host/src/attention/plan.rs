@@ -211,12 +211,8 @@ impl Plan {
                     }
                     check_threads(limits, kernel, tiling.threads(), "fa2_tc_tiling")?;
                     plan.blocks = Blocks::Fa2Tc(tiling);
-                    let launch = Launch {
-                        grid: (0, 0, 0),
-                        threads: tiling.threads(),
-                        shared_bytes,
-                    };
-                    plan.launches = vec![fa2_grid(problem, kernel, tiling.block_rows(), launch)];
+                    let (rows, threads) = (tiling.block_rows(), tiling.threads());
+                    plan.launches = vec![fa2_grid(problem, kernel, rows, threads, shared_bytes)];
                 }
                 Some(reason) => {
                     plan.fallback = Some(reason);
@@ -296,21 +292,16 @@ impl Plan {
             block_rows,
             block_cols,
         };
-        let launch = Launch {
-            grid: (0, 0, 0),
-            threads: fa2::threads(block_rows),
-            shared_bytes: fa2::shared_bytes(block_rows, block_cols, d) as u32,
-        };
-        self.launches = vec![fa2_grid(&problem, kernel, block_rows, launch)];
+        let threads = fa2::threads(block_rows);
+        let shared_bytes = fa2::shared_bytes(block_rows, block_cols, d) as u32;
+        self.launches = vec![fa2_grid(
+            &problem,
+            kernel,
+            block_rows,
+            threads,
+            shared_bytes,
+        )];
         Ok(())
-    }
-
-    /// The kernel that does the attention (the last of standard attention's three).
-    pub fn kernel(&self) -> KernelId {
-        self.launches
-            .last()
-            .map(|l| l.kernel)
-            .unwrap_or(KernelId::new(Family::Fa1, ElementType::F32))
     }
 
     /// Every kernel's name, in launch order, joined by `+`.
@@ -371,14 +362,21 @@ fn fa2_kernel(element: ElementType, d: u32, block_cols: u32) -> Option<KernelId>
         .copied()
 }
 
-/// `launch` on the FA2 grid (⌈seqlen_q/B_r⌉, batch·heads).
-fn fa2_grid(problem: &Problem, kernel: KernelId, block_rows: u32, launch: Launch) -> PlannedLaunch {
+/// `kernel` on the FA2 grid (⌈seqlen_q/B_r⌉, batch·heads).
+fn fa2_grid(
+    problem: &Problem,
+    kernel: KernelId,
+    block_rows: u32,
+    threads: u32,
+    shared_bytes: u32,
+) -> PlannedLaunch {
     let row_blocks = problem.seqlen_q.div_ceil(block_rows as usize) as u32;
     PlannedLaunch {
         kernel,
         launch: Launch {
             grid: (row_blocks, problem.batch_heads() as u32, 1),
-            ..launch
+            threads,
+            shared_bytes,
         },
     }
 }
@@ -610,14 +608,4 @@ pub fn tensor_core_fallback(
              {COPY_ELEMENTS} elements)"
         )
     })
-}
-
-impl From<DType> for ElementType {
-    fn from(dtype: DType) -> Self {
-        match dtype {
-            DType::F32 => ElementType::F32,
-            DType::F16 => ElementType::F16,
-            DType::Bf16 => ElementType::Bf16,
-        }
-    }
 }

@@ -86,14 +86,12 @@ impl KeyBlocks {
         )
     }
 
-    /// Whether the key block starting at `key_start` runs past `seqlen_k` or crosses the causal
+    /// Whether the key block starting at `key_start` runs past seqlen_k or crosses the causal
     /// diagonal, so its step is the one compiled with `MASK = true`; every other block runs the
-    /// step with `MASK = false`. Kernels pass `seqlen_k` as they read it from their parameter
-    /// block inside the loop (a copy kept from before the loop changes the tensor-core kernel's
-    /// machine code).
+    /// step with `MASK = false`.
     #[inline(always)]
-    pub fn needs_mask(&self, key_start: u32, seqlen_k: u32) -> bool {
-        key_start + self.block_cols > seqlen_k
+    pub fn needs_mask(&self, key_start: u32) -> bool {
+        key_start + self.block_cols > self.seqlen_k
             || self
                 .mask
                 .tile_needs_mask(self.row_start, key_start + self.block_cols)
@@ -135,13 +133,13 @@ mod tests {
         // diagonal, block 0 does not.
         let blocks = BlockInfo::new(&shape(1, 256, 256, true), 0).key_blocks(64, 64, 64);
         assert_eq!(blocks.count(), 2);
-        assert!(!blocks.needs_mask(0, 256));
-        assert!(blocks.needs_mask(64, 256));
+        assert!(!blocks.needs_mask(0));
+        assert!(blocks.needs_mask(64));
         // Non-causal: every block, and only the tail past seqlen_k is masked.
         let blocks = BlockInfo::new(&shape(1, 100, 100, false), 0).key_blocks(0, 64, 64);
         assert_eq!(blocks.count(), 2);
-        assert!(!blocks.needs_mask(0, 100));
-        assert!(blocks.needs_mask(64, 100));
+        assert!(!blocks.needs_mask(0));
+        assert!(blocks.needs_mask(64));
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub fn forward<T: Element, C: Fa2Config>(p: &Fa2Params) {
         load_tile(&k, key_start, block_cols, head_dim, &sram.k);
         load_tile(&v, key_start, block_cols, head_dim, &sram.v);
         arch::sync_threads();
-        if key_blocks.needs_mask(key_start, shape.seqlen_k) {
+        if key_blocks.needs_mask(key_start) {
             attend_block::<true, C>(&blk, &sram, &mut rows, key_start);
         } else {
             attend_block::<false, C>(&blk, &sram, &mut rows, key_start);

@@ -121,16 +121,9 @@ pub trait Fa2TcConfig {
     /// B_c / MMA_K: the k-steps of P̃·V_j.
     type const KEY_CHUNKS: usize;
 
-    // The tiling's sizes as scalar constants: the kernel branches on them, and a scalar constant
-    // folds as early as a const generic would (a field of `TILING` only after SROA, which
-    // changes LLVM's inlining and block layout).
-    /// B_r.
-    const BLOCK_ROWS: u32 = Self::TILING.block_rows();
-    /// B_c.
-    const BLOCK_COLS: u32 = Self::TILING.block_cols;
-    /// Threads per block.
-    const THREADS: u32 = Self::TILING.threads();
-    /// K/V shared-memory stages (1 or 2).
+    /// K/V shared-memory stages (1 or 2), as a scalar constant: the kernel branches on it, and a
+    /// scalar constant folds as early as a const generic would (a field of `TILING` only after
+    /// SROA, which changes LLVM's inlining and block layout).
     const KV_STAGES: u32 = Self::TILING.kv_stages;
 
     /// Whether Q's fragments are loaded once into registers (else re-read per block).

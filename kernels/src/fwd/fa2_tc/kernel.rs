@@ -1,9 +1,10 @@
-//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fa2`], with both
-//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate).
+//! FlashAttention-2 forward on tensor cores: the same algorithm as [`crate::fwd::fa2`], with both
+//! products on `mma.sync.m16n8k16` (f16/bf16 in, f32 accumulate). Generic over one config type
+//! `C: Fa2TcConfig` (head dim, tiling, and the sizes of the per-lane register arrays).
 //!
-//! Block: `WARPS` warps, each owning `ROW_TILES` m16 tiles of Q (split-Q), so
-//! B_r = 16·`WARPS`·`ROW_TILES`; B_c = 8·`KEY_TILES` keys (64, or 32 where S must be smaller
-//! for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
+//! Block: `C::TILING.warps` warps, each owning `C::ROW_TILES` m16 tiles of Q (split-Q), so
+//! B_r = 16·warps·row tiles; B_c = 8·`C::KEY_TILES` keys (64, or 32 and 48 where S must be
+//! smaller for Õ to fit in registers). With two row tiles per warp every K/V fragment read from shared
 //! memory feeds two MMAs, halving shared-memory traffic per FLOP. Causal grids run the heaviest
 //! row blocks (the last) first.
 //!
@@ -18,11 +19,11 @@
 //!  └──────────────┘
 //! ```
 //!
-//! `KV_STAGES` = 1 keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
+//! `C::KV_STAGES` = 1 keeps one K and one V buffer instead, on FlashAttention-2's own schedule: V_j is
 //! copied behind S = Q_i·K_jᵀ, K_j+1 behind P̃·V_j (two barriers per block, less
 //! shared memory, so more of the SM's 256 KiB stays L1 cache).
 //!
-//! Fragment layouts (PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
+//! Fragment layouts (`tile::fragment`; PTX ISA, mma.m16n8k16): lane `l` holds, of a 16×8 f32 tile, rows `l/4` and
 //! `l/4 + 8` at columns `2·(l%4)` and `+1`. The S tile of keys 16t..16t+16 therefore already is
 //! the A fragment of P̃ for the P̃·V product once packed to 16 bits: P never leaves registers.
 //!
@@ -30,7 +31,7 @@
 //! sums ℓ over its own columns and the quad (4 lanes of a row) adds them once at the end, which is
 //! exact because α is the same for the whole row. Up to d = 128 the running max moves only when a
 //! block's row max exceeds it by more than `softmax::RESCALE_THRESHOLD` (FlashAttention-4's
-//! conditional rescale, decided once per warp by a vote; `layout::fa2_tc_conditional_rescale`):
+//! conditional rescale, decided once per warp by a vote; `config::conditional_rescale`):
 //! most blocks then skip α and the d/8·4 multiplies of Õ, and the result is the same because Õ
 //! and ℓ are sums against the same max.
 
@@ -110,7 +111,7 @@ fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddr
 /// The kernel body for one config `C` (head dim, tiling, and the register arrays' sizes:
 /// `C::Q_CHUNKS` = d/16, `C::O_TILES` = d/8, `C::KEY_TILES` = B_c/8 tiles of S per row tile and
 /// K/V block, `C::KEY_CHUNKS` = B_c/16 k-steps of P̃·V). Grid (⌈seqlen_q/B_r⌉, batch·heads),
-/// `C::THREADS` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
+/// `C::TILING.threads()` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
     let () = C::CHECKED;
