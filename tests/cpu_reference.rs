@@ -356,23 +356,27 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
 
 #[test]
 fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
-    use flash_attn::device::{module_source, ptx};
-    assert_eq!(module_source(None).unwrap(), ptx());
-    assert!(ptx().contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2c64("));
+    use flash_attn::device::{Module, module_source, ptx};
+    assert_eq!(module_source(Module::Main, None).unwrap(), ptx(Module::Main));
+    assert!(ptx(Module::Main).contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2c64("));
+    assert!(ptx(Module::Hopper).contains(".visible .entry fa3_forward_bf16_d128_w2c128("));
+    assert!(ptx(Module::Hopper).contains(".target sm_90a"));
     let dir = std::env::temp_dir().join(format!("flash-attn-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let variant = dir.join("variant.ptx");
     std::fs::write(&variant, ".version 8.0\n.target sm_90\n").unwrap();
     assert_eq!(
-        module_source(Some(variant.clone().into())).unwrap(),
+        module_source(Module::Main, Some(variant.clone().into())).unwrap(),
         ".version 8.0\n.target sm_90\n"
     );
     let missing = dir.join("missing.ptx");
-    let err = module_source(Some(missing.clone().into()))
+    let err = module_source(Module::Hopper, Some(missing.clone().into()))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("FLASH_ATTN_PTX") && err.contains("missing.ptx") && err.contains("readable"),
+        err.contains("FLASH_ATTN_HOPPER_PTX")
+            && err.contains("missing.ptx")
+            && err.contains("readable"),
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

@@ -1,34 +1,39 @@
-//! The kernel list (`flash_kernels::registry::KERNELS`) against the PTX the build produced, and
-//! the launch plan's choices, on the CPU.
+//! The kernel lists (`flash_kernels::registry::KERNELS`, `HOPPER_KERNELS`) against the PTX
+//! modules the build produced, and the launch plan's choices, on the CPU.
 
 use flash_attn::attention::{
     Algorithm, AttentionOptions, Blocks, CompiledLimits, Plan, Problem, StatisticsKind,
 };
 use flash_attn::{DType, Error};
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
-use flash_kernels::registry::{ElementType, Family, KERNELS, KernelId};
+use flash_kernels::registry::{ElementType, Family, KERNELS, KernelId, Module};
 
 #[test]
-fn the_kernel_list_is_exactly_the_ptx_entry_points() {
-    let mut listed: Vec<String> = KERNELS.iter().map(|k| k.to_string()).collect();
-    let mut entries: Vec<String> = flash_attn::device::entry_names()
-        .into_iter()
-        .map(String::from)
-        .collect();
-    listed.sort();
-    entries.sort();
-    let missing: Vec<_> = listed.iter().filter(|k| !entries.contains(k)).collect();
-    let unlisted: Vec<_> = entries.iter().filter(|e| !listed.contains(e)).collect();
-    assert!(
-        missing.is_empty() && unlisted.is_empty(),
-        "listed but not in the PTX: {missing:?}; in the PTX but not listed: {unlisted:?}"
-    );
-    assert_eq!(listed.len(), KERNELS.len(), "the list names a kernel twice");
+fn each_kernel_list_is_exactly_its_modules_entry_points() {
+    for module in [Module::Main, Module::Hopper] {
+        let list = module.kernels();
+        let mut listed: Vec<String> = list.iter().map(|k| k.to_string()).collect();
+        let mut entries: Vec<String> = flash_attn::device::entry_names(module)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        listed.sort();
+        entries.sort();
+        let missing: Vec<_> = listed.iter().filter(|k| !entries.contains(k)).collect();
+        let unlisted: Vec<_> = entries.iter().filter(|e| !listed.contains(e)).collect();
+        assert!(
+            missing.is_empty() && unlisted.is_empty(),
+            "{}: listed but not in the PTX: {missing:?}; in the PTX but not listed: {unlisted:?}",
+            module.name()
+        );
+        assert_eq!(listed.len(), list.len(), "the list names a kernel twice");
+        assert!(list.iter().all(|k| k.module() == module));
+    }
 }
 
 #[test]
 fn kernel_names_read_back_as_their_ids() {
-    for kernel in KERNELS.iter() {
+    for kernel in KERNELS.iter().chain(Module::Hopper.kernels().iter()) {
         let name = kernel.to_string();
         assert_eq!(name.parse::<KernelId>(), Ok(*kernel), "{name}");
     }

@@ -1,5 +1,6 @@
 //! The module's entry points: one `extern "ptx-kernel"` function per kernel of
-//! [`crate::for_each_kernel!`], named by [`crate::registry::KernelId`]'s `Display`, each taking its
+//! [`crate::for_each_kernel!`] (or, built with `feature = "hopper"`, of
+//! [`crate::for_each_hopper_kernel!`]), named by [`crate::registry::KernelId`]'s `Display`, each taking its
 //! parameter block by value.
 //!
 //! # Safety
@@ -8,9 +9,14 @@
 //! shared memory that the kernel's docs give (the host's launch plan does).
 
 use crate::common::element::{Bf16, F16};
+#[cfg(not(feature = "hopper"))]
 use crate::common::params::{Fa1Params, Fa2Params, StandardParams};
+#[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
+#[cfg(not(feature = "hopper"))]
 use crate::{fa2_config, fa2_tc_config, for_each_kernel};
+#[cfg(feature = "hopper")]
+use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
 
 /// The kernels' element type for a name of the list.
 macro_rules! element {
@@ -25,8 +31,18 @@ macro_rules! element {
     };
 }
 
-/// One entry point, from one line of the list.
+/// One entry point, from one line of a list.
 macro_rules! entry_point {
+    (fa3 $dtype:ident $d:literal $consumers:literal $cols:literal) => {
+        const _: () = {
+            fa3_config!(Config, $d, $consumers, $cols);
+            #[unsafe(export_name = concat!("fa3_forward_", stringify!($dtype), "_d", $d, "_w",
+                $consumers, "c", $cols))]
+            unsafe extern "ptx-kernel" fn kernel(params: Fa3Params) {
+                fa3::kernel::forward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
     (standard $stage:ident $dtype:ident) => {
         const _: () = {
             #[unsafe(export_name = concat!("standard_", stringify!($stage), "_", stringify!($dtype)))]
@@ -65,4 +81,8 @@ macro_rules! entry_point {
     };
 }
 
+// The main module holds every family but FA3; the Hopper module (sm_90a) FA3 alone.
+#[cfg(not(feature = "hopper"))]
 for_each_kernel!(entry_point);
+#[cfg(feature = "hopper")]
+for_each_hopper_kernel!(entry_point);

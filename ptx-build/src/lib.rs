@@ -109,6 +109,8 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+pub use flash_kernels::registry::Module;
+
 /// What to build and where.
 pub struct PtxBuild {
     /// The `kernels/` crate.
@@ -117,7 +119,9 @@ pub struct PtxBuild {
     pub target_dir: PathBuf,
     /// The cargo to run (the outer build's `CARGO`).
     pub cargo: PathBuf,
+    /// The main module's target; the Hopper module is always sm_90a.
     pub arch: Arch,
+    pub module: Module,
 }
 
 /// The result: the PTX file and the names of its kernels.
@@ -127,6 +131,22 @@ pub struct Ptx {
 }
 
 impl PtxBuild {
+    /// The architecture this build targets.
+    pub fn target_arch(&self) -> Arch {
+        match self.module {
+            Module::Main => self.arch,
+            Module::Hopper => Arch::Sm90a,
+        }
+    }
+
+    /// Name of this build's files: `flash_attn_<arch>` or `flash_attn_hopper_sm_90a`.
+    fn stem(&self) -> String {
+        match self.module {
+            Module::Main => format!("flash_attn_{}", self.arch),
+            Module::Hopper => format!("flash_attn_hopper_{}", self.target_arch()),
+        }
+    }
+
     /// Runs the whole build; see the module docs.
     pub fn run(&self) -> Result<Ptx, BuildError> {
         let rustc = self.rustc();
@@ -140,7 +160,7 @@ impl PtxBuild {
             });
         }
         let rlibs = self.cargo_build(&rustc)?;
-        let work = self.target_dir.join(format!("link-{}", self.arch));
+        let work = self.target_dir.join(format!("link-{}", self.stem()));
         recreate_dir(&work)?;
 
         let kernels_bc = tools.link_members(
@@ -160,7 +180,7 @@ impl PtxBuild {
                 .arg("-o")
                 .arg(&linked);
         })?;
-        let (kernels, annotated) = tools.annotate_launch_bounds(&linked, &work)?;
+        let (kernels, annotated) = tools.annotate_launch_bounds(&linked, &work, self.module)?;
         let optimized = work.join("optimized.bc");
         tools.run("opt", |c| {
             c.arg("-passes=internalize,default<O3>")
@@ -173,13 +193,11 @@ impl PtxBuild {
                 .arg("-o")
                 .arg(&optimized);
         })?;
-        let ptx = self
-            .target_dir
-            .join(format!("flash_attn_{}.ptx", self.arch));
+        let ptx = self.target_dir.join(format!("{}.ptx", self.stem()));
         tools.run("llc", |c| {
             c.arg("-mtriple=nvptx64-nvidia-cuda")
-                .arg(format!("-mcpu={}", self.arch))
-                .arg(format!("-mattr={}", self.arch.ptx_feature()))
+                .arg(format!("-mcpu={}", self.target_arch()))
+                .arg(format!("-mattr={}", self.target_arch().ptx_feature()))
                 .arg("-O3")
                 .arg(&optimized)
                 .arg("-o")
@@ -213,7 +231,10 @@ impl PtxBuild {
             ])
             .args(["--message-format", "json-render-diagnostics"])
             .arg("--target-dir")
-            .arg(self.target_dir.join(format!("cargo-{}", self.arch)));
+            .arg(self.target_dir.join(format!("cargo-{}", self.stem())));
+        if self.module == Module::Hopper {
+            cmd.args(["--features", "hopper"]);
+        }
         // The outer build's settings (its target, features, flags, wrapper) must not leak into
         // this one, which has its own target and flags.
         for (key, _) in std::env::vars_os() {
@@ -232,8 +253,8 @@ impl PtxBuild {
             }
         }
         let flags = [
-            format!("-Ctarget-cpu={}", self.arch),
-            format!("-Ctarget-feature={}", self.arch.ptx_feature()),
+            format!("-Ctarget-cpu={}", self.target_arch()),
+            format!("-Ctarget-feature={}", self.target_arch().ptx_feature()),
             format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
         ];
         cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
@@ -386,6 +407,7 @@ impl LlvmTools {
         &self,
         bitcode: &Path,
         work: &Path,
+        module: Module,
     ) -> Result<(Vec<String>, PathBuf), BuildError> {
         let ir = self.run("llvm-dis", |c| {
             c.arg(bitcode).arg("-o").arg("-");
@@ -402,7 +424,7 @@ impl LlvmTools {
                 .map(|n| n.trim_matches('"').to_string());
             match (name, line.strip_suffix(" {")) {
                 (Some(name), Some(head)) => {
-                    let threads = listed_kernel(&name)?.max_threads();
+                    let threads = listed_kernel(&name, module)?.max_threads();
                     // `.minnctapersm 1` too: without it ptxas, given only `.maxntid`, caps
                     // registers to fit several blocks per SM and spills; these kernels' occupancy
                     // is set by their shared memory, not their registers.
@@ -427,16 +449,20 @@ impl LlvmTools {
     }
 }
 
-/// The id of the entry point `name`, which must be one of `flash_kernels::registry::KERNELS`
-/// (the list that generates the entry points, so anything else is a kernel defined by hand).
-fn listed_kernel(name: &str) -> Result<flash_kernels::registry::KernelId, BuildError> {
+/// The id of the entry point `name`, which must be one of `module`'s kernels (the list that
+/// generates the entry points, so anything else is a kernel defined by hand).
+fn listed_kernel(
+    name: &str,
+    module: Module,
+) -> Result<flash_kernels::registry::KernelId, BuildError> {
     name.parse()
         .ok()
-        .filter(|id| flash_kernels::registry::KERNELS.contains(id))
+        .filter(|id| module.kernels().contains(id))
         .ok_or_else(|| {
             BuildError::KernelCompile(format!(
-                "entry point `{name}` is not in `flash_kernels::registry::KERNELS`: add kernels \
-                 through `for_each_kernel!`"
+                "entry point `{name}` is not in the {} module's kernel list: add kernels \
+                 through `for_each_kernel!` or `for_each_hopper_kernel!`",
+                module.name()
             ))
         })
 }

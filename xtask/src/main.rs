@@ -1,7 +1,8 @@
 //! `cargo xtask <command>`: the project's automation, one module per command.
 //!
-//! - `ptx [--arch sm_90]`    build the PTX module (the same build the host crate's build script runs)
-//! - `ptxas [--arch sm_90]`  assemble it with ptxas and print registers, shared memory, stack, spills
+//! - `ptx [--arch sm_90]`    build the PTX modules (the same builds the host crate's build script
+//!   runs): the main one for `--arch`, and the Hopper one (sm_90a)
+//! - `ptxas [--arch sm_90]`  assemble them with ptxas and print registers, shared memory, stack, spills
 //! - `sass [--kernel NAME] [--blocks]`  SASS of the tensor-core kernels: HMMA, ldmatrix, MUFU,
 //!   spills in the main loop; `--blocks`: its basic blocks (paths) and their instruction mix
 //! - `test`                  PTX build, ptxas and SASS checks, and every test (the README's test command)
@@ -65,15 +66,21 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Ptx { arch } => ptx::build(arch).map(|ptx| {
+        Command::Ptx { arch } => MODULES.iter().try_for_each(|&module| {
+            let ptx = ptx::build(arch, module)?;
             println!("{} kernels in {}", ptx.kernels.len(), ptx.path.display());
+            Ok(())
         }),
-        Command::Ptxas { arch } => ptx::ptxas_report(arch).map(|_| ()),
+        Command::Ptxas { arch } => MODULES
+            .iter()
+            .try_for_each(|&module| ptx::ptxas_report(arch, module).map(|_| ())),
         Command::Sass {
             arch,
             kernel,
             blocks,
-        } => sass::report(arch, kernel.as_deref(), blocks).map(|_| ()),
+        } => MODULES.iter().try_for_each(|&module| {
+            sass::report(arch, module, kernel.as_deref(), blocks).map(|_| ())
+        }),
         Command::Test => test::run(),
         Command::Bundle { out } => bundle::run(&out),
     };
@@ -87,6 +94,9 @@ fn main() -> ExitCode {
 }
 
 pub type Result<T = ()> = std::result::Result<T, String>;
+
+/// Both PTX modules, in build order.
+const MODULES: [ptx_build::Module; 2] = [ptx_build::Module::Main, ptx_build::Module::Hopper];
 
 /// The workspace root (the parent of this crate).
 pub fn root() -> &'static Path {

@@ -1,25 +1,29 @@
 //! `cargo xtask ptx` and `cargo xtask ptxas`.
 
-use flash_kernels::registry::KERNELS;
 use std::path::PathBuf;
 use std::process::Command;
 
-use ptx_build::{Arch, Ptx, PtxBuild};
+use ptx_build::{Arch, Module, Ptx, PtxBuild};
 
 use crate::{Result, root};
 
 /// The ptxas wheel: CUDA 13.0, the release on the project's H200 machine.
 const PTXAS_WHEEL: &str = "nvidia-cuda-nvcc==13.0.88";
 
-/// Builds the PTX into `target/ptx/`.
-pub fn build(arch: Arch) -> Result<Ptx> {
-    let build = PtxBuild {
+/// The build of `module` (the main one for `arch`; the Hopper one is always sm_90a).
+pub fn build_of(arch: Arch, module: Module) -> PtxBuild {
+    PtxBuild {
         kernels_dir: root().join("kernels"),
         target_dir: root().join("target/ptx"),
         cargo: crate::cargo(),
         arch,
-    };
-    build.run().map_err(|e| e.to_string())
+        module,
+    }
+}
+
+/// Builds `module`'s PTX into `target/ptx/`.
+pub fn build(arch: Arch, module: Module) -> Result<Ptx> {
+    build_of(arch, module).run().map_err(|e| e.to_string())
 }
 
 /// ptxas from the PyPI wheel, installed into `.tools/` (git-ignored) on first use.
@@ -61,9 +65,12 @@ pub struct KernelResources {
     pub spill_loads: u32,
 }
 
-/// Builds the PTX, assembles it with `ptxas -v`, prints the table, and fails on any ptxas error.
-pub fn ptxas_report(arch: Arch) -> Result<Vec<KernelResources>> {
-    let ptx = build(arch)?;
+/// Builds `module`'s PTX, assembles it with `ptxas -v`, prints the table, and fails on any ptxas
+/// error, and on spills in a Hopper kernel (its consumers must keep Õ and S in registers).
+pub fn ptxas_report(arch: Arch, module: Module) -> Result<Vec<KernelResources>> {
+    let ptx = build(arch, module)?;
+    let arch = build_of(arch, module).target_arch();
+    let kernel_list = module.kernels();
     let ptxas = ptxas()?;
     let output = Command::new(&ptxas)
         .arg(format!("-arch={arch}"))
@@ -78,19 +85,20 @@ pub fn ptxas_report(arch: Arch) -> Result<Vec<KernelResources>> {
     }
     let mut kernels = parse_ptxas(&log);
     // One row per kernel of the list, in the list's order; anything else is an error.
-    let position = |name: &str| KERNELS.iter().position(|k| k.to_string() == name);
+    let position = |name: &str| kernel_list.iter().position(|k| k.to_string() == name);
     if let Some(k) = kernels.iter().find(|k| position(&k.name).is_none()) {
         return Err(format!(
-            "ptxas reported `{}`, which `flash_kernels::registry::KERNELS` does not list",
-            k.name
+            "ptxas reported `{}`, which the {} module's kernel list does not hold",
+            k.name,
+            module.name()
         ));
     }
-    if kernels.len() != KERNELS.len() || kernels.len() != ptx.kernels.len() {
+    if kernels.len() != kernel_list.len() || kernels.len() != ptx.kernels.len() {
         return Err(format!(
             "ptxas reported {} kernels, the module has {} and the list {}",
             kernels.len(),
             ptx.kernels.len(),
-            KERNELS.len()
+            kernel_list.len()
         ));
     }
     kernels.sort_by_key(|k| position(&k.name));
@@ -113,6 +121,14 @@ pub fn ptxas_report(arch: Arch) -> Result<Vec<KernelResources>> {
         "{} kernels assembled, 0 errors (dynamic shared memory is sized at launch)",
         kernels.len()
     );
+    let spilling: Vec<&str> = kernels
+        .iter()
+        .filter(|k| module == Module::Hopper && (k.spill_stores > 0 || k.spill_loads > 0))
+        .map(|k| k.name.as_str())
+        .collect();
+    if !spilling.is_empty() {
+        return Err(format!("Hopper kernels spill: {}", spilling.join(", ")));
+    }
     Ok(kernels)
 }
 

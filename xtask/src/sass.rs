@@ -9,10 +9,10 @@ use flash_kernels::registry::KernelId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ptx_build::Arch;
+use ptx_build::{Arch, Module};
 
 use crate::Result;
-use crate::ptx::{build, ptxas, tool_from_wheel};
+use crate::ptx::{build, build_of, ptxas, tool_from_wheel};
 
 const CUOBJDUMP_WHEEL: &str = "nvidia-cuda-cuobjdump==13.5.37";
 const NVDISASM_WHEEL: &str = "nvidia-cuda-nvdisasm==13.5.37";
@@ -46,7 +46,7 @@ pub struct KernelSass {
 /// Instruction classes of the block view, each an opcode prefix list; an instruction counts in
 /// the first class it matches (so `IMAD.MOV`, a register move, is not counted as `IMAD`).
 const BLOCK_CLASSES: [(&str, &[&str]); 15] = [
-    ("HMMA", &["HMMA"]),
+    ("HMMA", &["HMMA", "HGMMA"]),
     ("LDSM", &["LDSM"]),
     ("MUFU", &["MUFU"]),
     ("FFMA", &["FFMA"]),
@@ -93,8 +93,14 @@ impl std::fmt::Display for BlockCounts {
 /// whose name contains `filter`) and, with `blocks`, each one's main-loop basic blocks, writes the
 /// whole SASS to `target/ptx/<module>.sass`, and fails when a tensor-core kernel has no HMMA in a
 /// loop.
-pub fn report(arch: Arch, filter: Option<&str>, blocks: bool) -> Result<Vec<KernelSass>> {
-    let ptx = build(arch)?;
+pub fn report(
+    arch: Arch,
+    module: Module,
+    filter: Option<&str>,
+    blocks: bool,
+) -> Result<Vec<KernelSass>> {
+    let ptx = build(arch, module)?;
+    let arch = build_of(arch, module).target_arch();
     let cubin = ptx.path.with_extension("cubin");
     crate::run_command(
         Command::new(ptxas()?)
@@ -238,7 +244,7 @@ fn summarise(name: String, code: &[Instruction]) -> KernelSass {
         for i in code.iter().filter(|i| (from..=to).contains(&i.address)) {
             c.instructions += 1;
             let op = i.opcode.as_str();
-            c.hmma += u32::from(op.starts_with("HMMA"));
+            c.hmma += u32::from(op.starts_with("HMMA") || op.starts_with("HGMMA"));
             c.ldsm += u32::from(op.starts_with("LDSM"));
             c.mufu += u32::from(op.starts_with("MUFU"));
             c.local += u32::from(op.starts_with("LDL") || op.starts_with("STL"));

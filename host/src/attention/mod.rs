@@ -8,20 +8,22 @@ pub mod plan;
 pub mod problem;
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::common::params::{Fa1Params, Fa2Params, Operands, StandardParams};
+use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, StandardParams};
+use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
 pub use plan::{
     Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
     PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,
-    fa2_tc_tiling, fa2_tc_tilings, tensor_core_fallback,
+    fa2_tc_tiling, fa2_tc_tilings, fa3_fallback, fa3_tiling, tensor_core_fallback,
 };
 pub use problem::{
-    Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem, parse_fa2_tc_tiling,
+    Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem, parse_fa2_tc_tiling, parse_fa3_tiling,
     parse_optional_fa2_tc_tiling,
 };
 
 use crate::device::Gpu;
+use crate::device::tensor_map::{self, CALL_WORDS, MapOperand, TENSOR_MAP_WORDS};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceTensor, Layout};
@@ -233,6 +235,32 @@ pub fn attention_with_workspace<T: Element>(
         }
         (Blocks::Fa2Tc(tiling), RowStatistics::LogSumExp(l)) => {
             let params = fa2_params(gpu, operands, &problem, l, tiling.block_rows());
+            launch_plan(gpu, &plan, params)?;
+        }
+        (Blocks::Fa3 { tiling, .. }, RowStatistics::LogSumExp(l)) => {
+            let element = ElementType::from(T::DTYPE);
+            let mut maps = [0u64; CALL_WORDS];
+            let tensors = [
+                ("q", &operands.q, q.dims(), tiling.block_rows()),
+                ("k", &operands.k, k.dims(), tiling.block_cols),
+                ("v", &operands.v, v.dims(), tiling.block_cols),
+            ];
+            for (i, (name, view, dims, box_rows)) in tensors.into_iter().enumerate() {
+                let operand = MapOperand {
+                    name,
+                    view,
+                    dims,
+                    box_rows,
+                };
+                maps[i * TENSOR_MAP_WORDS..(i + 1) * TENSOR_MAP_WORDS]
+                    .copy_from_slice(&tensor_map::encode(&operand, element)?);
+            }
+            let params = Fa3Params {
+                shape,
+                o: operands.o,
+                logsumexp: gpu.address(l),
+                tensor_maps: gpu.tensor_maps(maps)?,
+            };
             launch_plan(gpu, &plan, params)?;
         }
         _ => {

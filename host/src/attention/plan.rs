@@ -11,8 +11,11 @@ use flash_kernels::common::params::{Operands, TensorView};
 use flash_kernels::fwd::fa1::config::{self as fa1, Fa1Blocks};
 use flash_kernels::fwd::fa2::config as fa2;
 use flash_kernels::fwd::fa2_tc::config::{COPY_ELEMENTS, Fa2TcTiling};
+use flash_kernels::fwd::fa3::config::{self as fa3, Fa3Tiling};
 use flash_kernels::fwd::standard::config as standard;
-use flash_kernels::registry::{ElementType, Family, KERNELS, KernelId, StandardStage};
+use flash_kernels::registry::{
+    ElementType, Family, HOPPER_KERNELS, KERNELS, KernelId, StandardStage,
+};
 
 use super::problem::{Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem};
 use crate::dtype::DType;
@@ -30,6 +33,8 @@ pub trait LaunchLimits {
     /// The most threads a block of `kernel` can launch with on this device: its compiled bound
     /// (`.maxntid`), lowered where its registers per thread leave fewer.
     fn max_threads(&self, kernel: KernelId) -> Result<u32>;
+    /// Whether the device runs the Hopper module (FA3): compute capability 9.0.
+    fn runs_hopper_module(&self) -> bool;
 }
 
 /// Limits known without a GPU: a device's shared memory, and each kernel's compiled thread bound
@@ -37,12 +42,15 @@ pub trait LaunchLimits {
 #[derive(Clone, Copy, Debug)]
 pub struct CompiledLimits {
     pub shared_memory_per_block: u32,
+    /// Whether the device is compute capability 9.0 (runs the Hopper module).
+    pub hopper: bool,
 }
 
 impl CompiledLimits {
-    /// The H200's shared memory.
+    /// The H200's shared memory; a 9.0 device.
     pub const H200: Self = Self {
         shared_memory_per_block: H200_SHARED_MEMORY_PER_BLOCK,
+        hopper: true,
     };
 }
 
@@ -52,6 +60,9 @@ impl LaunchLimits for CompiledLimits {
     }
     fn max_threads(&self, kernel: KernelId) -> Result<u32> {
         Ok(kernel.max_threads())
+    }
+    fn runs_hopper_module(&self) -> bool {
+        self.hopper
     }
 }
 
@@ -85,6 +96,8 @@ pub enum Blocks {
         block_cols: u32,
     },
     Fa2Tc(Fa2TcTiling),
+    /// FA3's tiling, and the compiled head dim that holds the problem's.
+    Fa3 { head_dim: u32, tiling: Fa3Tiling },
 }
 
 /// Which row statistics the algorithm returns.
@@ -100,7 +113,9 @@ impl StatisticsKind {
     pub fn of(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::Fa1 => StatisticsKind::MaxAndSum,
-            Algorithm::Standard | Algorithm::Fa2 | Algorithm::Fa2Tc => StatisticsKind::LogSumExp,
+            Algorithm::Standard | Algorithm::Fa2 | Algorithm::Fa2Tc | Algorithm::Fa3 => {
+                StatisticsKind::LogSumExp
+            }
         }
     }
 }
@@ -125,7 +140,7 @@ impl WorkspaceSize {
                 scores: 0,
                 o_accumulator: problem.rows() * problem.head_dim,
             },
-            Algorithm::Fa2 | Algorithm::Fa2Tc => Self::default(),
+            Algorithm::Fa2 | Algorithm::Fa2Tc | Algorithm::Fa3 => Self::default(),
         }
     }
 }
@@ -139,7 +154,8 @@ pub struct Plan {
     pub blocks: Blocks,
     /// The kernels in launch order.
     pub launches: Vec<PlannedLaunch>,
-    /// Why the algorithm asked for runs another family's kernel (FA2-TC on the scalar FA2).
+    /// Why the algorithm asked for runs another family's kernel, as "`fa2-tc` falls back to
+    /// `fa2`: …" (FA3 on FA2-TC, FA2-TC on the scalar FA2; both steps, `; `-joined).
     pub fallback: Option<String>,
     pub workspace: WorkspaceSize,
     pub statistics: StatisticsKind,
@@ -187,41 +203,78 @@ impl Plan {
                 };
                 plan.launches = vec![PlannedLaunch { kernel, launch }];
             }
-            Algorithm::Fa2Tc => match tensor_core_fallback(dtype, problem.head_dim, operands) {
-                None => {
-                    let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
-                    let kernel = KernelId::new(
-                        Family::Fa2Tc {
-                            head_dim: problem.head_dim as u32,
-                            tiling,
-                        },
-                        element,
-                    );
-                    let shared_bytes = tiling.shared_bytes(problem.head_dim as u32);
-                    if shared_bytes > shared_limit {
-                        return Err(Error::invalid(
-                            "fa2_tc_tiling",
-                            tiling,
-                            format!(
-                                "needs {shared_bytes} bytes of shared memory at head_dim {}; \
-                                 the device allows {shared_limit}",
-                                problem.head_dim
-                            ),
-                        ));
-                    }
-                    check_threads(limits, kernel, tiling.threads(), "fa2_tc_tiling")?;
-                    plan.blocks = Blocks::Fa2Tc(tiling);
-                    let (rows, threads) = (tiling.block_rows(), tiling.threads());
-                    plan.launches = vec![fa2_grid(problem, kernel, rows, threads, shared_bytes)];
-                }
-                Some(reason) => {
-                    plan.fallback = Some(reason);
-                    plan.plan_fa2(limits, element, options)?;
-                }
-            },
+            Algorithm::Fa2Tc => plan.plan_fa2_tc(limits, element, options, operands)?,
+            Algorithm::Fa3 => plan.plan_fa3(limits, element, options, operands)?,
             Algorithm::Fa2 => plan.plan_fa2(limits, element, options)?,
         }
         Ok(plan)
+    }
+
+    /// FA2 on tensor cores at the problem's head dim, with the requested or default tiling; the
+    /// scalar FA2 where no tensor-core kernel can run it ([`tensor_core_fallback`]).
+    fn plan_fa2_tc(
+        &mut self,
+        limits: &dyn LaunchLimits,
+        element: ElementType,
+        options: &AttentionOptions,
+        operands: Option<&Operands>,
+    ) -> Result<()> {
+        let problem = self.problem;
+        if let Some(reason) = tensor_core_fallback(self.dtype, problem.head_dim, operands) {
+            self.add_fallback(Algorithm::Fa2Tc, Algorithm::Fa2, reason);
+            return self.plan_fa2(limits, element, options);
+        }
+        let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
+        let kernel = KernelId::new(
+            Family::Fa2Tc {
+                head_dim: problem.head_dim as u32,
+                tiling,
+            },
+            element,
+        );
+        let shared_bytes = tiling.shared_bytes(problem.head_dim as u32);
+        check_shared(limits, shared_bytes, "fa2_tc_tiling", tiling, problem.head_dim)?;
+        check_threads(limits, kernel, tiling.threads(), "fa2_tc_tiling")?;
+        self.blocks = Blocks::Fa2Tc(tiling);
+        let (rows, threads) = (tiling.block_rows(), tiling.threads());
+        self.launches = vec![fa2_grid(&problem, kernel, rows, threads, shared_bytes)];
+        Ok(())
+    }
+
+    /// FA3 on the smallest compiled head dim that holds the problem's, with the requested or
+    /// default tiling; FA2-TC where FA3 cannot run it ([`fa3_fallback`]).
+    fn plan_fa3(
+        &mut self,
+        limits: &dyn LaunchLimits,
+        element: ElementType,
+        options: &AttentionOptions,
+        operands: Option<&Operands>,
+    ) -> Result<()> {
+        let problem = self.problem;
+        let head_dim = match fa3_fallback(limits, self.dtype, problem.head_dim, operands) {
+            Ok(head_dim) => head_dim,
+            Err(reason) => {
+                self.add_fallback(Algorithm::Fa3, Algorithm::Fa2Tc, reason);
+                return self.plan_fa2_tc(limits, element, options, operands);
+            }
+        };
+        let tiling = fa3_tiling(head_dim, options.fa3_tiling)?;
+        let kernel = KernelId::new(Family::Fa3 { head_dim, tiling }, element);
+        let shared_bytes = tiling.shared_bytes(head_dim);
+        check_shared(limits, shared_bytes, "fa3_tiling", tiling, problem.head_dim)?;
+        check_threads(limits, kernel, tiling.threads(), "fa3_tiling")?;
+        self.blocks = Blocks::Fa3 { head_dim, tiling };
+        let (rows, threads) = (tiling.block_rows(), tiling.threads());
+        self.launches = vec![fa2_grid(&problem, kernel, rows, threads, shared_bytes)];
+        Ok(())
+    }
+
+    fn add_fallback(&mut self, from: Algorithm, to: Algorithm, reason: String) {
+        let step = format!("{from} falls back to {to}: {reason}");
+        self.fallback = Some(match self.fallback.take() {
+            Some(earlier) => format!("{earlier}; {step}"),
+            None => step,
+        });
     }
 
     /// The scalar FA2: the smallest compiled head-dim capacity that holds d, and the largest
@@ -338,10 +391,13 @@ impl fmt::Display for Plan {
                 block_cols,
             } => write!(f, " (B_r = {block_rows}, B_c = {block_cols})")?,
             Blocks::Fa2Tc(tiling) => write!(f, " (tiling {tiling})")?,
+            Blocks::Fa3 { head_dim, tiling } => {
+                write!(f, " (tiling {tiling}, compiled head dim {head_dim})")?
+            }
             Blocks::Standard => {}
         }
-        if let Some(reason) = &self.fallback {
-            write!(f, "; fa2-tc falls back to fa2: {reason}")?;
+        if let Some(fallback) = &self.fallback {
+            write!(f, "; {fallback}")?;
         }
         Ok(())
     }
@@ -417,6 +473,28 @@ fn standard_launches(problem: &Problem, element: ElementType) -> Vec<PlannedLaun
             launch,
         })
         .collect()
+}
+
+/// An error naming `argument` when a tiling's shared memory does not fit the device.
+fn check_shared(
+    limits: &dyn LaunchLimits,
+    shared_bytes: u32,
+    argument: &'static str,
+    tiling: impl fmt::Display,
+    head_dim: usize,
+) -> Result<()> {
+    let shared_limit = limits.shared_memory_per_block();
+    if shared_bytes > shared_limit {
+        return Err(Error::invalid(
+            argument,
+            tiling,
+            format!(
+                "needs {shared_bytes} bytes of shared memory at head_dim {head_dim}; the device \
+                 allows {shared_limit}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// An error naming `argument` when `kernel` cannot launch `threads` threads on this device.
@@ -499,6 +577,7 @@ pub fn fa2_blocks(
     };
     let limits = CompiledLimits {
         shared_memory_per_block: shared_limit,
+        hopper: false,
     };
     let plan = Plan::new(
         &limits,
@@ -590,6 +669,12 @@ pub fn tensor_core_fallback(
             "head_dim {head_dim} has no tensor-core kernel (compiled for {dims:?})"
         ));
     }
+    misaligned_operand(operands)
+}
+
+/// The first operand whose address or strides are not 16-byte aligned (16-bit elements), as the
+/// reason a 16-byte copy (cp.async, TMA) cannot read it.
+fn misaligned_operand(operands: Option<&Operands>) -> Option<String> {
     let aligned = |view: &TensorView| {
         let step = COPY_ELEMENTS as u64;
         view.addr.is_multiple_of(16)
@@ -608,4 +693,59 @@ pub fn tensor_core_fallback(
              {COPY_ELEMENTS} elements)"
         )
     })
+}
+
+/// The compiled head dim FA3 runs this call on, or why it cannot run it: the device is not
+/// compute capability 9.0, f32, an odd head dim (O is stored two elements at a time), or a row
+/// start that TMA cannot address. Then it runs FA2-TC.
+pub fn fa3_fallback(
+    limits: &dyn LaunchLimits,
+    dtype: DType,
+    head_dim: usize,
+    operands: Option<&Operands>,
+) -> std::result::Result<u32, String> {
+    if !limits.runs_hopper_module() {
+        return Err("the device is not compute capability 9.0 (FA3's module is sm_90a)".into());
+    }
+    if dtype == DType::F32 {
+        return Err("f32 has no FA3 kernel (f16 and bf16 do)".into());
+    }
+    if !head_dim.is_multiple_of(2) {
+        return Err(format!("head_dim {head_dim} is odd (FA3 takes even head dims)"));
+    }
+    if let Some(reason) = misaligned_operand(operands) {
+        return Err(reason);
+    }
+    fa3::HEAD_DIMS
+        .into_iter()
+        .find(|&d| d as usize >= head_dim)
+        .ok_or_else(|| format!("head_dim {head_dim} is past FA3's largest, 256"))
+}
+
+/// FA3's tiling at compiled head dim `d`: the override if the kernel is compiled with it, else
+/// the default.
+pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>) -> Result<Fa3Tiling> {
+    let tilings: Vec<Fa3Tiling> = HOPPER_KERNELS
+        .iter()
+        .filter(|k| k.dtype == ElementType::Bf16)
+        .filter_map(|k| match k.family {
+            Family::Fa3 { head_dim, tiling } if head_dim == d => Some(tiling),
+            _ => None,
+        })
+        .collect();
+    match tiling {
+        None => Ok(Fa3Tiling::default_for(d)),
+        Some(t) if tilings.contains(&t) => Ok(t),
+        Some(t) => {
+            let allowed: Vec<String> = tilings.iter().map(|t| t.to_string()).collect();
+            Err(Error::invalid(
+                "fa3_tiling",
+                t,
+                format!(
+                    "allowed at compiled head dim {d}: {} (consumer warpgroups, B_c)",
+                    allowed.join(", ")
+                ),
+            ))
+        }
+    }
 }

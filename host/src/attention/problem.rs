@@ -2,6 +2,7 @@
 
 use flash_kernels::common::params::AttentionShape;
 use flash_kernels::fwd::fa2_tc::config::{DEFAULT_BLOCK_COLS, Fa2TcTiling};
+use flash_kernels::fwd::fa3::config::Fa3Tiling;
 use flash_kernels::fwd::standard::config::MATMUL_TILE;
 
 use crate::error::{Error, Result};
@@ -26,14 +27,20 @@ pub enum Algorithm {
     /// [`Algorithm::Fa2`], and the plan says why.
     #[serde(rename = "fa2-tc")]
     Fa2Tc,
+    /// FlashAttention-3 forward on Hopper (TMA, wgmma, a producer and consumer warpgroups),
+    /// f16/bf16, head dims up to 256 (each on the smallest compiled one that holds it: 64, 96,
+    /// 128, 192, 256), compute capability 9.0 with 16-byte-aligned rows; anything else runs
+    /// [`Algorithm::Fa2Tc`], and the plan says why.
+    Fa3,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Standard,
         Algorithm::Fa1,
         Algorithm::Fa2,
         Algorithm::Fa2Tc,
+        Algorithm::Fa3,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +49,7 @@ impl Algorithm {
             Algorithm::Fa1 => "fa1",
             Algorithm::Fa2 => "fa2",
             Algorithm::Fa2Tc => "fa2-tc",
+            Algorithm::Fa3 => "fa3",
         }
     }
 }
@@ -58,7 +66,7 @@ impl std::str::FromStr for Algorithm {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name() == s)
-            .ok_or_else(|| Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc"))
+            .ok_or_else(|| Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc, fa3"))
     }
 }
 
@@ -77,6 +85,9 @@ pub struct AttentionOptions {
     /// FA2-TC's split of B_r over warps and row tiles, K/V pipeline depth and B_c
     /// (the tilings `registry::KERNELS` lists); default: measured per head dim.
     pub fa2_tc_tiling: Option<Fa2TcTiling>,
+    /// FA3's consumer warpgroups and B_c (the tilings `registry::HOPPER_KERNELS` lists);
+    /// default: per head dim (`Fa3Tiling::default_for`).
+    pub fa3_tiling: Option<Fa3Tiling>,
 }
 
 /// A checked problem: what every kernel's parameter block is built from.
@@ -253,4 +264,16 @@ pub fn parse_fa2_tc_tiling(text: &str) -> Result<Fa2TcTiling> {
 /// [`parse_fa2_tc_tiling`] of an optional override: `None` (the default per head dim) stays `None`.
 pub fn parse_optional_fa2_tc_tiling(text: Option<&str>) -> Result<Option<Fa2TcTiling>> {
     text.map(parse_fa2_tc_tiling).transpose()
+}
+
+/// An FA3 tiling from its name, `wWcC` (e.g. `w2c128`: 2 consumer warpgroups, B_c = 128).
+/// Whether the kernel is compiled with it is checked per head dim by the plan.
+pub fn parse_fa3_tiling(text: &str) -> Result<Fa3Tiling> {
+    let bad = || Error::invalid("fa3_tiling", text, "wWcC, e.g. w2c128 (consumer warpgroups, B_c)");
+    let (consumers, cols) = text
+        .strip_prefix('w')
+        .and_then(|rest| rest.split_once('c'))
+        .ok_or_else(bad)?;
+    let number = |s: &str| s.parse::<u32>().map_err(|_| bad());
+    Ok(Fa3Tiling::new(number(consumers)?, number(cols)?))
 }

@@ -3,11 +3,11 @@
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use flash_kernels::registry::KernelId;
+use flash_kernels::registry::{KernelId, Module};
 
 use super::Gpu;
 use crate::attention::{Launch, LaunchLimits};
-use crate::error::{CudaContextExt, Result};
+use crate::error::{CudaContextExt, Error, Result};
 
 /// Shared memory a kernel gets without opting in (CUDA's rule).
 const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
@@ -17,6 +17,7 @@ pub trait ParamBlock: Copy {}
 impl ParamBlock for flash_kernels::common::params::StandardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa1Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2Params {}
+impl ParamBlock for flash_kernels::common::params::Fa3Params {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]
@@ -34,8 +35,21 @@ impl Gpu {
         if let Some(f) = functions.get(&kernel) {
             return Ok(f.clone());
         }
-        let f = self
-            .module
+        let module = match kernel.module() {
+            Module::Main => &self.module,
+            Module::Hopper => self.hopper_module.as_ref().ok_or_else(|| {
+                Error::invalid(
+                    "kernel",
+                    kernel,
+                    format!(
+                        "a kernel of the Hopper module, which only compute capability 9.0 loads \
+                         (this device is {}.{})",
+                        self.info.compute_capability.0, self.info.compute_capability.1
+                    ),
+                )
+            })?,
+        };
+        let f = module
             .load_function(&kernel.to_string())
             .context(|| format!("loading kernel `{kernel}`"))?;
         functions.insert(kernel, f.clone());
@@ -82,6 +96,10 @@ impl Gpu {
 impl LaunchLimits for Gpu {
     fn shared_memory_per_block(&self) -> u32 {
         self.info().shared_memory_per_block
+    }
+
+    fn runs_hopper_module(&self) -> bool {
+        self.has_hopper_module()
     }
 
     /// `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`: the kernel's `.maxntid`, lowered where its

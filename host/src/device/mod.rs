@@ -3,6 +3,7 @@
 
 mod launch;
 pub mod module;
+pub mod tensor_map;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use flash_kernels::registry::KernelId;
 
 pub use launch::ParamBlock;
-pub use module::{PTX_ARCH, PTX_OVERRIDE_VAR, check_capability, entry_names, module_source, ptx};
+pub use module::{
+    HOPPER_PTX_ARCH, HOPPER_PTX_OVERRIDE_VAR, Module, PTX_ARCH, PTX_OVERRIDE_VAR, check_capability,
+    entry_names, module_source, ptx,
+};
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemPool_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
@@ -35,12 +39,16 @@ pub struct DeviceInfo {
     pub l2_cache_bytes: usize,
 }
 
-/// An open GPU with the kernel module loaded. All launches go to one stream, in order.
+/// An open GPU with the kernel modules loaded (the Hopper one only on compute capability 9.0).
+/// All launches go to one stream, in order.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
+    hopper_module: Option<Arc<CudaModule>>,
     functions: Mutex<HashMap<KernelId, CudaFunction>>,
+    /// FA3's tensor maps on the device (`tensor_map`).
+    tensor_maps: Mutex<tensor_map::TensorMapCache>,
     /// Each kernel's `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`, read on first use.
     thread_limits: Mutex<HashMap<KernelId, u32>>,
     info: DeviceInfo,
@@ -61,15 +69,19 @@ impl Gpu {
         })?;
         let info = device_info(&ctx, ordinal)?;
         check_capability(ordinal, &info.name, info.compute_capability, PTX_ARCH)?;
-        let module = ctx
-            .load_module(Ptx::from_src(module_source(std::env::var_os(
-                PTX_OVERRIDE_VAR,
-            ))?))
-            .map_err(|e| Error::ModuleLoad {
-                ordinal,
-                arch: PTX_ARCH,
-                detail: e.to_string(),
-            })?;
+        let load = |module: Module| {
+            let source = module_source(module, std::env::var_os(module::override_var(module)))?;
+            ctx.load_module(Ptx::from_src(source))
+                .map_err(|e| Error::ModuleLoad {
+                    ordinal,
+                    arch: module::arch(module),
+                    detail: e.to_string(),
+                })
+        };
+        let module = load(Module::Main)?;
+        let hopper_module = module::runs(info.compute_capability, HOPPER_PTX_ARCH)
+            .then(|| load(Module::Hopper))
+            .transpose()?;
         // One stream, in-order: cudarc's cross-stream event tracking would only add work.
         // SAFETY: nothing in this crate uses a second stream.
         unsafe { ctx.disable_event_tracking() };
@@ -78,7 +90,9 @@ impl Gpu {
             ctx,
             stream,
             module,
+            hopper_module,
             functions: Mutex::new(HashMap::new()),
+            tensor_maps: Mutex::default(),
             thread_limits: Mutex::new(HashMap::new()),
             info,
         };
@@ -129,6 +143,11 @@ impl Gpu {
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Whether the Hopper module (FA3) is loaded: the device is compute capability 9.0.
+    pub fn has_hopper_module(&self) -> bool {
+        self.hopper_module.is_some()
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {

@@ -1,53 +1,89 @@
-//! The kernel module: the PTX embedded at build time (or a file named by `FLASH_ATTN_PTX`), the
-//! architecture it targets and which devices can run it, and the entry points it holds.
+//! The kernel modules: the PTX of each embedded at build time (or a file named by
+//! `FLASH_ATTN_PTX` / `FLASH_ATTN_HOPPER_PTX`), the architecture it targets and which devices can
+//! run it, and the entry points it holds.
 
 use std::sync::OnceLock;
 
+pub use flash_kernels::registry::Module;
+
 use crate::error::{Error, Result};
 
-/// The PTX module with every kernel, built and deflated by `host/build.rs`.
-static PTX_DEFLATED: &[u8] = include_bytes!(env!("FLASH_ATTN_PTX_DEFLATED"));
+/// The main module (every family but FA3), built and deflated by `host/build.rs`.
+static MAIN_DEFLATED: &[u8] = include_bytes!(env!("FLASH_ATTN_PTX_DEFLATED"));
+/// The Hopper module (FA3, sm_90a).
+static HOPPER_DEFLATED: &[u8] = include_bytes!(env!("FLASH_ATTN_HOPPER_PTX_DEFLATED"));
 
-/// The embedded PTX module with every kernel (inflated on first use).
-pub fn ptx() -> &'static str {
-    static PTX: OnceLock<String> = OnceLock::new();
-    PTX.get_or_init(|| {
-        let bytes = miniz_oxide::inflate::decompress_to_vec(PTX_DEFLATED)
+/// An embedded module's PTX (inflated on first use).
+pub fn ptx(module: Module) -> &'static str {
+    static MAIN: OnceLock<String> = OnceLock::new();
+    static HOPPER: OnceLock<String> = OnceLock::new();
+    let (cell, deflated) = match module {
+        Module::Main => (&MAIN, MAIN_DEFLATED),
+        Module::Hopper => (&HOPPER, HOPPER_DEFLATED),
+    };
+    cell.get_or_init(|| {
+        let bytes = miniz_oxide::inflate::decompress_to_vec(deflated)
             .expect("host/build.rs deflated the PTX");
         String::from_utf8(bytes).expect("PTX is ASCII text")
     })
 }
 
-/// Environment variable naming a PTX file to load instead of the embedded module: for A/B
+/// Environment variable naming a PTX file to load instead of the embedded main module: for A/B
 /// experiments on kernel variants with one host binary. The file must define the same kernels
 /// (same names and parameters) for the same architecture.
 pub const PTX_OVERRIDE_VAR: &str = "FLASH_ATTN_PTX";
-/// The architecture the embedded PTX targets.
+/// As [`PTX_OVERRIDE_VAR`], for the Hopper module.
+pub const HOPPER_PTX_OVERRIDE_VAR: &str = "FLASH_ATTN_HOPPER_PTX";
+/// The architecture the embedded main module targets.
 pub const PTX_ARCH: &str = env!("FLASH_ATTN_PTX_ARCH");
+/// The architecture of the Hopper module.
+pub const HOPPER_PTX_ARCH: &str = "sm_90a";
 
-/// Names of the embedded module's kernels, from the PTX's `.entry` directives (the CPU test
-/// checks them against `flash_kernels::registry::KERNELS`).
-pub fn entry_names() -> Vec<&'static str> {
-    ptx()
+/// The override variable of `module`.
+pub fn override_var(module: Module) -> &'static str {
+    match module {
+        Module::Main => PTX_OVERRIDE_VAR,
+        Module::Hopper => HOPPER_PTX_OVERRIDE_VAR,
+    }
+}
+
+/// The architecture `module` targets.
+pub fn arch(module: Module) -> &'static str {
+    match module {
+        Module::Main => PTX_ARCH,
+        Module::Hopper => HOPPER_PTX_ARCH,
+    }
+}
+
+/// Names of an embedded module's kernels, from the PTX's `.entry` directives (the CPU test
+/// checks them against the module's kernel list).
+pub fn entry_names(module: Module) -> Vec<&'static str> {
+    ptx(module)
         .lines()
         .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
         .map(|l| l.split('(').next().unwrap_or(l).trim())
         .collect()
 }
 
-/// The PTX to load: the embedded module, or the file `override_path` names (the value of
-/// [`PTX_OVERRIDE_VAR`]).
-pub fn module_source(override_path: Option<std::ffi::OsString>) -> Result<String> {
+/// The PTX to load for `module`: the embedded one, or the file `override_path` names (the value
+/// of its [`override_var`]).
+pub fn module_source(module: Module, override_path: Option<std::ffi::OsString>) -> Result<String> {
     match override_path {
-        None => Ok(ptx().to_string()),
+        None => Ok(ptx(module).to_string()),
         Some(path) => std::fs::read_to_string(&path).map_err(|e| {
             Error::invalid(
-                PTX_OVERRIDE_VAR,
+                override_var(module),
                 path.to_string_lossy(),
                 format!("a readable PTX file, or unset to use the embedded module ({e})"),
             )
         }),
     }
+}
+
+/// Whether a device of `capability` runs `arch`'s PTX (see [`check_capability`]).
+pub fn runs(capability: (i32, i32), arch: &str) -> bool {
+    let (required, newer_run_it) = required_capability(arch);
+    capability == required || (newer_run_it && capability > required)
 }
 
 /// The compute capability `arch`'s PTX needs, and whether newer ones run it: sm_80 and sm_90 PTX
@@ -69,8 +105,7 @@ pub fn check_capability(
     arch: &'static str,
 ) -> Result<()> {
     let ((required_major, required_minor), newer_run_it) = required_capability(arch);
-    let required = (required_major, required_minor);
-    if capability == required || (newer_run_it && capability > required) {
+    if runs(capability, arch) {
         return Ok(());
     }
     let requirement = if newer_run_it {

@@ -6,7 +6,8 @@
 //!   conversions, shared-memory carving, loads and stores);
 //! - [`sm80`]: Ampere's tensor-core and copy instructions (`mma.sync`, `ldmatrix`, `cp.async`).
 //!
-//! Hopper's instructions (wgmma, TMA, mbarrier, setmaxnreg) get their own file beside these.
+//! - [`sm90`] (the Hopper module only, `feature = "hopper"`): wgmma, TMA, mbarriers, named
+//!   barriers, `setmaxnreg`.
 //! Kernels import the folder as one namespace (`arch::sync_threads()`, `arch::load_matrix_x4(…)`).
 
 mod base;
@@ -14,3 +15,8 @@ mod sm80;
 
 pub use base::*;
 pub use sm80::*;
+
+#[cfg(feature = "hopper")]
+mod sm90;
+#[cfg(feature = "hopper")]
+pub use sm90::*;

@@ -54,6 +54,8 @@ impl Element for Bf16 {
 
 /// A 16-bit element the tensor cores multiply (f32 accumulate).
 pub trait TensorCoreElement: Element {
+    /// Whether this is bf16 (else f16): the type names of a `wgmma`.
+    const BF16: bool;
     /// Two f32 rounded to this type and packed into one register, `low` first.
     fn pack2(low: f32, high: f32) -> u32;
     /// D = A·B + C, m16n8k16, in PTX fragment layouts.
@@ -61,6 +63,7 @@ pub trait TensorCoreElement: Element {
 }
 
 impl TensorCoreElement for Bf16 {
+    const BF16: bool = true;
     #[inline(always)]
     fn pack2(low: f32, high: f32) -> u32 {
         arch::pack_bf16x2(low, high)
@@ -72,6 +75,7 @@ impl TensorCoreElement for Bf16 {
 }
 
 impl TensorCoreElement for F16 {
+    const BF16: bool = false;
     #[inline(always)]
     fn pack2(low: f32, high: f32) -> u32 {
         arch::pack_f16x2(low, high)

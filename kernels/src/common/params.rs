@@ -94,3 +94,18 @@ pub struct Fa2Params {
     pub block_rows: u32,
     pub _pad: u32,
 }
+
+/// FlashAttention-3 forward (Hopper): Q, K and V arrive by TMA through tensor maps the host
+/// encoded; O is stored from registers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fa3Params {
+    pub shape: AttentionShape,
+    pub o: TensorView,
+    /// L, f32, (batch·heads, seqlen_q), as [`Fa2Params::logsumexp`].
+    pub logsumexp: u64,
+    /// Device address of three consecutive 128-byte `CUtensorMap`s (64-byte aligned): Q, K, V,
+    /// each a 4-D tensor (head_dim, seqlen, heads, batch) of 16-bit elements with a box of 64
+    /// columns × B_r (Q) or B_c (K, V) rows and 128-byte swizzle.
+    pub tensor_maps: u64,
+}

@@ -5,9 +5,11 @@
 //! - [`standard`]: S = scale·QKᵀ and P = softmax(S) through HBM, then O = PV (the baseline);
 //! - [`fa1`]: FlashAttention-1, outer loop over K/V blocks, O normalised in HBM each step;
 //! - [`fa2`]: FlashAttention-2, outer loop over Q blocks, unnormalised Õ in registers;
-//! - [`fa2_tc`]: FlashAttention-2 on tensor cores (`mma.sync`, `ldmatrix`, `cp.async`).
+//! - [`fa2_tc`]: FlashAttention-2 on tensor cores (`mma.sync`, `ldmatrix`, `cp.async`);
+//! - [`fa3`]: FlashAttention-3 on Hopper (TMA, wgmma, warp specialization), the Hopper module.
 
 pub mod fa1;
 pub mod fa2;
 pub mod fa2_tc;
+pub mod fa3;
 pub mod standard;

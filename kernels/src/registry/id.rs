@@ -7,6 +7,7 @@ use core::str::FromStr;
 
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
+use crate::fwd::fa3::config::Fa3Tiling;
 use crate::fwd::{fa1, standard};
 
 /// The element type of Q, K, V and O a kernel is compiled for.
@@ -94,6 +95,34 @@ pub enum Family {
     },
     /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`.
     Fa2Tc { head_dim: u32, tiling: Fa2TcTiling },
+    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`.
+    Fa3 { head_dim: u32, tiling: Fa3Tiling },
+}
+
+/// The PTX module a kernel is compiled into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    /// Every family but FA3, for sm_80 or sm_90 (runs on every later GPU).
+    Main,
+    /// FA3, for sm_90a (compute capability 9.0 only).
+    Hopper,
+}
+
+impl Module {
+    /// The kernels the module holds.
+    pub const fn kernels(self) -> &'static crate::registry::KernelList {
+        match self {
+            Module::Main => &crate::registry::KERNELS,
+            Module::Hopper => &crate::registry::HOPPER_KERNELS,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Module::Main => "main",
+            Module::Hopper => "hopper",
+        }
+    }
 }
 
 /// One compiled kernel: an entry point of the PTX module.
@@ -118,13 +147,22 @@ impl KernelId {
             Family::Fa2 {
                 head_dim_capacity, ..
             } => Some(head_dim_capacity),
-            Family::Fa2Tc { head_dim, .. } => Some(head_dim),
+            Family::Fa2Tc { head_dim, .. } | Family::Fa3 { head_dim, .. } => Some(head_dim),
         }
     }
 
-    /// Whether the kernel multiplies on tensor cores (`xtask sass` requires HMMA in its loop).
+    /// The module the kernel is compiled into.
+    pub const fn module(&self) -> Module {
+        match self.family {
+            Family::Fa3 { .. } => Module::Hopper,
+            _ => Module::Main,
+        }
+    }
+
+    /// Whether the kernel multiplies on tensor cores (`xtask sass` requires HMMA, or HGMMA for
+    /// the Hopper module's, in its loop).
     pub const fn uses_tensor_cores(&self) -> bool {
-        matches!(self.family, Family::Fa2Tc { .. })
+        matches!(self.family, Family::Fa2Tc { .. } | Family::Fa3 { .. })
     }
 
     /// The most threads a block of this kernel is launched with. `ptx-build` writes it into the
@@ -138,6 +176,7 @@ impl KernelId {
                 head_dim_capacity, ..
             } => fa2::threads(fa2::max_block_rows(head_dim_capacity)),
             Family::Fa2Tc { tiling, .. } => tiling.threads(),
+            Family::Fa3 { tiling, .. } => tiling.threads(),
         }
     }
 
@@ -166,6 +205,16 @@ impl KernelId {
                     tiling: t,
                 },
             ) => a == b && s.const_eq(t),
+            (
+                Family::Fa3 {
+                    head_dim: a,
+                    tiling: s,
+                },
+                Family::Fa3 {
+                    head_dim: b,
+                    tiling: t,
+                },
+            ) => a == b && s.const_eq(t),
             _ => false,
         };
         same_family && self.dtype as u8 == other.dtype as u8
@@ -174,7 +223,8 @@ impl KernelId {
 
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `fa1_forward_<dtype>`,
-    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`.
+    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
+    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
         match self.family {
@@ -196,6 +246,7 @@ impl fmt::Display for KernelId {
                     "fa2tc_forward_{dtype}_d{head_dim}_w{warps}r{row_tiles}s{kv_stages}c{block_cols}"
                 )
             }
+            Family::Fa3 { head_dim, tiling } => write!(f, "fa3_forward_{dtype}_d{head_dim}_{tiling}"),
         }
     }
 }
@@ -208,7 +259,8 @@ impl fmt::Display for ParseKernelIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
             "not a kernel name (standard_<stage>_<dtype>, fa1_forward_<dtype>, \
-             fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>)",
+             fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>, \
+             fa3_forward_<dtype>_d<d>_w<W>c<C>)",
         )
     }
 }
@@ -260,6 +312,16 @@ impl FromStr for KernelId {
             let family = Family::Fa2Tc {
                 head_dim: number(head_dim)?,
                 tiling,
+            };
+            (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa3_forward_") {
+            // <dtype>_d<d>_w<W>c<C>
+            let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
+            let (consumers, cols) = rest.split_once('c').ok_or(ParseKernelIdError)?;
+            let family = Family::Fa3 {
+                head_dim: number(head_dim)?,
+                tiling: Fa3Tiling::new(number(consumers)?, number(cols)?),
             };
             (family, dtype)
         } else {

@@ -1,16 +1,18 @@
-//! Every kernel the module holds, listed once.
+//! Every kernel the modules hold, listed once.
 //!
-//! [`for_each_kernel!`] is the list. On the GPU it generates the entry points (`entry.rs`); on
-//! the host it builds [`KERNELS`], the typed ids ([`KernelId`]) that the host launches, that
+//! [`for_each_kernel!`] is the list of the main module (sm_80/sm_90, every GPU from Ampere on),
+//! [`for_each_hopper_kernel!`] that of the Hopper module (sm_90a: FA3). On the GPU they generate
+//! the entry points (`entry.rs`); on the host they build [`KERNELS`] and [`HOPPER_KERNELS`], the typed ids ([`KernelId`]) that the host launches, that
 //! `ptx-build` reads launch bounds from, and that `xtask ptxas`/`sass` and `flash-attn info`
-//! report. A CPU test checks [`KERNELS`] against the PTX's `.entry` names, so a kernel cannot be
+//! report. A CPU test checks each list against its module's `.entry` names, so a kernel cannot be
 //! compiled without being listed, or listed without being compiled.
 
 mod id;
 
-pub use id::{ElementType, Family, KernelId, ParseKernelIdError, StandardStage};
+pub use id::{ElementType, Family, KernelId, Module, ParseKernelIdError, StandardStage};
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
+use crate::fwd::fa3::config::Fa3Tiling;
 
 /// Invokes `$emit!` once per compiled kernel, with one of:
 ///
@@ -69,6 +71,28 @@ macro_rules! for_each_kernel {
     )*)*};
 }
 
+/// Invokes `$emit!` once per kernel of the Hopper module (sm_90a), with
+/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c>`.
+///
+/// Every head dim takes FlashAttention-3's tile for its size within two consumer warpgroups
+/// (`Fa3Tiling::default_for`); d = 64 also with three (B_r = 192, FlashAttention-3's choice) and
+/// d = 128 also with B_c = 176 (its non-causal tile), for measurement.
+#[macro_export]
+macro_rules! for_each_hopper_kernel {
+    ($emit:ident) => {
+        $crate::for_each_hopper_kernel!(@fa3 $emit [f16 bf16]);
+    };
+    (@fa3 $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(fa3 $dtype 64 2 128);
+        $emit!(fa3 $dtype 64 3 128);
+        $emit!(fa3 $dtype 96 2 128);
+        $emit!(fa3 $dtype 128 2 128);
+        $emit!(fa3 $dtype 128 2 176);
+        $emit!(fa3 $dtype 192 2 112);
+        $emit!(fa3 $dtype 256 2 80);
+    )*};
+}
+
 /// The most kernels [`KERNELS`] can hold (a fixed capacity, so the list is a `const`).
 type const CAPACITY: usize = 256;
 
@@ -121,39 +145,63 @@ impl KernelList {
     }
 }
 
-/// Every compiled kernel, in [`for_each_kernel!`]'s order.
+/// Pushes one kernel of a list onto `$list`.
+macro_rules! push_kernel {
+    ($list:ident; standard $stage:ident $dtype:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::Standard(StandardStage::$stage()),
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa1 $dtype:ident) => {
+        $list = $list.with(KernelId::new(Family::Fa1, ElementType::$dtype()));
+    };
+    ($list:ident; fa2 $dtype:ident $capacity:literal $cols:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa2 {
+                head_dim_capacity: $capacity,
+                block_cols: $cols,
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa3 $dtype:ident $head_dim:literal $consumers:literal $cols:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa3 {
+                head_dim: $head_dim,
+                tiling: Fa3Tiling::new($consumers, $cols),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa2_tc $dtype:ident $head_dim:literal $warps:literal $rows:literal
+     $stages:literal $cols:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa2Tc {
+                head_dim: $head_dim,
+                tiling: Fa2TcTiling::new($warps, $rows, $stages, $cols),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+}
+
+/// Every kernel of the main module, in [`for_each_kernel!`]'s order.
 pub const KERNELS: KernelList = {
     let mut list = KernelList::EMPTY;
     macro_rules! push {
-        (standard $stage:ident $dtype:ident) => {
-            list = list.with(KernelId::new(
-                Family::Standard(StandardStage::$stage()),
-                ElementType::$dtype(),
-            ));
-        };
-        (fa1 $dtype:ident) => {
-            list = list.with(KernelId::new(Family::Fa1, ElementType::$dtype()));
-        };
-        (fa2 $dtype:ident $capacity:literal $cols:literal) => {
-            list = list.with(KernelId::new(
-                Family::Fa2 {
-                    head_dim_capacity: $capacity,
-                    block_cols: $cols,
-                },
-                ElementType::$dtype(),
-            ));
-        };
-        (fa2_tc $dtype:ident $head_dim:literal $warps:literal $rows:literal $stages:literal
-         $cols:literal) => {
-            list = list.with(KernelId::new(
-                Family::Fa2Tc {
-                    head_dim: $head_dim,
-                    tiling: Fa2TcTiling::new($warps, $rows, $stages, $cols),
-                },
-                ElementType::$dtype(),
-            ));
-        };
+        ($($kernel:tt)*) => { push_kernel!(list; $($kernel)*); };
     }
     for_each_kernel!(push);
+    list
+};
+
+/// Every kernel of the Hopper module, in [`for_each_hopper_kernel!`]'s order.
+pub const HOPPER_KERNELS: KernelList = {
+    let mut list = KernelList::EMPTY;
+    macro_rules! push {
+        ($($kernel:tt)*) => { push_kernel!(list; $($kernel)*); };
+    }
+    for_each_hopper_kernel!(push);
     list
 };

@@ -7,11 +7,16 @@
 //! - `shared`: f32 and 16-bit tiles in shared memory, and the block-wide loops that fill them;
 //! - `copy`: asynchronous 16-byte copies of global rows into 16-bit shared tiles;
 //! - `register`: one thread's 4 × 4 register blocks of a matrix product;
-//! - `warp`: reductions across a warp.
+//! - `warp`: reductions across a warp;
+//! - `accumulator`: a warp's rows of an f32 accumulator in the mma.m16n8 layout (mask, row
+//!   reductions, the online-softmax update, the output store), shared by FA2-TC and FA3;
+//! - `swizzled` (Hopper): 128-byte-swizzled shared tiles as TMA writes and wgmma reads them.
 
 pub mod fragment;
 pub mod layout;
 
+#[cfg(target_arch = "nvptx64")]
+pub mod accumulator;
 #[cfg(target_arch = "nvptx64")]
 pub mod copy;
 #[cfg(target_arch = "nvptx64")]
@@ -22,3 +27,5 @@ pub mod register;
 pub mod shared;
 #[cfg(target_arch = "nvptx64")]
 pub mod warp;
+#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
+pub mod swizzled;

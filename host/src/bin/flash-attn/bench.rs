@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// (default: the library's per head dim).
     #[arg(long)]
     fa2_tc_tiling: Option<String>,
+    /// FA3's tiling as wCONSUMERScB_C, e.g. w2c176 (default: the library's per head dim; the
+    /// compiled ones: `flash-attn info`).
+    #[arg(long)]
+    fa3_tiling: Option<String>,
 }
 
 impl BenchArgs {
@@ -79,6 +83,11 @@ impl BenchArgs {
             .fa2_tc_tiling
             .as_deref()
             .map(|text| flash_attn::attention::parse_fa2_tc_tiling(text).map(|t| t.to_string()))
+            .transpose()?;
+        config.fa3_tiling = self
+            .fa3_tiling
+            .as_deref()
+            .map(|text| flash_attn::attention::parse_fa3_tiling(text).map(|t| t.to_string()))
             .transpose()?;
         config.hidden = self.hidden;
         Ok(config)

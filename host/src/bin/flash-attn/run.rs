@@ -74,6 +74,7 @@ impl RunArgs {
             fa1_sram_floats: self.fa1_sram_floats,
             fa2_blocks: self.fa2_blocks,
             fa2_tc_tiling: None,
+            fa3_tiling: None,
         })
     }
 }

@@ -39,6 +39,10 @@ pub struct SweepConfig {
     /// different values merge into one table.
     #[serde(default)]
     pub fa2_tc_tiling: Option<String>,
+    /// FA3's tiling (`attention::parse_fa3_tiling`, e.g. `w2c176`), named into its records as
+    /// `fa3-<tiling>`.
+    #[serde(default)]
+    pub fa3_tiling: Option<String>,
 }
 
 impl SweepConfig {
@@ -56,6 +60,7 @@ impl SweepConfig {
             max_repeats: 50,
             target_ms: 300.0,
             fa2_tc_tiling: None,
+            fa3_tiling: None,
         }
     }
 

@@ -50,8 +50,10 @@ pub fn run_case(
 
 /// The record name: the algorithm's, with FA2-TC's tiling override appended.
 fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
-    match (algorithm, &config.fa2_tc_tiling) {
-        (Algorithm::Fa2Tc, Some(tiling)) => format!("{algorithm}-{tiling}"),
+    match (algorithm, &config.fa2_tc_tiling, &config.fa3_tiling) {
+        (Algorithm::Fa2Tc, Some(tiling), _) | (Algorithm::Fa3, _, Some(tiling)) => {
+            format!("{algorithm}-{tiling}")
+        }
         _ => algorithm.name().to_string(),
     }
 }
@@ -75,6 +77,11 @@ fn time_case<T: Element>(
         fa2_tc_tiling: crate::attention::parse_optional_fa2_tc_tiling(
             config.fa2_tc_tiling.as_deref(),
         )?,
+        fa3_tiling: config
+            .fa3_tiling
+            .as_deref()
+            .map(crate::attention::parse_fa3_tiling)
+            .transpose()?,
         ..Default::default()
     };
     let dims = shape.dims();

@@ -41,11 +41,12 @@ use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::CausalMask;
 use crate::common::params::Fa2Params;
-use crate::common::softmax::{LOG2_E, RowStats, fa2_rescale, needs_rescale, pairwise};
+use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
+use crate::tile::accumulator::{ScoreBlock, store_rows};
 use crate::tile::copy::copy_rows_async;
 use crate::tile::fragment::{
-    LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, accumulator_col,
-    accumulator_row, key_pair_col, key_pair_row,
+    LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, key_pair_col,
+    key_pair_row,
 };
 use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::shared::SharedTile16;
@@ -273,14 +274,20 @@ impl BlockStep<'_> {
         before_pv: impl FnOnce(),
     ) {
         let mut scores = self.scores::<T, C>(rows, q_registers);
+        let block = ScoreBlock {
+            key_start: self.key_start,
+            seqlen_k: self.seqlen_k,
+            mask: self.mask,
+            score_scale: self.score_scale,
+        };
         let mut block_max = [[0.0f32; 2]; C::ROW_TILES];
         let mut any_row_needs_rescale = false;
         for (tile, tile_scores) in scores.iter_mut().enumerate() {
             if MASK {
-                self.apply_mask::<C>(tile_scores, self.row_start + rows.tile_row(tile));
+                block.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
             }
             for (h, max) in block_max[tile].iter_mut().enumerate() {
-                *max = self.block_row_max::<C>(tile_scores, h);
+                *max = block.row_max(tile_scores, h);
                 any_row_needs_rescale |= needs_rescale(state[tile].stats[h].max, *max);
             }
         }
@@ -291,8 +298,14 @@ impl BlockStep<'_> {
         let mut p = [[[0u32; 4]; C::KEY_CHUNKS]; C::ROW_TILES];
         for (tile, (tile_scores, tile_state)) in scores.iter_mut().zip(state.iter_mut()).enumerate()
         {
-            p[tile] =
-                self.online_softmax::<T, C>(tile_scores, block_max[tile], rescale, tile_state);
+            let (stats, acc) = (&mut tile_state.stats, &mut tile_state.acc);
+            p[tile] = block.online_softmax::<T, _, _, _>(
+                tile_scores,
+                block_max[tile],
+                rescale,
+                stats,
+                acc,
+            );
         }
         before_pv();
         self.accumulate_pv::<T, C>(&p, state);
@@ -340,77 +353,6 @@ impl BlockStep<'_> {
         scores
     }
 
-    /// −∞ where the key is past seqlen_k or hidden by the causal mask (row tile starting at row
-    /// `first_row` of the sequence).
-    #[inline(always)]
-    fn apply_mask<C: Fa2TcConfig>(&self, scores: &mut [[f32; 4]; C::KEY_TILES], first_row: u32) {
-        let lane = arch::lane_idx();
-        let lane_row = first_row + accumulator_row(lane);
-        for (tile, values) in scores.iter_mut().enumerate() {
-            for (e, value) in values.iter_mut().enumerate() {
-                let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
-                let key =
-                    self.key_start + tile as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
-                if key >= self.seqlen_k || !self.mask.visible(row, key) {
-                    *value = f32::NEG_INFINITY;
-                }
-            }
-        }
-    }
-
-    /// max_k S[row, k] · scale · log2 e for the lane's row `h` of a row tile (`h` = 0: row l/4,
-    /// elements 0–1 of each 16×8 tile; `h` = 1: row l/4 + 8, elements 2–3), complete across the
-    /// quad (lanes 4g..4g+3 hold the row's B_c keys between them).
-    #[inline(always)]
-    fn block_row_max<C: Fa2TcConfig>(&self, scores: &[[f32; 4]; C::KEY_TILES], h: usize) -> f32 {
-        let row_max = row_reduce(scores, h, f32::max);
-        let row_max = row_max.max(arch::shuffle_xor(row_max, 1));
-        let row_max = row_max.max(arch::shuffle_xor(row_max, 2));
-        row_max * self.score_scale
-    }
-
-    /// The FA2 update for the lane's two rows of one row tile, against the block's row maxima
-    /// `block_max`. The running max m moves only when `rescale` (some row of the warp would
-    /// otherwise see P̃ > 2^`RESCALE_THRESHOLD`): then m^(j) = max(m^(j−1), rowmax),
-    /// ℓ = α·ℓ and Õ = diag(α)·Õ exactly as in FA2; otherwise m stays, α = 1 and no multiply is
-    /// issued. Overwrites `scores` with P̃ and returns P̃ packed to 16 bits as the A fragments of
-    /// P̃·V (one per 16-key chunk): from here on only half the registers of S stay live. ℓ adds
-    /// the f32 values, before rounding.
-    #[inline(always)]
-    fn online_softmax<T: TensorCoreElement, C: Fa2TcConfig>(
-        &self,
-        scores: &mut [[f32; 4]; C::KEY_TILES],
-        block_max: [f32; 2],
-        rescale: bool,
-        state: &mut RowTileState<C>,
-    ) -> [[u32; 4]; C::KEY_CHUNKS] {
-        // The S tile of keys 16c..16c+8 gives fragment registers 0 (row l/4) and 1 (row l/4 + 8)
-        // of chunk c; keys 16c+8..16c+16 give registers 2 and 3 (mma.m16n8k16's A layout).
-        let mut fragments = [[0u32; 4]; C::KEY_CHUNKS];
-        for h in 0..2 {
-            if rescale {
-                let (stats, alpha) = fa2_rescale(state.stats[h], block_max[h], arch::exp2);
-                state.stats[h] = stats;
-                for tile in state.acc.iter_mut() {
-                    tile[2 * h] *= alpha;
-                    tile[2 * h + 1] *= alpha;
-                }
-            }
-            let base = RowStats::exp_base(state.stats[h].max);
-            for tile in scores.iter_mut() {
-                for value in &mut tile[2 * h..2 * h + 2] {
-                    // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
-                    *value = arch::exp2(arch::fma(*value, self.score_scale, -base));
-                }
-            }
-            state.stats[h].sum += row_reduce(scores, h, |a, b| a + b);
-            for (tile, values) in scores.iter().enumerate() {
-                fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
-            }
-        }
-        fragments
-    }
-
     /// Õ += P̃·V_j: P̃ from registers (repacked S tiles), V_j through `ldmatrix.trans`, each V
     /// fragment used by every row tile.
     #[inline(always)]
@@ -440,55 +382,17 @@ impl BlockStep<'_> {
     }
 }
 
-/// Reduces by `op` the lane's values of one row of a row tile's S (or P̃): elements 2h and
-/// 2h + 1 of each 16×8 tile (`h` = 0: row l/4; `h` = 1: row l/4 + 8), each tile's pair first,
-/// then the tiles as a balanced tree.
-#[inline(always)]
-fn row_reduce<const KEY_TILES: usize>(
-    scores: &[[f32; 4]; KEY_TILES],
-    h: usize,
-    op: impl Fn(f32, f32) -> f32 + Copy,
-) -> f32 {
-    let mut per_tile = [0.0; KEY_TILES];
-    for (value, tile) in per_tile.iter_mut().zip(scores) {
-        *value = op(tile[2 * h], tile[2 * h + 1]);
-    }
-    pairwise(per_tile, op)
-}
-
-/// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ, for the
-/// row tile whose first row (in the sequence) is `first_row`.
+/// O = diag(ℓ)⁻¹·Õ and L = m + log ℓ for the row tile whose first row (in the sequence) is
+/// `first_row`.
 #[inline(always)]
 fn store_output<T: TensorCoreElement, C: Fa2TcConfig>(
     p: &Fa2Params,
     info: &BlockInfo,
     first_row: u32,
-    state: &mut RowTileState<C>,
+    state: &RowTileState<C>,
 ) {
-    let lane = arch::lane_idx();
     let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
     let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
-    for h in 0..2 {
-        // Complete ℓ: each lane summed its own columns; the quad adds the four partial sums.
-        let mut sum = state.stats[h].sum;
-        sum += arch::shuffle_xor(sum, 1);
-        sum += arch::shuffle_xor(sum, 2);
-        let stats = RowStats {
-            max: state.stats[h].max,
-            sum,
-        };
-        let row = first_row + accumulator_row(lane) + h as u32 * LDMATRIX_SIDE;
-        if row >= info.seqlen_q {
-            continue;
-        }
-        let inverse_sum = stats.inverse_sum();
-        for (tile, values) in state.acc.iter().enumerate() {
-            let col = tile as u32 * MMA_N + accumulator_col(lane);
-            let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
-            o.store_pair(row, col, packed);
-        }
-        if lane.is_multiple_of(4) {
-            logsumexp.write(row, stats.logsumexp(arch::log2));
-        }
-    }
+    let (seqlen_q, cols) = (info.seqlen_q, C::HEAD_DIM);
+    store_rows::<T, _>(&o, &logsumexp, first_row, seqlen_q, cols, &state.stats, &state.acc);
 }

@@ -1,0 +1,172 @@
+//! FA3's tile configuration: [`Fa3Tiling`] (consumer warpgroups, B_c), the shared-memory layout
+//! the host sizes launches with, and [`Fa3Config`], one type per compiled kernel with the sizes
+//! of its register arrays, checked at compile time.
+
+use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
+
+/// Threads of a warpgroup: the 4 warps that issue one `wgmma` together.
+pub const WARPGROUP_THREADS: u32 = 128;
+/// Rows of Q one consumer warpgroup owns: the M of `wgmma.m64nNk16`.
+pub const WARPGROUP_ROWS: u32 = 64;
+/// Depth of one wgmma step (K) for 16-bit inputs.
+pub const WGMMA_K: u32 = 16;
+/// 16-bit columns of one 128-byte-swizzled panel of a shared tile (one TMA box's width).
+pub const PANEL_COLS: u32 = 64;
+/// Bytes of one panel row.
+pub const PANEL_ROW_BYTES: u32 = 2 * PANEL_COLS;
+/// Shared tiles start on a 1024-byte boundary (the 128-byte swizzle's period, which TMA and
+/// wgmma both apply to the address bits). The dynamic shared window is aligned up to it at run
+/// time, so a launch asks for this much slack.
+pub const TILE_ALIGNMENT: u32 = 1024;
+/// K/V ring depth: block j + 1 (and the start of j + 2) lands while block j is computed.
+pub const KV_STAGES: u32 = 2;
+/// mbarriers: Q full; K full, V full, K empty, V empty per stage.
+pub const BARRIERS: u32 = 1 + 4 * KV_STAGES;
+
+/// How an FA3 block splits: `consumers` warpgroups of 64 query rows each (B_r = 64·consumers)
+/// beside one producer warpgroup, and `block_cols` keys per K/V block (B_c).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fa3Tiling {
+    pub consumers: u32,
+    pub block_cols: u32,
+}
+
+impl core::fmt::Display for Fa3Tiling {
+    /// `wWcC`, e.g. `w2c128`: consumer warpgroups, B_c.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "w{}c{}", self.consumers, self.block_cols)
+    }
+}
+
+impl Fa3Tiling {
+    pub const fn new(consumers: u32, block_cols: u32) -> Self {
+        Self {
+            consumers,
+            block_cols,
+        }
+    }
+
+    /// B_r.
+    pub const fn block_rows(self) -> u32 {
+        WARPGROUP_ROWS * self.consumers
+    }
+
+    /// The producer warpgroup and the consumers.
+    pub const fn threads(self) -> u32 {
+        WARPGROUP_THREADS * (1 + self.consumers)
+    }
+
+    pub const fn const_eq(self, other: Self) -> bool {
+        self.consumers == other.consumers && self.block_cols == other.block_cols
+    }
+
+    /// Registers per thread of the producer and of the consumers after `setmaxnreg`
+    /// (FlashAttention-3's split): the producer only issues copies.
+    pub const fn registers(self) -> (u32, u32) {
+        match self.consumers {
+            1 => (56, 256),
+            2 => (24, 240),
+            _ => (32, 160),
+        }
+    }
+
+    /// Bytes of the Q tile's panels (B_r rows each).
+    pub const fn q_bytes(self, head_dim: u32) -> u32 {
+        panels(head_dim) * self.block_rows() * PANEL_ROW_BYTES
+    }
+
+    /// Bytes of one K or V tile (B_c rows, every panel).
+    pub const fn kv_bytes(self, head_dim: u32) -> u32 {
+        panels(head_dim) * self.block_cols * PANEL_ROW_BYTES
+    }
+
+    /// Dynamic shared memory: the alignment slack, Q, the K and V ring, the barriers.
+    pub const fn shared_bytes(self, head_dim: u32) -> u32 {
+        TILE_ALIGNMENT + self.q_bytes(head_dim) + 2 * KV_STAGES * self.kv_bytes(head_dim) + 8 * BARRIERS
+    }
+
+    /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
+    /// consumers' registers allow (FlashAttention-3's sizes, `hopper/tile_size.h`, within the
+    /// two-consumer design).
+    pub const fn default_for(head_dim: u32) -> Self {
+        match head_dim {
+            0..=128 => Fa3Tiling::new(2, 128),
+            129..=192 => Fa3Tiling::new(2, 112),
+            _ => Fa3Tiling::new(2, 80),
+        }
+    }
+}
+
+/// 64-column panels of a tile `head_dim` wide (the last one zero-filled past head_dim by TMA).
+pub const fn panels(head_dim: u32) -> u32 {
+    head_dim.div_ceil(PANEL_COLS)
+}
+
+/// The head dims FA3 is compiled for; a problem runs on the smallest that holds its head dim.
+pub const HEAD_DIMS: [u32; 5] = [64, 96, 128, 192, 256];
+
+/// One compiled FA3 kernel: its head dim and tiling, and the sizes of its per-lane register
+/// arrays. Implemented by [`fa3_config!`] for each kernel of the list.
+pub trait Fa3Config {
+    const HEAD_DIM: u32;
+    const TILING: Fa3Tiling;
+    /// B_c / 8: the 16 × 8 tiles of one warp's rows of S.
+    type const S_TILES: usize;
+    /// d / 8: the tiles of one warp's rows of Õ.
+    type const O_TILES: usize;
+    /// B_c / 16: the k-steps of P̃·V_j (P̃'s A fragments).
+    type const P_CHUNKS: usize;
+
+    const BLOCK_ROWS: u32 = Self::TILING.block_rows();
+    const BLOCK_COLS: u32 = Self::TILING.block_cols;
+    const PANELS: u32 = panels(Self::HEAD_DIM);
+    /// k-steps of S = Q_i·K_jᵀ.
+    const Q_STEPS: u32 = Self::HEAD_DIM / WGMMA_K;
+    const Q_BYTES: u32 = Self::TILING.q_bytes(Self::HEAD_DIM);
+    const KV_BYTES: u32 = Self::TILING.kv_bytes(Self::HEAD_DIM);
+    /// `TILING.registers()`, as constants `setmaxnreg` takes as immediates.
+    type const PRODUCER_REGISTERS: u32;
+    type const CONSUMER_REGISTERS: u32;
+
+    /// Compile-time checks, evaluated where the kernel is instantiated.
+    const CHECKED: () = {
+        let tiling = Self::TILING;
+        assert!(Self::S_TILES * 8 == tiling.block_cols as usize);
+        assert!(Self::P_CHUNKS * WGMMA_K as usize == tiling.block_cols as usize);
+        assert!(Self::O_TILES * 8 == Self::HEAD_DIM as usize);
+        assert!(Self::HEAD_DIM.is_multiple_of(WGMMA_K));
+        // TMA boxes are at most 256 rows; K/V tiles start on swizzle atoms (8 rows).
+        assert!(tiling.block_cols <= 256 && tiling.block_cols.is_multiple_of(16));
+        assert!(tiling.consumers >= 1 && tiling.consumers <= 3);
+        assert!(tiling.threads() <= MAX_THREADS_PER_BLOCK);
+        assert!(tiling.shared_bytes(Self::HEAD_DIM) <= MAX_SHARED_BYTES_PER_BLOCK);
+        // The register split must fit the SM's register file.
+        let (producer, consumer) = tiling.registers();
+        assert!(producer == Self::PRODUCER_REGISTERS && consumer == Self::CONSUMER_REGISTERS);
+        assert!(WARPGROUP_THREADS * (producer + tiling.consumers * consumer) <= REGISTERS_PER_SM);
+        // Õ and S of the warp's 16 rows, 4 f32 per tile, under the consumers' budget.
+        assert!(4 * (Self::O_TILES + Self::S_TILES) as u32 + 32 < consumer);
+    };
+}
+
+/// `fa3_config!(Name, d, consumers, B_c)`: a type implementing [`Fa3Config`].
+#[macro_export]
+macro_rules! fa3_config {
+    ($name:ident, $d:literal, $consumers:literal, $cols:literal) => {
+        struct $name;
+        impl $crate::fwd::fa3::config::Fa3Config for $name {
+            const HEAD_DIM: u32 = $d;
+            const TILING: $crate::fwd::fa3::config::Fa3Tiling =
+                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols);
+            type const S_TILES: usize = const { $cols / 8 };
+            type const O_TILES: usize = const { $d / 8 };
+            type const P_CHUNKS: usize = const { $cols / 16 };
+            type const PRODUCER_REGISTERS: u32 = const {
+                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).registers().0
+            };
+            type const CONSUMER_REGISTERS: u32 = const {
+                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).registers().1
+            };
+        }
+    };
+}

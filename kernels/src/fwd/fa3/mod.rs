@@ -1,0 +1,7 @@
+//! FlashAttention-3 forward on Hopper: TMA loads into a K/V ring guarded by mbarriers, `wgmma`
+//! for both products, a producer warpgroup beside consumer warpgroups (registers moved with
+//! `setmaxnreg`). Compiled into the Hopper module only (`feature = "hopper"`, sm_90a).
+
+pub mod config;
+#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
+pub mod kernel;

@@ -1,0 +1,161 @@
+//! One warp's 16 rows of an f32 accumulator in the mma.m16n8 layout, as `[[f32; 4]; TILES]`
+//! (TILES tiles of 16 × 8 side by side): the S and Õ of `mma.sync` kernels, and also one warp's
+//! quarter of a `wgmma` m64 accumulator, which has the same layout per warp. Here: the mask, the
+//! row reductions across a quad, the online-softmax update of the articles, and the packing of
+//! P̃ into the A fragments of P̃·V, shared by FA2-TC and FA3.
+//!
+//! ```text
+//!  lane l, tile t, elements e = 0..4:  row l/4 + 8·(e/2),  column 8t + 2·(l%4) + e%2
+//!  "h" below: the lane's row l/4 (h = 0, elements 0–1) or l/4 + 8 (h = 1, elements 2–3)
+//! ```
+
+use crate::arch;
+use crate::common::element::TensorCoreElement;
+use crate::common::mask::CausalMask;
+use crate::common::softmax::{RowStats, fa2_rescale, pairwise};
+use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col, accumulator_row};
+use crate::tile::global::{HeadRows16, HeadVector};
+
+/// Where a block of scores S = Q_i·K_jᵀ sits and how it becomes probabilities: its first key,
+/// the keys that exist, the causal mask, and scale·log2 e (the softmax runs in the exp2 domain).
+#[derive(Clone, Copy)]
+pub struct ScoreBlock {
+    pub key_start: u32,
+    pub seqlen_k: u32,
+    pub mask: CausalMask,
+    pub score_scale: f32,
+}
+
+impl ScoreBlock {
+    /// −∞ where the key is past seqlen_k or hidden by the causal mask, for the warp's 16 rows
+    /// starting at row `first_row` of the sequence.
+    #[inline(always)]
+    pub fn apply_mask<const TILES: usize>(&self, scores: &mut [[f32; 4]; TILES], first_row: u32) {
+        let lane = arch::lane_idx();
+        let lane_row = first_row + accumulator_row(lane);
+        for (tile, values) in scores.iter_mut().enumerate() {
+            for (e, value) in values.iter_mut().enumerate() {
+                let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
+                let key =
+                    self.key_start + tile as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
+                if key >= self.seqlen_k || !self.mask.visible(row, key) {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
+    /// max_k S[row, k] · scale · log2 e for the lane's row `h`, complete across the quad (lanes
+    /// 4g..4g+3 hold the row's keys between them).
+    #[inline(always)]
+    pub fn row_max<const TILES: usize>(&self, scores: &[[f32; 4]; TILES], h: usize) -> f32 {
+        let row_max = row_reduce(scores, h, f32::max);
+        let row_max = row_max.max(arch::shuffle_xor(row_max, 1));
+        let row_max = row_max.max(arch::shuffle_xor(row_max, 2));
+        row_max * self.score_scale
+    }
+
+    /// The FA2 update for the lane's two rows against the block's row maxima `block_max`. With
+    /// `rescale`, m^(j) = max(m^(j−1), rowmax), ℓ = α·ℓ and Õ = diag(α)·Õ exactly as in FA2;
+    /// without, m stays, α = 1 and no multiply is issued (the conditional rescale: the caller
+    /// decided that no row's P̃ would pass 2^`RESCALE_THRESHOLD`). Overwrites `scores` with
+    /// P̃ = exp2(S·scale·log2 e − m), adds its f32 row sums into the lane's partial ℓ, and returns
+    /// P̃ packed to 16 bits as the A fragments of P̃·V, one per 16 keys: keys 16c..16c+8 give
+    /// registers 0 (row l/4) and 1 (row l/4 + 8) of chunk c, keys 16c+8..16c+16 registers 2 and
+    /// 3 (mma.m16n8k16's A layout, which wgmma's register A shares).
+    #[inline(always)]
+    pub fn online_softmax<
+        T: TensorCoreElement,
+        const TILES: usize,
+        const O_TILES: usize,
+        const CHUNKS: usize,
+    >(
+        &self,
+        scores: &mut [[f32; 4]; TILES],
+        block_max: [f32; 2],
+        rescale: bool,
+        stats: &mut [RowStats; 2],
+        acc: &mut [[f32; 4]; O_TILES],
+    ) -> [[u32; 4]; CHUNKS] {
+        let mut fragments = [[0u32; 4]; CHUNKS];
+        for h in 0..2 {
+            if rescale {
+                let (rescaled, alpha) = fa2_rescale(stats[h], block_max[h], arch::exp2);
+                stats[h] = rescaled;
+                for tile in acc.iter_mut() {
+                    tile[2 * h] *= alpha;
+                    tile[2 * h + 1] *= alpha;
+                }
+            }
+            let base = RowStats::exp_base(stats[h].max);
+            for tile in scores.iter_mut() {
+                for value in &mut tile[2 * h..2 * h + 2] {
+                    // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
+                    *value = arch::exp2(arch::fma(*value, self.score_scale, -base));
+                }
+            }
+            stats[h].sum += row_reduce(scores, h, |a, b| a + b);
+            for (tile, values) in scores.iter().enumerate() {
+                fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
+            }
+        }
+        fragments
+    }
+}
+
+/// Reduces by `op` the lane's values of its row `h`: elements 2h and 2h + 1 of each tile, each
+/// tile's pair first, then the tiles as a balanced tree.
+#[inline(always)]
+pub fn row_reduce<const TILES: usize>(
+    scores: &[[f32; 4]; TILES],
+    h: usize,
+    op: impl Fn(f32, f32) -> f32 + Copy,
+) -> f32 {
+    let mut per_tile = [0.0; TILES];
+    for (value, tile) in per_tile.iter_mut().zip(scores) {
+        *value = op(tile[2 * h], tile[2 * h + 1]);
+    }
+    pairwise(per_tile, op)
+}
+
+/// O = diag(ℓ)⁻¹·Õ in the input dtype (two elements per 4-byte store) and L = m + log ℓ, for the
+/// warp's 16 rows starting at row `first_row` of the sequence: rows past `o`'s end and columns
+/// from `cols` on are not stored. `stats` hold each lane's partial ℓ; the quad completes them.
+#[inline(always)]
+pub fn store_rows<T: TensorCoreElement, const O_TILES: usize>(
+    o: &HeadRows16,
+    logsumexp: &HeadVector,
+    first_row: u32,
+    seqlen_q: u32,
+    cols: u32,
+    stats: &[RowStats; 2],
+    acc: &[[f32; 4]; O_TILES],
+) {
+    let lane = arch::lane_idx();
+    for h in 0..2 {
+        // Complete ℓ: each lane summed its own columns; the quad adds the four partial sums.
+        let mut sum = stats[h].sum;
+        sum += arch::shuffle_xor(sum, 1);
+        sum += arch::shuffle_xor(sum, 2);
+        let row_stats = RowStats {
+            max: stats[h].max,
+            sum,
+        };
+        let row = first_row + accumulator_row(lane) + h as u32 * LDMATRIX_SIDE;
+        if row >= seqlen_q {
+            continue;
+        }
+        let inverse_sum = row_stats.inverse_sum();
+        for (tile, values) in acc.iter().enumerate() {
+            let col = tile as u32 * MMA_N + accumulator_col(lane);
+            if col < cols {
+                let packed =
+                    T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
+                o.store_pair(row, col, packed);
+            }
+        }
+        if lane.is_multiple_of(4) {
+            logsumexp.write(row, row_stats.logsumexp(arch::log2));
+        }
+    }
+}

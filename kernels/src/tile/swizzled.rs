@@ -1,0 +1,102 @@
+//! Hopper's shared tiles: 16-bit tiles in 64-column panels with the 128-byte swizzle, as TMA
+//! writes them and wgmma reads them (`arch::sm90`), and one head of a tensor as a TMA source.
+//!
+//! ```text
+//!  tile of R rows × d columns  =  panels(d) panels of R × 64, each R·128 bytes, consecutive
+//!  panel 0 │ row 0: 128 B │ row 1 │ … │ row R−1 │  panel 1 │ row 0 │ …
+//!  S = Q·Kᵀ, k-step s (16 columns):  panel s/4, 32·(s%4) bytes into each row (K-major operand)
+//!  Õ += P̃·V, keys 16c..16c+16:        16c rows into panel 0; panels apart = R·128 (MN-major)
+//! ```
+
+use crate::arch::{self, MBarrier, MatrixDescriptor, SharedAddress, TensorMap};
+use crate::fwd::fa3::config::{PANEL_COLS, PANEL_ROW_BYTES, WGMMA_K};
+
+/// wgmma k-steps per panel: 64 columns / 16.
+const STEPS_PER_PANEL: u32 = PANEL_COLS / WGMMA_K;
+/// Bytes one k-step advances inside a panel row.
+const STEP_BYTES: u32 = WGMMA_K * 2;
+
+/// A swizzled tile of `rows` rows in shared memory (1024-byte aligned).
+#[derive(Clone, Copy)]
+pub struct SwizzledTile {
+    start: SharedAddress,
+    rows: u32,
+}
+
+impl SwizzledTile {
+    #[inline(always)]
+    pub fn new(start: SharedAddress, rows: u32) -> Self {
+        Self { start, rows }
+    }
+
+    /// Bytes between panels.
+    #[inline(always)]
+    pub fn panel_bytes(&self) -> u32 {
+        self.rows * PANEL_ROW_BYTES
+    }
+
+    /// Where panel `panel` starts (a TMA box's destination).
+    #[inline(always)]
+    pub fn panel(&self, panel: u32) -> SharedAddress {
+        self.start.offset(panel * self.panel_bytes())
+    }
+
+    /// The K-major operand of k-step `step` (columns 16·step..16·step + 16) from row
+    /// `first_row` on (a multiple of 8: 64 rows of Q for a consumer, or every key of K).
+    #[inline(always)]
+    pub fn k_major_step(&self, first_row: u32, step: u32) -> MatrixDescriptor {
+        let panel = self.panel(step / STEPS_PER_PANEL);
+        let offset = first_row * PANEL_ROW_BYTES + step % STEPS_PER_PANEL * STEP_BYTES;
+        MatrixDescriptor::k_major(panel.offset(offset))
+    }
+
+    /// The MN-major B operand of rows `16·chunk..16·chunk + 16` (16 keys of V, every column).
+    #[inline(always)]
+    pub fn mn_major_rows(&self, chunk: u32) -> MatrixDescriptor {
+        let start = self.start.offset(chunk * WGMMA_K * PANEL_ROW_BYTES);
+        MatrixDescriptor::mn_major(start, self.panel_bytes())
+    }
+}
+
+/// One head of a (batch, heads, seqlen, d) tensor as a TMA source: its tensor map and the
+/// coordinates of the head.
+#[derive(Clone, Copy)]
+pub struct HeadTensorMap {
+    map: TensorMap,
+    head: i32,
+    batch: i32,
+}
+
+impl HeadTensorMap {
+    #[inline(always)]
+    pub fn new(map_address: u64, head: u32, batch: u32) -> Self {
+        let map = TensorMap(map_address);
+        map.prefetch();
+        Self {
+            map,
+            head: head as i32,
+            batch: batch as i32,
+        }
+    }
+
+    /// Copies rows `[first_row, first_row + tile.rows)` of every panel into `tile`, completing on
+    /// `barrier` (which the caller told to expect the tile's bytes). Rows past seqlen and
+    /// columns past d arrive as zeros.
+    #[inline(always)]
+    pub fn load(&self, tile: &SwizzledTile, panels: u32, first_row: u32, barrier: MBarrier) {
+        for panel in 0..panels {
+            let coords = [(panel * PANEL_COLS) as i32, first_row as i32, self.head, self.batch];
+            // SAFETY: the host encoded the map for this tensor with a box of one panel × the
+            // tile's rows and 128-byte swizzle; the tile lies inside the launch-sized shared
+            // memory, 1024-byte aligned, and no one reads it until `barrier` completes.
+            unsafe { self.map.load_4d(tile.panel(panel), coords, barrier) };
+        }
+    }
+}
+
+/// The block's dynamic shared memory, aligned up to 1024 bytes (the launch asks for the slack).
+#[inline(always)]
+pub fn aligned_shared_start(alignment: u32) -> SharedAddress {
+    let start = SharedAddress::of(arch::dynamic_shared_f32());
+    SharedAddress(start.0.next_multiple_of(alignment))
+}
