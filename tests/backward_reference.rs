@@ -2,7 +2,7 @@
 //! FA2 backward emulator against the reference, and its HBM counts against the formulas.
 
 use flash_attn::DType;
-use flash_attn::attention::{AttentionOptions, Gradients, HostBackwardInputs, backward_on_host};
+use flash_attn::attention::{AttentionOptions, Gradients, backward_on_host};
 use flash_attn::model::fa2::emulate_fa2;
 use flash_attn::model::fa2_backward::{BackwardInputs, EmulatedBackward, emulate_fa2_backward};
 use flash_attn::model::formulas_backward::{fa2_backward_formula, standard_backward_formula};
@@ -127,7 +127,8 @@ fn finite_differences(
     gradient
 }
 
-/// Bound on the relative error of the reference against central differences.
+/// Bound on the relative error of the reference against central differences; measured: at most
+/// 3.3e-10 (the causal case with rows that see no key), 1e-11 to 1e-10 otherwise.
 const FINITE_DIFFERENCE_TOLERANCE: f64 = 1e-6;
 
 #[test]
@@ -291,37 +292,13 @@ fn rows_that_see_no_key_have_zero_gradients() {
     let inputs = Inputs::random(shape, 40);
     let reference = inputs.reference(true);
     let emulated = inputs.fa2_backward(true, (8, 8), DType::F32);
-    let no_key = s![.., .., ..83, ..];
-    assert!(
-        reference
-            .gradients
-            .dq
-            .slice(no_key)
-            .iter()
-            .all(|&x| x == 0.0)
-    );
-    assert!(
-        emulated
-            .gradients
-            .dq
-            .slice(no_key)
-            .iter()
-            .all(|&x| x == 0.0)
-    );
-    assert!(
-        emulated
-            .delta
-            .slice(s![.., .., ..83])
-            .iter()
-            .all(|&x| x == 0.0)
-    );
-    assert!(
-        reference
-            .delta
-            .slice(s![.., .., ..83])
-            .iter()
-            .all(|&x| x == 0.0)
-    );
+    let zero = |x: &f64| *x == 0.0;
+    let zero_f32 = |x: &f32| *x == 0.0;
+    let (no_key, no_key_delta) = (s![.., .., ..83, ..], s![.., .., ..83]);
+    assert!(reference.gradients.dq.slice(no_key).iter().all(zero));
+    assert!(reference.delta.slice(no_key_delta).iter().all(zero));
+    assert!(emulated.gradients.dq.slice(no_key).iter().all(zero_f32));
+    assert!(emulated.delta.slice(no_key_delta).iter().all(zero_f32));
     // Every key is seen by the last query, so dK and dV are not zero anywhere.
     assert!(emulated.gradients.dv.iter().all(|&x| x != 0.0));
     for (name, error) in gradient_errors(&emulated.gradients, &reference.gradients) {
@@ -359,7 +336,7 @@ fn the_host_entry_point_runs_the_emulator() {
         host(&o),
         host(&inputs.d_o),
     );
-    let host_inputs = HostBackwardInputs {
+    let host_inputs = BackwardInputs {
         q: q.view(),
         k: k.view(),
         v: v.view(),
@@ -370,24 +347,26 @@ fn the_host_entry_point_runs_the_emulator() {
     let (gradients, io) =
         backward_on_host(&host_inputs, None, &AttentionOptions::default(), (8, 16)).unwrap();
     assert_eq!(gradients.dk.dim(), (2, 1, 30, 8));
-    let shape = IoShape {
-        batch: 2,
-        heads: 1,
-        seqlen_q: 21,
-        seqlen_k: 30,
-        head_dim: 8,
-    };
-    assert_eq!(
-        io,
-        fa2_backward_formula(shape, false, (8, 16), DType::Bf16).unwrap()
-    );
+    let shape = io_shape([2, 1, 21, 30, 8]);
+    let formula = fa2_backward_formula(shape, false, (8, 16), DType::Bf16).unwrap();
+    assert_eq!(io, formula);
+    // The GPU rule to come, on the emulator: within 2× the error of the backward computed in
+    // bf16 (P, dS and the gradients rounded), plus 1e-5.
     let wide = |x: &Array4<half::bf16>| x.mapv(f64::from);
-    let [qw, kw, vw, dow] = [&q, &k, &v, &d_o].map(wide);
+    let [q, k, v, d_o] = [&q, &k, &v, &d_o].map(wide);
+    let (q, k, v, d_o) = (q.view(), k.view(), v.view(), d_o.view());
     let scale = f64::from(inputs.scale());
-    let reference =
-        attention_backward_reference(qw.view(), kw.view(), vw.view(), dow.view(), false, scale);
-    // bf16 storage: about 2⁻⁹ relative per element.
-    assert!(relative_error(&wide(&gradients.dv), &reference.gradients.dv) < 1e-2);
+    let exact = attention_backward_reference(q, k, v, d_o, false, scale);
+    let in_bf16 = attention_backward_in_dtype::<half::bf16>(q, k, v, d_o, false, scale);
+    let baseline = gradient_errors(&in_bf16.gradients, &exact.gradients);
+    let emulated = gradient_errors(&gradients, &exact.gradients);
+    for ((name, error), (_, baseline)) in emulated.into_iter().zip(baseline) {
+        println!("bf16 {name}: {error:.1e}, baseline {baseline:.1e}");
+        assert!(
+            error <= 2.0 * baseline + 1e-5,
+            "{name}: {error:e} vs {baseline:e}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

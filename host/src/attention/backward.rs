@@ -12,7 +12,7 @@
 //! [`AttentionOutput`](crate::attention::AttentionOutput) (its plan records the problem), and
 //! check its gradient tensors with [`BackwardProblem::check_gradients`].
 
-use ndarray::{Array4, ArrayView3, ArrayView4};
+use ndarray::{Array4, ArrayView4};
 
 use crate::attention::{AttentionOptions, Problem};
 use crate::dtype::{DType, Element};
@@ -182,22 +182,11 @@ fn check_dims(
     ))
 }
 
-/// The host tensors of one backward call: Q, K, V, O, dO in `T`, L in f32.
-#[derive(Clone, Copy)]
-pub struct HostBackwardInputs<'a, T> {
-    pub q: ArrayView4<'a, T>,
-    pub k: ArrayView4<'a, T>,
-    pub v: ArrayView4<'a, T>,
-    pub o: ArrayView4<'a, T>,
-    pub d_o: ArrayView4<'a, T>,
-    pub logsumexp: ArrayView3<'a, f32>,
-}
-
 /// FA2's backward pass on the CPU ([`emulate_fa2_backward`]) with (B_r, B_c) = `blocks`, after
 /// the checks of [`BackwardProblem::new`] (`forward`: the problem the forward solved, if known).
 /// Returns dQ, dK, dV in `T` and the HBM traffic the kernel would move.
 pub fn backward_on_host<T: Element>(
-    inputs: &HostBackwardInputs<T>,
+    inputs: &BackwardInputs<T>,
     forward: Option<&Problem>,
     options: &AttentionOptions,
     blocks: (u32, u32),
@@ -410,7 +399,7 @@ mod tests {
         let kv = Array4::<f32>::zeros(KV);
         let logsumexp = ndarray::Array3::<f32>::zeros((2, 3, 5));
         let short_d_o = Array4::<f32>::zeros([2, 3, 4, 8]);
-        let inputs = HostBackwardInputs {
+        let inputs = BackwardInputs {
             q: q.view(),
             k: kv.view(),
             v: kv.view(),
@@ -424,7 +413,7 @@ mod tests {
             matches!(error, Error::InvalidArgument { name: "d_o", .. }),
             "{error}"
         );
-        let inputs = HostBackwardInputs {
+        let inputs = BackwardInputs {
             d_o: q.view(),
             ..inputs
         };
@@ -437,7 +426,7 @@ mod tests {
         let transposed = q.view().reversed_axes();
         let contiguous = Array4::<f32>::zeros([8, 5, 3, 2]);
         let logsumexp = ndarray::Array3::<f32>::zeros((8, 5, 3));
-        let inputs = HostBackwardInputs {
+        let inputs = BackwardInputs {
             q: contiguous.view(),
             k: contiguous.view(),
             v: contiguous.view(),

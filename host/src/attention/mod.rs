@@ -13,9 +13,7 @@ use cudarc::driver::CudaSlice;
 use flash_kernels::common::params::{Fa1Params, Fa2Params, Operands, StandardParams};
 use ndarray::Array3;
 
-pub use backward::{
-    BackwardArguments, BackwardProblem, Gradients, HostBackwardInputs, TensorSpec, backward_on_host,
-};
+pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
 pub use plan::{
     Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
     PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,

@@ -63,7 +63,7 @@ impl HeadInputs<'_> {
     }
 }
 
-/// Runs `f(batch, head, inputs)` for every (batch, head): the grid dimension both kernels share.
+/// Runs `f(batch, head, inputs)` for every (batch, head): the grid dimension every kernel shares.
 pub(super) fn for_each_head(
     q: ArrayView4<f32>,
     k: ArrayView4<f32>,
@@ -203,7 +203,7 @@ impl<'a> KeyTile<'a> {
     }
 
     /// `out += dS·K_j` for one row, key by key in order.
-    pub(super) fn accumulate_dsk(&self, d_scores: &[f32], out: ArrayViewMut1<f32>) {
+    pub(super) fn accumulate_ds_k(&self, d_scores: &[f32], out: ArrayViewMut1<f32>) {
         accumulate_weighted_rows(d_scores, self.keys, out);
     }
 }

@@ -33,19 +33,20 @@ use crate::model::emulation::{
 };
 use crate::model::traffic::BackwardIoCounts;
 
-/// What the backward pass reads: the forward's inputs Q, K, V, its outputs O and L, and dO.
+/// What the backward pass reads: the forward's inputs Q, K, V, its outputs O and L, and dO; all
+/// but L (always f32) of element type `T` (the emulator's arithmetic is f32).
 #[derive(Clone, Copy)]
-pub struct BackwardInputs<'a> {
+pub struct BackwardInputs<'a, T = f32> {
     /// (batch, heads, seqlen_q, head_dim).
-    pub q: ArrayView4<'a, f32>,
+    pub q: ArrayView4<'a, T>,
     /// (batch, heads, seqlen_k, head_dim).
-    pub k: ArrayView4<'a, f32>,
+    pub k: ArrayView4<'a, T>,
     /// K's shape.
-    pub v: ArrayView4<'a, f32>,
+    pub v: ArrayView4<'a, T>,
     /// Q's shape, as the forward stored it.
-    pub o: ArrayView4<'a, f32>,
+    pub o: ArrayView4<'a, T>,
     /// dO, O's shape.
-    pub d_o: ArrayView4<'a, f32>,
+    pub d_o: ArrayView4<'a, T>,
     /// L, (batch, heads, seqlen_q) in natural-log units; −∞ for rows with no visible key.
     pub logsumexp: ArrayView3<'a, f32>,
 }
@@ -108,19 +109,13 @@ pub fn emulate_fa2_backward(
         // Thread blocks of the main loop's grid are independent but for their atomic adds to
         // dQ, whose order changes no count.
         for key_block in 0..head.seqlen_k().div_ceil(block_cols) {
+            let mut block = KeyBlock::load(&head, &saved, key_block, block_cols, &mut io);
             let first_row_block = head.first_row_block_needed(key_block, block_rows, block_cols);
-            let tile = KeyTile::load_counting(&head, key_block, block_cols, &mut io.k, &mut io.v);
-            let mut key_gradients = KeyGradients::zeros(tile.keys().len(), head_dim);
             for row_block in first_row_block..row_blocks {
                 let rows = existing_rows(row_block, block_rows, seqlen_q);
-                let step = RowBlockStep {
-                    head: &head,
-                    saved: &saved,
-                    tile: &tile,
-                };
-                step.run(rows, &mut key_gradients, &mut hbm, &mut io);
+                block.visit(rows, &mut hbm, &mut io);
             }
-            key_gradients.write(tile.keys().start, &mut hbm, &mut io);
+            block.write(&mut hbm, &mut io);
         }
         for row_block in 0..row_blocks {
             let rows = existing_rows(row_block, block_rows, seqlen_q);
@@ -197,62 +192,57 @@ fn postprocess_row_block(rows: Range<usize>, hbm: &mut BackwardHbm, io: &mut Bac
     write_rows(hbm.dq.view_mut(), rows.start, dq.view(), &mut io.dq);
 }
 
-/// dK_j and dV_j of one key block, accumulated on chip over its row blocks.
-struct KeyGradients {
+/// One thread block of the main loop: K_j and V_j on chip, with dK_j and dV_j accumulated over
+/// the row blocks it visits.
+struct KeyBlock<'h, 'a, 's> {
+    head: &'h HeadInputs<'a>,
+    saved: &'h SavedHead<'s>,
+    tile: KeyTile<'a>,
+    /// dSᵀ·Q summed over the visits, unscaled until [`KeyBlock::write`].
     dk: Array2<f32>,
     dv: Array2<f32>,
 }
 
-impl KeyGradients {
-    fn zeros(keys: usize, head_dim: usize) -> Self {
+impl<'h, 'a, 's> KeyBlock<'h, 'a, 's> {
+    /// Loads K_j and V_j once; dK_j = dV_j = 0.
+    fn load(
+        head: &'h HeadInputs<'a>,
+        saved: &'h SavedHead<'s>,
+        key_block: usize,
+        block_cols: usize,
+        io: &mut BackwardIoCounts,
+    ) -> Self {
+        let tile = KeyTile::load_counting(head, key_block, block_cols, &mut io.k, &mut io.v);
+        let zeros = Array2::zeros((tile.keys().len(), head.q.ncols()));
         Self {
-            dk: Array2::zeros((keys, head_dim)),
-            dv: Array2::zeros((keys, head_dim)),
+            head,
+            saved,
+            tile,
+            dk: zeros.clone(),
+            dv: zeros,
         }
     }
 
-    /// dK_j = scale·dK_j and dV_j, rounded to the input dtype, each written once.
-    fn write(self, first_key: usize, hbm: &mut BackwardHbm, io: &mut BackwardIoCounts) {
-        let (dtype, scale) = (hbm.output_dtype, hbm.scale);
-        let dk = self.dk.mapv(|x| round_to(dtype, scale * x));
-        let dv = self.dv.mapv(|x| round_to(dtype, x));
-        write_rows(hbm.dk.view_mut(), first_key, dk.view(), &mut io.dk);
-        write_rows(hbm.dv.view_mut(), first_key, dv.view(), &mut io.dv);
-    }
-}
-
-/// One visit of the main loop: key block j (on chip) against one row block i.
-struct RowBlockStep<'h, 'a, 's> {
-    head: &'h HeadInputs<'a>,
-    saved: &'h SavedHead<'s>,
-    tile: &'h KeyTile<'a>,
-}
-
-impl RowBlockStep<'_, '_, '_> {
-    fn run(
-        &self,
-        rows: Range<usize>,
-        key_gradients: &mut KeyGradients,
-        hbm: &mut BackwardHbm,
-        io: &mut BackwardIoCounts,
-    ) {
+    /// One visit of row block `rows`: Q_i, dO_i, L_i, D_i and the accumulator's dQ_i loaded, P
+    /// recomputed, dV_j, dK_j updated on chip and dQ_i written back.
+    fn visit(&mut self, rows: Range<usize>, hbm: &mut BackwardHbm, io: &mut BackwardIoCounts) {
         let q_tile = read_rows(self.head.q, rows.clone(), &mut io.q);
         let d_o_tile = read_rows(self.saved.d_o, rows.clone(), &mut io.d_o);
         let logsumexp = read_rows(self.saved.logsumexp, rows.clone(), &mut io.logsumexp);
         let delta = read_rows(hbm.delta.view(), rows.clone(), &mut io.delta);
-        let mut dq_tile = read_rows(
+        let accumulated = read_rows(
             hbm.dq_accumulator.view(),
             rows.clone(),
             &mut io.dq_accumulator,
-        )
-        .to_owned();
+        );
+        let mut dq_tile = accumulated.to_owned();
         for (r, query) in rows.clone().enumerate() {
             let (q_row, d_o_row) = (q_tile.row(r), d_o_tile.row(r));
             // S = Q_i·K_jᵀ in log2 units (−∞ where masked), then P = exp(S − L_i) in place.
             let mut probabilities = self.tile.scores(self.head, query, q_row);
             exponentiate(&mut probabilities, recomputation_base(logsumexp[r]));
             // dV_j += Pᵀ·dO_i.
-            accumulate_outer(&mut key_gradients.dv, &probabilities, d_o_row);
+            accumulate_outer(&mut self.dv, &probabilities, d_o_row);
             // dP = dO_i·V_jᵀ; dS = P ∘ (dP − D_i).
             let d_scores: Vec<f32> = probabilities
                 .iter()
@@ -260,8 +250,8 @@ impl RowBlockStep<'_, '_, '_> {
                 .map(|(p, d_p)| p * (d_p - delta[r]))
                 .collect();
             // dK_j += dSᵀ·Q_i and dQ_i += dS·K_j, both unscaled until the end.
-            accumulate_outer(&mut key_gradients.dk, &d_scores, q_row);
-            self.tile.accumulate_dsk(&d_scores, dq_tile.row_mut(r));
+            accumulate_outer(&mut self.dk, &d_scores, q_row);
+            self.tile.accumulate_ds_k(&d_scores, dq_tile.row_mut(r));
         }
         write_rows(
             hbm.dq_accumulator.view_mut(),
@@ -269,6 +259,16 @@ impl RowBlockStep<'_, '_, '_> {
             dq_tile.view(),
             &mut io.dq_accumulator,
         );
+    }
+
+    /// dK_j = scale·dK_j and dV_j, rounded to the input dtype, each written once.
+    fn write(self, hbm: &mut BackwardHbm, io: &mut BackwardIoCounts) {
+        let (dtype, scale) = (hbm.output_dtype, hbm.scale);
+        let dk = self.dk.mapv(|x| round_to(dtype, scale * x));
+        let dv = self.dv.mapv(|x| round_to(dtype, x));
+        let first_key = self.tile.keys().start;
+        write_rows(hbm.dk.view_mut(), first_key, dk.view(), &mut io.dk);
+        write_rows(hbm.dv.view_mut(), first_key, dv.view(), &mut io.dv);
     }
 }
 
