@@ -1,9 +1,11 @@
 //! The one entry point for every algorithm: check the problem, plan the call, then launch.
 //!
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
+//! - [`backward`]: the backward pass's arguments, checked, and its CPU emulation on host tensors;
 //! - [`plan`]: which kernels run with which launches, checked against the device;
 //! - this file: the API (allocate outputs and workspace, build parameter blocks, launch the plan).
 
+pub mod backward;
 pub mod plan;
 pub mod problem;
 
@@ -12,6 +14,7 @@ use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, S
 use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
+pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
 pub use plan::{
     Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
     PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,

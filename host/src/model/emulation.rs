@@ -1,5 +1,5 @@
-//! What both emulators share: one head's inputs as a kernel block sees it, loads and stores that
-//! count their HBM traffic, and a K/V tile on chip with the score and P·V steps.
+//! What the emulators share: one head's inputs as a kernel block sees it, loads and stores that
+//! count their HBM traffic, and a K/V tile on chip with the score, P·V, dO·Vᵀ and dS·K steps.
 
 use std::ops::Range;
 
@@ -48,9 +48,22 @@ impl HeadInputs<'_> {
             .key_blocks_needed(row_end as u32, self.seqlen_k() as u32, block_cols as u32)
             as usize
     }
+
+    /// The first row block that key block `key_block` needs (FA2's backward skips the earlier
+    /// ones, which are fully masked for it).
+    pub(super) fn first_row_block_needed(
+        &self,
+        key_block: usize,
+        block_rows: usize,
+        block_cols: usize,
+    ) -> usize {
+        let key_start = key_block * block_cols;
+        self.mask
+            .first_row_block_needed(key_start as u32, block_rows as u32) as usize
+    }
 }
 
-/// Runs `f(batch, head, inputs)` for every (batch, head): the grid dimension both kernels share.
+/// Runs `f(batch, head, inputs)` for every (batch, head): the grid dimension every kernel shares.
 pub(super) fn for_each_head(
     q: ArrayView4<f32>,
     k: ArrayView4<f32>,
@@ -129,12 +142,28 @@ impl<'a> KeyTile<'a> {
         block_cols: usize,
         io: &mut IoCounts,
     ) -> Self {
+        Self::load_counting(head, block, block_cols, &mut io.k, &mut io.v)
+    }
+
+    /// [`KeyTile::load`], counting the reads of K and V in `k_io` and `v_io`.
+    pub(super) fn load_counting(
+        head: &HeadInputs<'a>,
+        block: usize,
+        block_cols: usize,
+        k_io: &mut TensorIo,
+        v_io: &mut TensorIo,
+    ) -> Self {
         let keys = existing_rows(block, block_cols, head.seqlen_k());
         Self {
             first_key: keys.start,
-            keys: read_rows(head.k, keys.clone(), &mut io.k),
-            values: read_rows(head.v, keys, &mut io.v),
+            keys: read_rows(head.k, keys.clone(), k_io),
+            values: read_rows(head.v, keys, v_io),
         }
+    }
+
+    /// The tile's keys, from the first.
+    pub(super) fn keys(&self) -> Range<usize> {
+        self.first_key..self.first_key + self.keys.nrows()
     }
 
     /// One row of S_ij in log2 units: scale·log2 e·(q·k) for visible keys, −∞ for masked ones.
@@ -151,11 +180,7 @@ impl<'a> KeyTile<'a> {
             .enumerate()
             .map(|(c, k_row)| {
                 if head.mask.visible(query as u32, (self.first_key + c) as u32) {
-                    let dot = q_row
-                        .iter()
-                        .zip(k_row)
-                        .fold(0.0f32, |acc, (q, k)| acc + q * k);
-                    dot * head.score_scale
+                    dot(q_row, k_row) * head.score_scale
                 } else {
                     f32::NEG_INFINITY
                 }
@@ -164,10 +189,34 @@ impl<'a> KeyTile<'a> {
     }
 
     /// `out += P̃·V_j` for one row, key by key in order, as both kernels accumulate it.
-    pub(super) fn accumulate_pv(&self, probabilities: &[f32], mut out: ArrayViewMut1<f32>) {
-        for (&p, v_row) in probabilities.iter().zip(self.values.rows()) {
-            out.zip_mut_with(&v_row, |o, &v| *o += p * v);
-        }
+    pub(super) fn accumulate_pv(&self, probabilities: &[f32], out: ArrayViewMut1<f32>) {
+        accumulate_weighted_rows(probabilities, self.values, out);
+    }
+
+    /// One row of dP_ij = dO_i·V_jᵀ: dO's row against every value row of the tile.
+    pub(super) fn dot_values(&self, d_o_row: ArrayView1<f32>) -> Vec<f32> {
+        self.values
+            .rows()
+            .into_iter()
+            .map(|v_row| dot(d_o_row, v_row))
+            .collect()
+    }
+
+    /// `out += dS·K_j` for one row, key by key in order.
+    pub(super) fn accumulate_ds_k(&self, d_scores: &[f32], out: ArrayViewMut1<f32>) {
+        accumulate_weighted_rows(d_scores, self.keys, out);
+    }
+}
+
+/// a·b over d in order, from 0, as the kernels sum it.
+pub(super) fn dot(a: ArrayView1<f32>, b: ArrayView1<f32>) -> f32 {
+    a.iter().zip(b).fold(0.0f32, |acc, (a, b)| acc + a * b)
+}
+
+/// `out += Σ_c weights[c]·rows[c]`, row by row in order.
+fn accumulate_weighted_rows(weights: &[f32], rows: ArrayView2<f32>, mut out: ArrayViewMut1<f32>) {
+    for (&w, row) in weights.iter().zip(rows.rows()) {
+        out.zip_mut_with(&row, |o, &x| *o += w * x);
     }
 }
 

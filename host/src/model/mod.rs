@@ -1,6 +1,6 @@
-//! CPU models of the kernels: the f64 reference they are checked against, emulators of FA1 and
-//! FA2 that count every HBM read and write, and the article's HBM-traffic formulas the emulators
-//! are checked against.
+//! CPU models of the kernels: the f64 reference they are checked against (forward and gradients),
+//! emulators of FA1, FA2 and FA2's backward that count every HBM read and write, and the HBM-traffic
+//! formulas the emulators are checked against.
 //!
 //! The emulators run the kernels' tiling, loop order, causal block skipping and update equations
 //! (the shared [`flash_kernels::softmax`] and [`flash_kernels::mask`] code, with `f32::exp2` for
@@ -11,8 +11,11 @@
 mod emulation;
 pub mod fa1;
 pub mod fa2;
+pub mod fa2_backward;
 pub mod formulas;
+pub mod formulas_backward;
 pub mod io_table;
 pub mod prediction;
 pub mod reference;
+pub mod reference_backward;
 pub mod traffic;

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::model::formulas::{
     FormulaCounts, block_count, count, fa1_formula, fa2_formula, standard_formula,
 };
-use crate::model::traffic::{IoCounts, Traffic};
+use crate::model::traffic::{CheckedScale, IoCounts, Traffic};
 
 /// The dimensions the traffic depends on (no causal mask: the formulas are for full attention).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -56,7 +56,7 @@ impl IoShape {
     }
 
     /// Per-head counts times batch·heads; an error if any total overflows 64 bits.
-    fn whole_problem(&self, per_head: IoCounts) -> Result<IoCounts> {
+    pub(super) fn whole_problem<C: CheckedScale>(&self, per_head: C) -> Result<C> {
         let heads = (self.batch as u64).saturating_mul(self.heads as u64);
         per_head.checked_scale(heads).ok_or_else(|| {
             Error::invalid(

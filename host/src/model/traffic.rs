@@ -47,6 +47,14 @@ impl TensorIo {
         self.elements.written.saturating_mul(self.element_bytes)
     }
 
+    /// Both counts times `factor`, `None` on overflow.
+    fn checked_scale(self, factor: u64) -> Option<Self> {
+        Some(Self {
+            element_bytes: self.element_bytes,
+            elements: self.elements.checked_scale(factor)?,
+        })
+    }
+
     pub(super) fn count_read(&mut self, elements: usize) {
         self.elements.read += elements as u64;
     }
@@ -116,30 +124,18 @@ impl IoCounts {
 
     /// Bytes read from HBM over all tensors (saturating at `u64::MAX`).
     pub fn bytes_read(&self) -> u64 {
-        self.checked_total(|t| t.elements.read).unwrap_or(u64::MAX)
+        checked_bytes(&self.tensors(), |t| t.elements.read).unwrap_or(u64::MAX)
     }
 
     /// Bytes written to HBM over all tensors (saturating at `u64::MAX`).
     pub fn bytes_written(&self) -> u64 {
-        self.checked_total(|t| t.elements.written)
-            .unwrap_or(u64::MAX)
+        checked_bytes(&self.tensors(), |t| t.elements.written).unwrap_or(u64::MAX)
     }
+}
 
-    /// Σ elements·element_bytes over the tensors, `None` on overflow.
-    fn checked_total(&self, elements: impl Fn(&TensorIo) -> u64) -> Option<u64> {
-        self.tensors().iter().try_fold(0u64, |total, (_, tensor)| {
-            total.checked_add(elements(tensor).checked_mul(tensor.element_bytes)?)
-        })
-    }
-
-    /// Every count times `factor`, `None` if a count or a byte total overflows.
-    pub(super) fn checked_scale(&self, factor: u64) -> Option<Self> {
-        let scale = |t: TensorIo| -> Option<TensorIo> {
-            Some(TensorIo {
-                element_bytes: t.element_bytes,
-                elements: t.elements.checked_scale(factor)?,
-            })
-        };
+impl CheckedScale for IoCounts {
+    fn checked_scale(&self, factor: u64) -> Option<Self> {
+        let scale = |t: TensorIo| t.checked_scale(factor);
         let scaled = Self {
             q: scale(self.q)?,
             k: scale(self.k)?,
@@ -152,8 +148,136 @@ impl IoCounts {
             scores: scale(self.scores)?,
             probs: scale(self.probs)?,
         };
-        scaled.checked_total(|t| t.elements.read)?;
-        scaled.checked_total(|t| t.elements.written)?;
-        Some(scaled)
+        byte_totals_fit(&scaled.tensors()).then_some(scaled)
     }
+}
+
+/// The backward pass's HBM traffic per tensor. Q, K, V, O, dO and the gradients are in the input
+/// dtype; L, D, the dQ accumulator and dP are f32; P and dS are in the input dtype (the operands of
+/// the next matrix product, as the forward stores P). A tensor an algorithm does not have stays at
+/// zero (FA2 never touches P, dP, dS; the standard backward never touches L, D and the
+/// accumulator).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardIoCounts {
+    pub q: TensorIo,
+    pub k: TensorIo,
+    pub v: TensorIo,
+    /// The forward's O (read by FA2's pre-pass for D).
+    pub o: TensorIo,
+    pub d_o: TensorIo,
+    /// The forward's L = m + log ℓ, from which FA2 recomputes P.
+    pub logsumexp: TensorIo,
+    /// FA2's D = rowsum(dO ∘ O): written by the pre-pass, read by the main loop.
+    pub delta: TensorIo,
+    /// FA2's f32 dQ accumulator: zeroed by the pre-pass, read and written at every visit of a
+    /// row block, read by the post-pass that writes dQ.
+    pub dq_accumulator: TensorIo,
+    pub dq: TensorIo,
+    pub dk: TensorIo,
+    pub dv: TensorIo,
+    /// The standard backward's P, kept in HBM by the forward.
+    pub probs: TensorIo,
+    /// The standard backward's dP = dO·Vᵀ.
+    pub d_probs: TensorIo,
+    /// The standard backward's dS = P ∘ (dP − D).
+    pub d_scores: TensorIo,
+}
+
+impl BackwardIoCounts {
+    /// All counts zero, with element sizes for inputs of `dtype`.
+    pub fn new(dtype: DType) -> Self {
+        let input = TensorIo::new(dtype.size_bytes() as u64);
+        let f32_tensor = TensorIo::new(F32_BYTES);
+        Self {
+            q: input,
+            k: input,
+            v: input,
+            o: input,
+            d_o: input,
+            logsumexp: f32_tensor,
+            delta: f32_tensor,
+            dq_accumulator: f32_tensor,
+            dq: input,
+            dk: input,
+            dv: input,
+            probs: input,
+            d_probs: f32_tensor,
+            d_scores: input,
+        }
+    }
+
+    /// Every tensor with its name, for reports.
+    pub fn tensors(&self) -> [(&'static str, TensorIo); 14] {
+        [
+            ("Q", self.q),
+            ("K", self.k),
+            ("V", self.v),
+            ("O", self.o),
+            ("dO", self.d_o),
+            ("L", self.logsumexp),
+            ("D", self.delta),
+            ("dQ accumulator", self.dq_accumulator),
+            ("dQ", self.dq),
+            ("dK", self.dk),
+            ("dV", self.dv),
+            ("P", self.probs),
+            ("dP", self.d_probs),
+            ("dS", self.d_scores),
+        ]
+    }
+
+    /// Bytes read from HBM over all tensors (saturating at `u64::MAX`).
+    pub fn bytes_read(&self) -> u64 {
+        checked_bytes(&self.tensors(), |t| t.elements.read).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes written to HBM over all tensors (saturating at `u64::MAX`).
+    pub fn bytes_written(&self) -> u64 {
+        checked_bytes(&self.tensors(), |t| t.elements.written).unwrap_or(u64::MAX)
+    }
+}
+
+impl CheckedScale for BackwardIoCounts {
+    fn checked_scale(&self, factor: u64) -> Option<Self> {
+        let scale = |t: TensorIo| t.checked_scale(factor);
+        let scaled = Self {
+            q: scale(self.q)?,
+            k: scale(self.k)?,
+            v: scale(self.v)?,
+            o: scale(self.o)?,
+            d_o: scale(self.d_o)?,
+            logsumexp: scale(self.logsumexp)?,
+            delta: scale(self.delta)?,
+            dq_accumulator: scale(self.dq_accumulator)?,
+            dq: scale(self.dq)?,
+            dk: scale(self.dk)?,
+            dv: scale(self.dv)?,
+            probs: scale(self.probs)?,
+            d_probs: scale(self.d_probs)?,
+            d_scores: scale(self.d_scores)?,
+        };
+        byte_totals_fit(&scaled.tensors()).then_some(scaled)
+    }
+}
+
+/// Per-head counts that scale to a whole problem.
+pub(super) trait CheckedScale: Sized {
+    /// Every count times `factor`, `None` if a count or a byte total overflows.
+    fn checked_scale(&self, factor: u64) -> Option<Self>;
+}
+
+/// Σ elements·element_bytes over `tensors`, `None` on overflow.
+fn checked_bytes(
+    tensors: &[(&'static str, TensorIo)],
+    elements: impl Fn(&TensorIo) -> u64,
+) -> Option<u64> {
+    tensors.iter().try_fold(0u64, |total, (_, tensor)| {
+        total.checked_add(elements(tensor).checked_mul(tensor.element_bytes)?)
+    })
+}
+
+/// Whether the bytes read and the bytes written over `tensors` each fit in 64 bits.
+fn byte_totals_fit(tensors: &[(&'static str, TensorIo)]) -> bool {
+    checked_bytes(tensors, |t| t.elements.read).is_some()
+        && checked_bytes(tensors, |t| t.elements.written).is_some()
 }

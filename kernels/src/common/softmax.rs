@@ -51,6 +51,17 @@ impl RowStats {
     }
 }
 
+/// What the backward pass subtracts, in log2 units, to recompute P from the forward's
+/// L = m + log ℓ (natural-log units): P_ij = exp(S_ij − L_i) (the article's L equation,
+/// `000_…`: exp(S_ij − m_i − log ℓ_i) = exp(S_ij − m_i)/ℓ_i), i.e. 2^(S_ij·log2 e − L_i·log2 e)
+/// with the scores already in log2 units. P comes out normalised, so neither m nor ℓ is kept.
+/// 0 for a row with no visible key (L = −∞): its scores are all −∞, and 2^(−∞ − 0) = 0 where
+/// 2^(−∞ + ∞) would be NaN.
+#[inline(always)]
+pub fn recomputation_base(logsumexp: f32) -> f32 {
+    RowStats::exp_base(logsumexp * LOG2_E)
+}
+
 /// FA1's merge of a row's stored statistics with one block's:
 /// m_new = max(m_i, m̃_ij), α = e^(m_i − m_new), β = e^(m̃_ij − m_new), ℓ_new = α·ℓ_i + β·ℓ̃_ij.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -271,6 +282,18 @@ mod tests {
         assert!(!alpha.is_nan());
         assert_eq!(stats.inverse_sum(), 0.0);
         assert_eq!(stats.logsumexp(f32::log2), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn p_recomputed_from_logsumexp_is_normalised() {
+        let scores = [0.5f32, -1.0, 2.0, 0.0];
+        let logsumexp = reference_stats(&scores).logsumexp(f32::log2);
+        let base = recomputation_base(logsumexp);
+        let total: f32 = scores.iter().map(|s| (s - base).exp2()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        // A row with no visible key: every P is 0, none NaN.
+        let base = recomputation_base(f32::NEG_INFINITY);
+        assert_eq!((f32::NEG_INFINITY - base).exp2(), 0.0);
     }
 
     #[test]
