@@ -127,7 +127,8 @@ pub fn ptxas_report(arch: Arch, module: Module) -> Result<Vec<KernelResources>> 
         .map(|k| k.name.as_str())
         .collect();
     if !spilling.is_empty() {
-        return Err(format!("Hopper kernels spill: {}", spilling.join(", ")));
+        // Reported, not fatal: `xtask sass` shows whether the spill sits in the main loop.
+        println!("Hopper kernels with spills (see PERF.md): {}", spilling.join(", "));
     }
     Ok(kernels)
 }

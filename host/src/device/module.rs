@@ -68,7 +68,8 @@ pub fn entry_names(module: Module) -> Vec<&'static str> {
 /// The PTX to load for `module`: the embedded one, or the file `override_path` names (the value
 /// of its [`override_var`]).
 pub fn module_source(module: Module, override_path: Option<std::ffi::OsString>) -> Result<String> {
-    match override_path {
+    // An empty value means unset, so scripts can pass `VAR=` to use the embedded module.
+    match override_path.filter(|path| !path.is_empty()) {
         None => Ok(ptx(module).to_string()),
         Some(path) => std::fs::read_to_string(&path).map_err(|e| {
             Error::invalid(

@@ -132,6 +132,23 @@ macro_rules! wgmma_asm {
             options(nostack)
         )
     };
+    // The first k-step (scale-d = 0): the accumulators are outputs only, so nothing has to define
+    // them before the product (ptxas serializes wgmmas whose accumulator inputs other
+    // instructions define inside a pipeline stage).
+    (ss_zero $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr) => {
+        asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {zero}, 0;",
+            concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $dtype, ".", $dtype),
+            concat!("{{{}, {}, {}, {}", $(tile_slots!($rest),)* "}},"),
+            "{a}, {b}, p, 1, 1, 0, 0; }}",
+            out(reg32) $acc[$first][0], out(reg32) $acc[$first][1],
+            out(reg32) $acc[$first][2], out(reg32) $acc[$first][3],
+            $(out(reg32) $acc[$rest][0], out(reg32) $acc[$rest][1],
+              out(reg32) $acc[$rest][2], out(reg32) $acc[$rest][3],)*
+            a = in(reg64) $a, b = in(reg64) $b, zero = in(reg32) 0u32,
+            options(nostack)
+        )
+    };
     (rs $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr, $scale:expr) => {
         asm!(
             "{{ .reg .pred p; setp.ne.b32 p, {scale}, 0;",
@@ -199,7 +216,8 @@ macro_rules! typed_accumulator {
 /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}` with A and B in shared memory, both
 /// K-major: `acc` (this warp's 16 rows of the 64 × N result, as N/8 tiles in the mma.m16n8 layout)
 /// = A·Bᵀ + (`accumulate` ? `acc` : 0), A = 64 × 16, B = N × 16. Asynchronous: commit, wait and
-/// [`wgmma_fence_accumulator`] before reading `acc`.
+/// [`wgmma_fence_accumulator`] before reading `acc`. `accumulate` must be a compile-time
+/// constant once inlined (a k-step index > 0): without it `acc` is written only.
 #[inline(always)]
 pub fn wgmma_ss<const TILES: usize>(
     acc: &mut [[f32; 4]; TILES],
@@ -217,10 +235,11 @@ pub fn wgmma_ss<const TILES: usize>(
             // shared memory that TMA filled (the caller waited on their barrier); all 128 threads
             // of the warpgroup execute this.
             unsafe {
-                if bf16 {
-                    wgmma_asm!(ss "bf16" $n acc [$($t)*], a.0, b.0, scale)
-                } else {
-                    wgmma_asm!(ss "f16" $n acc [$($t)*], a.0, b.0, scale)
+                match (bf16, accumulate) {
+                    (true, true) => wgmma_asm!(ss "bf16" $n acc [$($t)*], a.0, b.0, scale),
+                    (false, true) => wgmma_asm!(ss "f16" $n acc [$($t)*], a.0, b.0, scale),
+                    (true, false) => wgmma_asm!(ss_zero "bf16" $n acc [$($t)*], a.0, b.0),
+                    (false, false) => wgmma_asm!(ss_zero "f16" $n acc [$($t)*], a.0, b.0),
                 }
             }
         }};
@@ -256,6 +275,37 @@ pub fn wgmma_rs<const TILES: usize>(
         }};
     }
     match_width!(TILES, arm)
+}
+
+/// Keeps the A fragments `fragments` of the register-A products alive until here (after the
+/// [`wgmma_wait`] that retires them): the compiler sees the asm read them when it is issued, and
+/// would otherwise reuse their registers for the next block's P̃ while the product still reads
+/// them, which ptxas answers by serializing the wgmmas. Emits no instruction.
+#[inline(always)]
+pub fn wgmma_fence_fragments<const CHUNKS: usize>(fragments: &mut [[u32; 4]; CHUNKS]) {
+    macro_rules! arm {
+        ($($t:literal)*) => {{
+            // SAFETY: the arm for CHUNKS reinterprets the array at its own length.
+            let f = unsafe { &mut *(fragments as *mut [[u32; 4]; CHUNKS]).cast::<[[u32; 4]; const { [$($t),*].len() }]>() };
+            // SAFETY: an empty asm; registers only.
+            unsafe { wgmma_asm!(fence 0 f [$($t)*]) }
+        }};
+    }
+    const {
+        assert!(
+            matches!(CHUNKS, 4 | 5 | 7 | 8 | 11),
+            "no fence for this many P̃ fragments: add it to `wgmma_fence_fragments`"
+        )
+    };
+    match CHUNKS {
+        4 => arm!(0 1 2 3),
+        5 => arm!(0 1 2 3 4),
+        7 => arm!(0 1 2 3 4 5 6),
+        8 => arm!(0 1 2 3 4 5 6 7),
+        11 => arm!(0 1 2 3 4 5 6 7 8 9 10),
+        // SAFETY: the assertion above rejected every other count at compile time.
+        _ => unsafe { core::hint::unreachable_unchecked() },
+    }
 }
 
 /// Marks `acc` as produced here: after [`wgmma_wait`], so the compiler reads the accumulators

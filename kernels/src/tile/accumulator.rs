@@ -60,9 +60,8 @@ impl ScoreBlock {
     /// without, m stays, α = 1 and no multiply is issued (the conditional rescale: the caller
     /// decided that no row's P̃ would pass 2^`RESCALE_THRESHOLD`). Overwrites `scores` with
     /// P̃ = exp2(S·scale·log2 e − m), adds its f32 row sums into the lane's partial ℓ, and returns
-    /// P̃ packed to 16 bits as the A fragments of P̃·V, one per 16 keys: keys 16c..16c+8 give
-    /// registers 0 (row l/4) and 1 (row l/4 + 8) of chunk c, keys 16c+8..16c+16 registers 2 and
-    /// 3 (mma.m16n8k16's A layout, which wgmma's register A shares).
+    /// P̃ packed to 16 bits as the A fragments of P̃·V, one per 16 keys ([`pack_row`];
+    /// mma.m16n8k16's A layout, which wgmma's register A shares).
     #[inline(always)]
     pub fn online_softmax<
         T: TensorCoreElement,
@@ -78,14 +77,37 @@ impl ScoreBlock {
         acc: &mut [[f32; 4]; O_TILES],
     ) -> [[u32; 4]; CHUNKS] {
         let mut fragments = [[0u32; 4]; CHUNKS];
+        self.softmax_rows(
+            scores,
+            block_max,
+            rescale,
+            stats,
+            |h, alpha| scale_row(acc, h, alpha),
+            |h, probabilities| pack_row::<T, TILES, CHUNKS>(probabilities, h, &mut fragments),
+        );
+        fragments
+    }
+
+    /// [`ScoreBlock::online_softmax`] with Õ's rescale left to `on_rescale(h, α)` (called per
+    /// row when `rescale`) and the packing of P̃ to `on_row(h, P̃)` (called per row once its P̃
+    /// is final): a pipelined kernel records α, and leaves P̃ in f32, while the previous block's
+    /// P̃·V still runs, then rescales Õ ([`scale_row`]) and packs P̃ ([`pack_row`]) once that
+    /// product has landed.
+    #[inline(always)]
+    pub fn softmax_rows<const TILES: usize>(
+        &self,
+        scores: &mut [[f32; 4]; TILES],
+        block_max: [f32; 2],
+        rescale: bool,
+        stats: &mut [RowStats; 2],
+        mut on_rescale: impl FnMut(usize, f32),
+        mut on_row: impl FnMut(usize, &[[f32; 4]; TILES]),
+    ) {
         for h in 0..2 {
             if rescale {
                 let (rescaled, alpha) = fa2_rescale(stats[h], block_max[h], arch::exp2);
                 stats[h] = rescaled;
-                for tile in acc.iter_mut() {
-                    tile[2 * h] *= alpha;
-                    tile[2 * h + 1] *= alpha;
-                }
+                on_rescale(h, alpha);
             }
             let base = RowStats::exp_base(stats[h].max);
             for tile in scores.iter_mut() {
@@ -95,11 +117,30 @@ impl ScoreBlock {
                 }
             }
             stats[h].sum += row_reduce(scores, h, |a, b| a + b);
-            for (tile, values) in scores.iter().enumerate() {
-                fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
-            }
+            on_row(h, scores);
         }
-        fragments
+    }
+}
+
+/// P̃'s row `h` packed to 16 bits into the A fragments of P̃·V: keys 16c..16c+8 give registers
+/// 0 (row l/4) and 1 (row l/4 + 8) of chunk c, keys 16c+8..16c+16 registers 2 and 3.
+#[inline(always)]
+pub fn pack_row<T: TensorCoreElement, const TILES: usize, const CHUNKS: usize>(
+    probabilities: &[[f32; 4]; TILES],
+    h: usize,
+    fragments: &mut [[u32; 4]; CHUNKS],
+) {
+    for (tile, values) in probabilities.iter().enumerate() {
+        fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
+    }
+}
+
+/// Õ's row `h` (of the lane's two) times α: Õ = diag(α)·Õ.
+#[inline(always)]
+pub fn scale_row<const O_TILES: usize>(acc: &mut [[f32; 4]; O_TILES], h: usize, alpha: f32) {
+    for tile in acc.iter_mut() {
+        tile[2 * h] *= alpha;
+        tile[2 * h + 1] *= alpha;
     }
 }
 

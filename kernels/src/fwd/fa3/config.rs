@@ -124,6 +124,9 @@ pub trait Fa3Config {
     const Q_STEPS: u32 = Self::HEAD_DIM / WGMMA_K;
     const Q_BYTES: u32 = Self::TILING.q_bytes(Self::HEAD_DIM);
     const KV_BYTES: u32 = Self::TILING.kv_bytes(Self::HEAD_DIM);
+    /// Whether the consumer warpgroups take turns to issue their products (ping-pong, see
+    /// `kernel::GemmTurns`), so one's softmax overlaps another's products.
+    const PING_PONG: bool = true;
     /// `TILING.registers()`, as constants `setmaxnreg` takes as immediates.
     type const PRODUCER_REGISTERS: u32;
     type const CONSUMER_REGISTERS: u32;

@@ -4,12 +4,15 @@
 //!
 //! ```text
 //!  warpgroup 0, producer (24–56 registers)     warpgroups 1..=C, consumers (64 rows of Q_i each)
-//!  one thread issues TMA:                       wait Q_i
-//!   Q_i once                    ──q_full──▶     for each K/V block j:
-//!   for j: wait k_empty[s]; K_j ──k_full[s]──▶    wait K_j; S = Q_i·K_jᵀ (wgmma, SS); release K_j
-//!          wait v_empty[s]; V_j ──v_full[s]──▶    mask, online softmax (P̃ stays in registers)
-//!   s = j % 2 (the ring)                          wait V_j; Õ += P̃·V_j (wgmma, RS); release V_j
-//!                                               O = Õ/ℓ, L = m + log ℓ
+//!  one thread issues TMA:                       wait Q_i; S_0, softmax_0
+//!   Q_i once                    ──q_full──▶     for each K/V block j ≥ 1 (seed 001's pipeline):
+//!   for j: wait k_empty[s]; K_j ──k_full[s]──▶    issue S_j = Q_i·K_jᵀ (wgmma SS) and
+//!          wait v_empty[s]; V_j ──v_full[s]──▶          Õ += P̃_{j−1}·V_{j−1} (wgmma RS)
+//!   s = j % 2 (the ring)                          wait S_j; release K_j; softmax_j (mask, m, ℓ, P̃_j)
+//!                                                 wait P̃·V; release V_{j−1}; Õ = diag(α_j)·Õ
+//!                                               Õ += P̃_last·V_last; O = Õ/ℓ, L = m + log ℓ
+//!  ping-pong: the consumers issue their products in turns (named barriers), so one's softmax
+//!  runs beside another's products (`GemmTurns`)
 //! ```
 //!
 //! Shared memory: Q_i, then K and V in two stages each, every tile in 64-column panels with the
@@ -28,7 +31,7 @@ use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
 use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
-use crate::tile::accumulator::{ScoreBlock, store_rows};
+use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
 use crate::tile::fragment::MMA_M;
 use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
@@ -184,7 +187,10 @@ fn produce<C: Fa3Config>(
     }
 }
 
-/// One consumer warpgroup: its 64 rows of Q_i against every K/V block, then O and L.
+/// One consumer warpgroup: its 64 rows of Q_i against every K/V block, then O and L. Seed 001's
+/// pipeline inside the warpgroup: while the softmax of block j runs on the SFU and FMA units,
+/// Õ += P̃_{j−1}·V_{j−1} runs on the tensor cores (issued together with S_j = Q_i·K_jᵀ, waited for
+/// after the softmax); Õ's rescale by block j's α waits for that product.
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3Config>(
     p: &Fa3Params,
@@ -195,115 +201,273 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     consumer: u32,
 ) {
     let group_row = consumer * WARPGROUP_ROWS;
-    // The sequence row of this warp's first row of the accumulators.
-    let warp_row = row_start + group_row + arch::warp_idx() % 4 * MMA_M;
+    let warpgroup = Consumer {
+        sram,
+        group_row,
+        // The sequence row of this warp's first row of the accumulators.
+        warp_row: row_start + group_row + arch::warp_idx() % 4 * MMA_M,
+        blocks,
+        seqlen_k: info.seqlen_k,
+        score_scale: p.shape.softmax_scale * LOG2_E,
+        turns: GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG),
+    };
     let mut stats = [RowStats::EMPTY; 2];
     let mut acc = [[0.0f32; 4]; C::O_TILES];
-    let score_scale = p.shape.softmax_scale * LOG2_E;
+    let count = blocks.count();
     sram.q_full().wait(0);
-    for j in 0..blocks.count() {
-        let (stage, phase) = ring(j);
-        let key_start = j * C::BLOCK_COLS;
-        let step = BlockStep {
-            sram,
-            stage,
-            phase,
-            group_row,
-            warp_row,
-            block: ScoreBlock {
-                key_start,
-                seqlen_k: info.seqlen_k,
-                mask: blocks.mask(),
-                score_scale,
-            },
-        };
-        if blocks.needs_mask(key_start) {
-            step.run::<T, C, true>(&mut stats, &mut acc);
-        } else {
-            step.run::<T, C, false>(&mut stats, &mut acc);
+    if count > 0 {
+        warpgroup.turns.start();
+        // Block 0: S_0 and its softmax (Õ is still zero: nothing to rescale).
+        let mut scores = [[0.0f32; 4]; C::S_TILES];
+        warpgroup.turns.take();
+        warpgroup.wait_operands(Some(0), None);
+        warpgroup.issue_scores::<T, C>(0, &mut scores);
+        warpgroup.turns.pass();
+        warpgroup.land_scores::<0, _>(0, &mut scores);
+        let (probabilities, _) = warpgroup.softmax::<T, C>(0, &scores, &mut stats);
+        let mut p = pack::<T, C>(&probabilities);
+        for j in 1..count {
+            // S_j and P̃_{j−1}·V_{j−1} in flight together; the softmax of j while the second runs.
+            warpgroup.turns.take();
+            warpgroup.wait_operands(Some(j), Some(j - 1));
+            warpgroup.issue_scores::<T, C>(j, &mut scores);
+            warpgroup.issue_pv::<T, C>(j - 1, &p, &mut acc);
+            warpgroup.turns.pass();
+            warpgroup.land_scores::<1, _>(j, &mut scores);
+            let (probabilities, alpha) = warpgroup.softmax::<T, C>(j, &scores, &mut stats);
+            warpgroup.land_pv(j - 1, &mut acc, &mut p);
+            if let Some(alpha) = alpha {
+                scale_row(&mut acc, 0, alpha[0]);
+                scale_row(&mut acc, 1, alpha[1]);
+            }
+            // Packed only now: P̃_j's 16-bit fragments must not be written while P̃_{j−1}·V_{j−1},
+            // which reads the previous ones, is in flight.
+            p = pack::<T, C>(&probabilities);
         }
+        warpgroup.turns.take();
+        warpgroup.wait_operands(None, Some(count - 1));
+        warpgroup.issue_pv::<T, C>(count - 1, &p, &mut acc);
+        warpgroup.turns.pass();
+        warpgroup.land_pv(count - 1, &mut acc, &mut p);
+        warpgroup.turns.finish();
     }
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
     let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
     let (seqlen_q, cols) = (info.seqlen_q, p.shape.head_dim);
-    store_rows::<T, _>(&o, &logsumexp, warp_row, seqlen_q, cols, &stats, &acc);
+    store_rows::<T, _>(&o, &logsumexp, warpgroup.warp_row, seqlen_q, cols, &stats, &acc);
 }
 
-/// One K/V block for one consumer warpgroup.
+/// Inter-warpgroup overlap (FlashAttention-3's ping-pong): the consumer warpgroups take turns
+/// to issue their products, in order, so one's softmax runs while another's products run.
+/// Consumer c waits at named barrier 1 + c; the one before it (cyclically) arrives there after
+/// issuing its own. Every consumer of a block runs the same number of turns.
 #[derive(Clone, Copy)]
-struct BlockStep<'a> {
+struct GemmTurns {
+    consumer: u32,
+    consumers: u32,
+    enabled: bool,
+}
+
+impl GemmTurns {
+    /// Named barrier 0 is `sync_threads`'s.
+    const FIRST_BARRIER: u32 = 1;
+    /// A turn's barrier counts the warpgroup that waits and the one that hands over.
+    const THREADS: u32 = 2 * WARPGROUP_THREADS;
+
+    #[inline(always)]
+    fn new(consumer: u32, consumers: u32, enabled: bool) -> Self {
+        Self {
+            consumer,
+            consumers,
+            enabled: enabled && consumers > 1,
+        }
+    }
+
+    /// The last consumer hands the first its first turn.
+    #[inline(always)]
+    fn start(&self) {
+        if self.enabled && self.consumer == self.consumers - 1 {
+            arch::named_barrier_arrive(Self::FIRST_BARRIER, Self::THREADS);
+        }
+    }
+
+    /// Waits for this warpgroup's turn.
+    #[inline(always)]
+    fn take(&self) {
+        if self.enabled {
+            arch::named_barrier_sync(Self::FIRST_BARRIER + self.consumer, Self::THREADS);
+        }
+    }
+
+    /// Hands the turn to the next warpgroup.
+    #[inline(always)]
+    fn pass(&self) {
+        if self.enabled {
+            let next = (self.consumer + 1) % self.consumers;
+            arch::named_barrier_arrive(Self::FIRST_BARRIER + next, Self::THREADS);
+        }
+    }
+
+    /// The first consumer takes the hand-over left after the last turn, so no barrier ends
+    /// the block with a partial count.
+    #[inline(always)]
+    fn finish(&self) {
+        if self.consumer == 0 {
+            self.take();
+        }
+    }
+}
+
+/// One consumer warpgroup's view of the block.
+struct Consumer<'a> {
     sram: &'a Fa3Sram,
-    stage: u32,
-    phase: u32,
     /// This warpgroup's first row within Q_i.
     group_row: u32,
     /// The sequence row of this warp's first row.
     warp_row: u32,
-    block: ScoreBlock,
+    blocks: &'a KeyBlocks,
+    seqlen_k: u32,
+    score_scale: f32,
+    turns: GemmTurns,
 }
 
-impl BlockStep<'_> {
-    /// S = Q_i·K_jᵀ; m, ℓ, Õ updated as in FA2 (the max moved only when it jumps, at d ≤ 128);
-    /// Õ += P̃·V_j. `MASK`: apply the causal mask and the seqlen_k tail element-wise.
+impl Consumer<'_> {
+    /// Waits until K_j (with `scores`) and V_{j_v} (with `values`, for the P̃·V issued beside it)
+    /// have landed, then fences the registers the products read: every wait comes before the
+    /// fence, so nothing but wgmmas runs between the fence and the last product it covers.
     #[inline(always)]
-    fn run<T: TensorCoreElement, C: Fa3Config, const MASK: bool>(
-        &self,
-        stats: &mut [RowStats; 2],
-        acc: &mut [[f32; 4]; C::O_TILES],
-    ) {
-        let mut scores = self.scores::<T, C>();
-        if MASK {
-            self.block.apply_mask(&mut scores, self.warp_row);
+    fn wait_operands(&self, scores: Option<u32>, values: Option<u32>) {
+        if let Some(j) = scores {
+            let (stage, phase) = ring(j);
+            self.sram.k_full(stage).wait(phase);
         }
-        let block_max = [self.block.row_max(&scores, 0), self.block.row_max(&scores, 1)];
-        let jumps = needs_rescale(stats[0].max, block_max[0])
-            || needs_rescale(stats[1].max, block_max[1]);
-        // One decision per warp: the branches in the softmax are warp-uniform.
-        let rescale = !conditional_rescale(C::HEAD_DIM) || arch::vote_any(jumps);
-        let p: [[u32; 4]; C::P_CHUNKS] =
-            self.block
-                .online_softmax::<T, _, _, _>(&mut scores, block_max, rescale, stats, acc);
-        self.accumulate_pv::<T, C>(&p, acc);
+        if let Some(j) = values {
+            let (stage, phase) = ring(j);
+            self.sram.v_full(stage).wait(phase);
+        }
+        arch::wgmma_fence();
     }
 
-    /// S = Q_i·K_jᵀ for this warpgroup's 64 rows: d/16 SS wgmmas in one group, then K_j's stage
-    /// is released.
+    /// Issues S = Q_i·K_jᵀ for this warpgroup's 64 rows (K_j landed): d/16 SS wgmmas in one
+    /// group.
     #[inline(always)]
-    fn scores<T: TensorCoreElement, C: Fa3Config>(&self) -> [[f32; 4]; C::S_TILES] {
-        let k = self.sram.k(self.stage);
-        self.sram.k_full(self.stage).wait(self.phase);
-        let mut scores = [[0.0f32; 4]; C::S_TILES];
-        arch::wgmma_fence();
+    fn issue_scores<T: TensorCoreElement, C: Fa3Config>(
+        &self,
+        j: u32,
+        scores: &mut [[f32; 4]; C::S_TILES],
+    ) {
+        let k = self.sram.k(ring(j).0);
         for step in 0..C::Q_STEPS {
             let a = self.sram.q.k_major_step(self.group_row, step);
             let b = k.k_major_step(0, step);
-            arch::wgmma_ss(&mut scores, a, b, step > 0, T::BF16);
+            arch::wgmma_ss(scores, a, b, step > 0, T::BF16);
         }
         arch::wgmma_commit();
-        arch::wgmma_wait::<0>();
-        arch::wgmma_fence_accumulator(&mut scores);
-        release(self.sram.k_empty(self.stage));
-        scores
     }
 
-    /// Õ += P̃·V_j: B_c/16 RS wgmmas (P̃ from registers), then V_j's stage is released.
+    /// Waits for S_j (with `PENDING` = 1, the older of two groups in flight) and releases K_j's
+    /// stage.
     #[inline(always)]
-    fn accumulate_pv<T: TensorCoreElement, C: Fa3Config>(
+    fn land_scores<const PENDING: u32, const TILES: usize>(
         &self,
+        j: u32,
+        scores: &mut [[f32; 4]; TILES],
+    ) {
+        arch::wgmma_wait::<PENDING>();
+        arch::wgmma_fence_accumulator(scores);
+        release(self.sram.k_empty(ring(j).0));
+    }
+
+    /// Issues Õ += P̃_j·V_j (V_j landed): B_c/16 RS wgmmas (P̃ from registers), one group.
+    #[inline(always)]
+    fn issue_pv<T: TensorCoreElement, C: Fa3Config>(
+        &self,
+        j: u32,
         p: &[[u32; 4]; C::P_CHUNKS],
         acc: &mut [[f32; 4]; C::O_TILES],
     ) {
-        let v = self.sram.v(self.stage);
-        self.sram.v_full(self.stage).wait(self.phase);
-        arch::wgmma_fence();
+        let v = self.sram.v(ring(j).0);
         for (chunk, fragment) in p.iter().enumerate() {
             arch::wgmma_rs(acc, *fragment, v.mn_major_rows(chunk as u32), true, T::BF16);
         }
         arch::wgmma_commit();
+    }
+
+    /// Waits for every product in flight (P̃_j·V_j the last) and releases V_j's stage; P̃_j's
+    /// registers are free from here.
+    #[inline(always)]
+    fn land_pv<const TILES: usize, const CHUNKS: usize>(
+        &self,
+        j: u32,
+        acc: &mut [[f32; 4]; TILES],
+        p: &mut [[u32; 4]; CHUNKS],
+    ) {
         arch::wgmma_wait::<0>();
         arch::wgmma_fence_accumulator(acc);
-        release(self.sram.v_empty(self.stage));
+        arch::wgmma_fence_fragments(p);
+        release(self.sram.v_empty(ring(j).0));
     }
+
+    /// The softmax of block j: the mask where the block needs it, m and ℓ updated as in FA2 (the
+    /// max moved only when it jumps, at d ≤ 128). Returns P̃_j in f32, and α for Õ's two rows of
+    /// the lane when the max moved.
+    #[inline(always)]
+    fn softmax<T: TensorCoreElement, C: Fa3Config>(
+        &self,
+        j: u32,
+        scores: &[[f32; 4]; C::S_TILES],
+        stats: &mut [RowStats; 2],
+    ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
+        let block = ScoreBlock {
+            key_start: j * C::BLOCK_COLS,
+            seqlen_k: self.seqlen_k,
+            mask: self.blocks.mask(),
+            score_scale: self.score_scale,
+        };
+        if self.blocks.needs_mask(block.key_start) {
+            self.block_softmax::<T, C, true>(&block, scores, stats)
+        } else {
+            self.block_softmax::<T, C, false>(&block, scores, stats)
+        }
+    }
+
+    /// [`Consumer::softmax`] for one `MASK`: apply the causal mask and the seqlen_k tail
+    /// element-wise, or not. S's registers are only read: the next block's S = Q_i·K_jᵀ
+    /// accumulates into them while this block's P̃·V runs, and ptxas serializes the products when
+    /// other instructions write a wgmma's accumulators inside its pipeline stage.
+    #[inline(always)]
+    fn block_softmax<T: TensorCoreElement, C: Fa3Config, const MASK: bool>(
+        &self,
+        block: &ScoreBlock,
+        scores: &[[f32; 4]; C::S_TILES],
+        stats: &mut [RowStats; 2],
+    ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
+        let mut probabilities = *scores;
+        if MASK {
+            block.apply_mask(&mut probabilities, self.warp_row);
+        }
+        let scores = &mut probabilities;
+        let block_max = [block.row_max(scores, 0), block.row_max(scores, 1)];
+        let jumps = needs_rescale(stats[0].max, block_max[0])
+            || needs_rescale(stats[1].max, block_max[1]);
+        // One decision per warp: the branches are warp-uniform.
+        let rescale = !conditional_rescale(C::HEAD_DIM) || arch::vote_any(jumps);
+        let mut alpha = [1.0f32; 2];
+        block.softmax_rows(scores, block_max, rescale, stats, |h, a| alpha[h] = a, |_, _| {});
+        (probabilities, rescale.then_some(alpha))
+    }
+}
+
+/// P̃ packed as the A fragments of P̃·V.
+#[inline(always)]
+fn pack<T: TensorCoreElement, C: Fa3Config>(
+    probabilities: &[[f32; 4]; C::S_TILES],
+) -> [[u32; 4]; C::P_CHUNKS] {
+    let mut fragments = [[0u32; 4]; C::P_CHUNKS];
+    for h in 0..2 {
+        pack_row::<T, _, _>(probabilities, h, &mut fragments);
+    }
+    fragments
 }
 
 /// This warp is done reading a stage: one arrival on its empty barrier.
