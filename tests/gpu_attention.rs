@@ -137,44 +137,95 @@ fn every_fa2_tc_tiling_matches_the_reference() {
     let Some(gpu) = common::gpu_or_skip("every_fa2_tc_tiling_matches_the_reference") else {
         return;
     };
-    let mut rng = common::seeded_rng("fa2_tc_tilings");
-    let (mut cases, mut failures) = (0, Vec::new());
+    let mut tilings = Vec::new();
     for d in flash_attn::attention::fa2_tc_head_dims() {
         for tiling in flash_attn::attention::fa2_tc_tilings(d) {
-            let overrides = flash_attn::AttentionOptions {
+            let options = flash_attn::AttentionOptions {
                 fa2_tc_tiling: Some(tiling),
                 ..Default::default()
             };
-            for dtype in [DType::F16, DType::Bf16] {
-                for (sq, sk) in [(113, 203), (1024, 1023), (300, 300), (1, 1)] {
-                    for causal in [false, true] {
-                        let p = problem(sq, sk, d as usize, causal, dtype);
-                        let checked = flash_attn::tools::check::check_problem_with(
-                            &gpu,
-                            p,
-                            &[Algorithm::Fa2Tc],
-                            &Layout::ALL,
-                            &overrides,
-                            &mut rng,
-                        );
-                        for r in checked.expect("the launch failed") {
-                            if r.passed && r.max_abs_error > 0.8 * r.bound {
-                                println!("near the bound {tiling}: {}", describe(&r));
-                            }
-                            if !r.passed {
-                                // Printed as it happens, with the tiling, so that a later panic
-                                // does not hide it.
-                                let failure = format!("{tiling}: {}", describe(&r));
-                                println!("FAILED {failure}");
-                                failures.push(failure);
-                            }
-                            cases += 1;
+            tilings.push((tiling.to_string(), d as usize, options));
+        }
+    }
+    check_tilings(&gpu, "fa2_tc_tilings", Algorithm::Fa2Tc, &tilings);
+}
+
+/// Every tiling FA3 is compiled for, at its compiled head dim and at one it serves by padding
+/// (8 less), as for FA2-TC. Skips (and says so) on a GPU other than compute capability 9.0.
+#[test]
+fn every_fa3_tiling_matches_the_reference() {
+    let Some(gpu) = common::gpu_or_skip("every_fa3_tiling_matches_the_reference") else {
+        return;
+    };
+    if !gpu.has_hopper_module() {
+        println!("skipped: FA3 needs compute capability 9.0");
+        return;
+    }
+    let mut tilings = Vec::new();
+    for kernel in flash_kernels::registry::HOPPER_KERNELS.iter() {
+        let flash_kernels::registry::Family::Fa3 { head_dim, tiling } = kernel.family else {
+            continue;
+        };
+        if kernel.dtype != flash_kernels::registry::ElementType::Bf16 {
+            continue;
+        }
+        let options = flash_attn::AttentionOptions {
+            fa3_tiling: Some(tiling),
+            ..Default::default()
+        };
+        for d in [head_dim, head_dim - 8] {
+            tilings.push((format!("{tiling} (d = {d})"), d as usize, options));
+        }
+    }
+    check_tilings(&gpu, "fa3_tilings", Algorithm::Fa3, &tilings);
+}
+
+/// `algorithm` with each `(label, head dim, options)` of `tilings`, both 16-bit dtypes, tails in
+/// both directions, causal both ways, against the reference.
+fn check_tilings(
+    gpu: &flash_attn::Gpu,
+    name: &str,
+    algorithm: Algorithm,
+    tilings: &[(String, usize, flash_attn::AttentionOptions)],
+) {
+    let mut rng = common::seeded_rng(name);
+    let (mut cases, mut failures) = (0, Vec::new());
+    for (label, d, overrides) in tilings {
+        for dtype in [DType::F16, DType::Bf16] {
+            for (sq, sk) in [(113, 203), (1024, 1023), (300, 300), (1, 1)] {
+                for causal in [false, true] {
+                    let p = problem(sq, sk, *d, causal, dtype);
+                    let checked = flash_attn::tools::check::check_problem_with(
+                        gpu,
+                        p,
+                        &[algorithm],
+                        &Layout::ALL,
+                        overrides,
+                        &mut rng,
+                    );
+                    for r in checked.expect("the launch failed") {
+                        if r.passed && r.max_abs_error > 0.8 * r.bound {
+                            println!("near the bound {label}: {}", describe(&r));
                         }
+                        // The tiling's own kernel ran, not a fallback.
+                        let family = match algorithm {
+                            Algorithm::Fa3 => "fa3_forward_",
+                            _ => "fa2tc_forward_",
+                        };
+                        assert!(r.kernels.starts_with(family), "{label}: ran {}", r.kernels);
+                        if !r.passed {
+                            // Printed as it happens, with the tiling, so that a later panic
+                            // does not hide it.
+                            let failure = format!("{label}: {}", describe(&r));
+                            println!("FAILED {failure}");
+                            failures.push(failure);
+                        }
+                        cases += 1;
                     }
                 }
             }
         }
     }
-    println!("fa2_tc_tilings: {cases} cases, {} failed", failures.len());
+    println!("{name}: {cases} cases, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -69,6 +69,20 @@ pub fn io_table(shape: IoShape, dtype: DType, shared_memory_bytes: u32) -> Resul
             predicted_fa2_io(shape, tc_rows, dtype)?,
         ));
     }
+    // FA3 too is FA2's traffic (TMA's zero fill of padded columns reads nothing), with its B_r.
+    if dtype != DType::F32 && shape.head_dim.is_multiple_of(2) {
+        let head_dim = flash_kernels::fwd::fa3::config::HEAD_DIMS
+            .into_iter()
+            .find(|&d| d as usize >= shape.head_dim);
+        if let Some(d) = head_dim {
+            let tiling = flash_kernels::fwd::fa3::config::Fa3Tiling::default_for(d);
+            rows.push(row(
+                Algorithm::Fa3,
+                Some((tiling.block_rows(), tiling.block_cols)),
+                predicted_fa2_io(shape, tiling.block_rows(), dtype)?,
+            ));
+        }
+    }
     Ok(rows)
 }
 

@@ -61,6 +61,8 @@ pub struct CheckResult {
     /// Query rows compared with the reference (all of them up to [`FULL_CHECK_ROWS`]).
     pub rows_compared: usize,
     pub passed: bool,
+    /// The kernels that ran (the plan's, `+`-joined): a fallback shows here.
+    pub kernels: String,
 }
 
 impl CheckResult {
@@ -187,7 +189,7 @@ fn check_typed<T: Element>(
             DeviceTensor::from_array(gpu, v.view(), layout)?,
         );
         for &algorithm in algorithms {
-            let (o, lse) = run_poisoned(gpu, algorithm, [&dq, &dk, &dv], options)?;
+            let (o, lse, kernels) = run_poisoned(gpu, algorithm, [&dq, &dk, &dv], options)?;
             // Every output element must have been written (no NaN poison left: the inputs are
             // finite, so the reference has no NaN); the compared rows must also be accurate.
             let unwritten = o.iter().filter(|x| x.is_nan()).count();
@@ -228,6 +230,7 @@ fn check_typed<T: Element>(
                 nan_outputs,
                 rows_compared: rows.len(),
                 passed,
+                kernels,
             });
         }
     }
@@ -235,13 +238,13 @@ fn check_typed<T: Element>(
 }
 
 /// Runs `algorithm` on device tensors into an output poisoned with NaN beforehand, and returns O
-/// (as f64, logical (batch, heads, seqlen_q, d)) and L (m + ln ℓ for FA1).
+/// (as f64, logical (batch, heads, seqlen_q, d)), L (m + ln ℓ for FA1) and the kernels that ran.
 pub fn run_poisoned<T: Element>(
     gpu: &Gpu,
     algorithm: Algorithm,
     [q, k, v]: [&DeviceTensor<T>; 3],
     options: &AttentionOptions,
-) -> Result<(Array4<f64>, Array3<f32>)> {
+) -> Result<(Array4<f64>, Array3<f32>, String)> {
     let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
     let layout = q.layout().unwrap_or(Layout::BatchHeadSeqDim);
     let mut output = AttentionOutput {
@@ -249,13 +252,13 @@ pub fn run_poisoned<T: Element>(
         stats: new_statistics(gpu, algorithm, &problem)?,
         plan: None,
     };
-    attention_into(gpu, algorithm, q, k, v, &mut output, options)?;
+    let plan = attention_into(gpu, algorithm, q, k, v, &mut output, options)?;
     gpu.synchronize()?;
     let o = to_f64(&output.o.to_array(gpu)?);
     let lse = output
         .stats
         .logsumexp(gpu, [problem.batch, problem.heads, problem.seqlen_q])?;
-    Ok((o, lse))
+    Ok((o, lse, plan.kernel_names()))
 }
 
 /// max |a − b| over elements where both are numbers, and the count of elements where `a` is NaN

@@ -293,13 +293,14 @@ pub fn wgmma_fence_fragments<const CHUNKS: usize>(fragments: &mut [[u32; 4]; CHU
     }
     const {
         assert!(
-            matches!(CHUNKS, 4 | 5 | 7 | 8 | 11),
+            matches!(CHUNKS, 4 | 5 | 6 | 7 | 8 | 11),
             "no fence for this many P̃ fragments: add it to `wgmma_fence_fragments`"
         )
     };
     match CHUNKS {
         4 => arm!(0 1 2 3),
         5 => arm!(0 1 2 3 4),
+        6 => arm!(0 1 2 3 4 5),
         7 => arm!(0 1 2 3 4 5 6),
         8 => arm!(0 1 2 3 4 5 6 7),
         11 => arm!(0 1 2 3 4 5 6 7 8 9 10),

@@ -74,10 +74,10 @@ macro_rules! for_each_kernel {
 /// Invokes `$emit!` once per kernel of the Hopper module (sm_90a), with
 /// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c>`.
 ///
-/// Every head dim takes FlashAttention-3's tile for its size within two consumer warpgroups
-/// (`Fa3Tiling::default_for`); d = 64 also with three (B_r = 192, FlashAttention-3's choice) and
-/// d = 128 also with B_c = 176 (its non-causal tile), and d = 256 with B_c = 64 (fewer registers
-/// beside Õ's 128), for measurement.
+/// The defaults (`Fa3Tiling::default_for`): d = 64 with three consumer warpgroups (B_r = 192,
+/// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, PERF.md), the others
+/// with two. Also compiled, for measurement: d = 64 with two consumers and with B_c = 96 and
+/// 64, d = 128 with B_c = 176 (FlashAttention-3's non-causal tile), d = 256 with B_c = 64.
 #[macro_export]
 macro_rules! for_each_hopper_kernel {
     ($emit:ident) => {
@@ -86,6 +86,8 @@ macro_rules! for_each_hopper_kernel {
     (@fa3 $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa3 $dtype 64 2 128);
         $emit!(fa3 $dtype 64 3 128);
+        $emit!(fa3 $dtype 64 3 96);
+        $emit!(fa3 $dtype 64 3 64);
         $emit!(fa3 $dtype 96 2 128);
         $emit!(fa3 $dtype 128 2 128);
         $emit!(fa3 $dtype 128 2 176);

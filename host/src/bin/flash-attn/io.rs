@@ -9,6 +9,7 @@
 //! flash-attn io --ncu ncu.csv
 //! ```
 
+use flash_kernels::registry::Family;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -124,7 +125,7 @@ fn run_each_once_typed<T: flash_attn::Element>(
 }
 
 /// Sums ncu's `dram__bytes_read.sum` and `dram__bytes_write.sum` over each algorithm's kernels
-/// (by kernel-name prefix), in bytes (`--print-units base`).
+/// (by the family of the kernel the name reads back as), in bytes (`--print-units base`).
 fn read_ncu_csv(path: &PathBuf) -> flash_attn::Result<BTreeMap<&'static str, (f64, f64)>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::File(format!("cannot read {}: {e}", path.display())))?;
@@ -160,16 +161,17 @@ fn read_ncu_csv(path: &PathBuf) -> flash_attn::Result<BTreeMap<&'static str, (f6
         else {
             continue;
         };
-        let algorithm = if name.starts_with("standard_") {
-            "standard"
-        } else if name.starts_with("fa1_") {
-            "fa1"
-        } else if name.starts_with("fa2tc_") {
-            "fa2-tc"
-        } else if name.starts_with("fa2_") {
-            "fa2"
-        } else {
+        // ncu may print a kernel's name with its parameter list: the entry name is before it.
+        let entry = name.split('(').next().unwrap_or(name);
+        let Ok(id) = entry.parse::<flash_kernels::registry::KernelId>() else {
             continue;
+        };
+        let algorithm = match id.family {
+            Family::Standard(_) => "standard",
+            Family::Fa1 => "fa1",
+            Family::Fa2 { .. } => "fa2",
+            Family::Fa2Tc { .. } => "fa2-tc",
+            Family::Fa3 { .. } => "fa3",
         };
         let Ok(bytes) = value.replace(',', "").parse::<f64>() else {
             continue;

@@ -90,7 +90,8 @@ impl Fa3Tiling {
     /// two-consumer design).
     pub const fn default_for(head_dim: u32) -> Self {
         match head_dim {
-            0..=128 => Fa3Tiling::new(2, 128),
+            0..=64 => Fa3Tiling::new(3, 128),
+            65..=128 => Fa3Tiling::new(2, 128),
             129..=192 => Fa3Tiling::new(2, 112),
             _ => Fa3Tiling::new(2, 80),
         }
