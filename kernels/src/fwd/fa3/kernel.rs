@@ -9,8 +9,7 @@
 //!   for j: wait k_empty[s]; K_j ──k_full[s]──▶    issue S_j = Q_i·K_jᵀ (wgmma SS) and
 //!          wait v_empty[s]; V_j ──v_full[s]──▶          Õ += P̃_{j−1}·V_{j−1} (wgmma RS)
 //!   s = j % 2 (the ring)                          wait S_j; release K_j; softmax_j (mask, m, ℓ, P̃_j)
-//!                                                 wait P̃·V; release V_{j−1}
-//!                                                 (Õ = diag(α_j)·Õ before P̃_j·V_j is issued)
+//!                                                 wait P̃·V; release V_{j−1}; Õ = diag(α_j)·Õ
 //!                                               Õ += P̃_last·V_last; O = Õ/ℓ, L = m + log ℓ
 //!  ping-pong: the consumers issue their products in turns (named barriers), so one's softmax
 //!  runs beside another's products (`GemmTurns`)
@@ -227,26 +226,30 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warpgroup.land_scores::<0, _>(0, &mut scores);
         let (probabilities, _) = warpgroup.softmax::<T, C>(0, &scores, &mut stats);
         let mut p_tilde = pack::<T, C>(&probabilities);
-        // α of the last softmax, applied to Õ just before the P̃·V that follows it.
-        let mut alpha = None;
         for j in 1..count {
             // S_j and P̃_{j−1}·V_{j−1} in flight together; the softmax of j while the second runs.
             warpgroup.turns.take();
             warpgroup.wait_operands(Some(j), Some(j - 1));
             warpgroup.issue_scores::<T, C>(j, &mut scores);
-            warpgroup.issue_pv::<T, C>(j - 1, &p_tilde, &mut acc, alpha);
+            warpgroup.issue_pv::<T, C>(j - 1, &p_tilde, &mut acc);
             warpgroup.turns.pass();
             warpgroup.land_scores::<1, _>(j, &mut scores);
-            let probabilities;
-            (probabilities, alpha) = warpgroup.softmax::<T, C>(j, &scores, &mut stats);
+            let (probabilities, alpha) = warpgroup.softmax::<T, C>(j, &scores, &mut stats);
             warpgroup.land_pv(j - 1, &mut acc, &mut p_tilde);
+            // Õ = diag(α_j)·Õ once P̃_{j−1}·V_{j−1} has landed in it. (Between the issue of S_j
+            // and of P̃_{j−1}·V_{j−1}, FlashAttention-3's place, the rescale needs a wgmma.fence
+            // there that every warp of the warpgroup executes; the rescale is decided per warp.)
+            if let Some(alpha) = alpha {
+                scale_row(&mut acc, 0, alpha[0]);
+                scale_row(&mut acc, 1, alpha[1]);
+            }
             // Packed only now: P̃_j's 16-bit fragments must not be written while P̃_{j−1}·V_{j−1},
             // which reads the previous ones, is in flight.
             p_tilde = pack::<T, C>(&probabilities);
         }
         warpgroup.turns.take();
         warpgroup.wait_operands(None, Some(count - 1));
-        warpgroup.issue_pv::<T, C>(count - 1, &p_tilde, &mut acc, alpha);
+        warpgroup.issue_pv::<T, C>(count - 1, &p_tilde, &mut acc);
         warpgroup.turns.pass();
         warpgroup.land_pv(count - 1, &mut acc, &mut p_tilde);
         warpgroup.turns.finish();
@@ -378,23 +381,14 @@ impl Consumer<'_> {
         release(self.sram.k_empty(ring(j).0));
     }
 
-    /// Õ = diag(α_j)·Õ, where block j's softmax moved the max, then issues Õ += P̃_j·V_j (V_j
-    /// landed): B_c/16 RS wgmmas (P̃ from registers), one group. The rescale runs while S_{j+1},
-    /// issued just before, occupies the tensor cores (FlashAttention-3's order).
+    /// Issues Õ += P̃_j·V_j (V_j landed): B_c/16 RS wgmmas (P̃ from registers), one group.
     #[inline(always)]
     fn issue_pv<T: TensorCoreElement, C: Fa3Config>(
         &self,
         j: u32,
         p: &[[u32; 4]; C::P_CHUNKS],
         acc: &mut [[f32; 4]; C::O_TILES],
-        alpha: Option<[f32; 2]>,
     ) {
-        if let Some(alpha) = alpha {
-            scale_row(acc, 0, alpha[0]);
-            scale_row(acc, 1, alpha[1]);
-            // The rescaled accumulators must be written before the products read them.
-            arch::wgmma_fence();
-        }
         let v = self.sram.v(ring(j).0);
         for (chunk, fragment) in p.iter().enumerate() {
             arch::wgmma_rs(acc, *fragment, v.mn_major_rows(chunk as u32), true, T::BF16);
