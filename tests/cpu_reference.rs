@@ -357,7 +357,10 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
 #[test]
 fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
     use flash_attn::device::{Module, module_source, ptx};
-    assert_eq!(module_source(Module::Main, None).unwrap(), ptx(Module::Main));
+    assert_eq!(
+        module_source(Module::Main, None).unwrap(),
+        ptx(Module::Main)
+    );
     assert!(ptx(Module::Main).contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2c64("));
     assert!(ptx(Module::Hopper).contains(".visible .entry fa3_forward_bf16_d128_w2c128("));
     assert!(ptx(Module::Hopper).contains(".target sm_90a"));

@@ -13,10 +13,10 @@ use crate::common::element::{Bf16, F16};
 use crate::common::params::{Fa1Params, Fa2Params, StandardParams};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
-#[cfg(not(feature = "hopper"))]
-use crate::{fa2_config, fa2_tc_config, for_each_kernel};
 #[cfg(feature = "hopper")]
 use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
+#[cfg(not(feature = "hopper"))]
+use crate::{fa2_config, fa2_tc_config, for_each_kernel};
 
 /// The kernels' element type for a name of the list.
 macro_rules! element {

@@ -128,7 +128,10 @@ pub fn ptxas_report(arch: Arch, module: Module) -> Result<Vec<KernelResources>> 
         .collect();
     if !spilling.is_empty() {
         // Reported, not fatal: `xtask sass` shows whether the spill sits in the main loop.
-        println!("Hopper kernels with spills (see PERF.md): {}", spilling.join(", "));
+        println!(
+            "Hopper kernels with spills (see PERF.md): {}",
+            spilling.join(", ")
+        );
     }
     Ok(kernels)
 }

@@ -97,7 +97,10 @@ pub enum Blocks {
     },
     Fa2Tc(Fa2TcTiling),
     /// FA3's tiling, and the compiled head dim that holds the problem's.
-    Fa3 { head_dim: u32, tiling: Fa3Tiling },
+    Fa3 {
+        head_dim: u32,
+        tiling: Fa3Tiling,
+    },
 }
 
 /// Which row statistics the algorithm returns.
@@ -233,7 +236,13 @@ impl Plan {
             element,
         );
         let shared_bytes = tiling.shared_bytes(problem.head_dim as u32);
-        check_shared(limits, shared_bytes, "fa2_tc_tiling", tiling, problem.head_dim)?;
+        check_shared(
+            limits,
+            shared_bytes,
+            "fa2_tc_tiling",
+            tiling,
+            problem.head_dim,
+        )?;
         check_threads(limits, kernel, tiling.threads(), "fa2_tc_tiling")?;
         self.blocks = Blocks::Fa2Tc(tiling);
         let (rows, threads) = (tiling.block_rows(), tiling.threads());
@@ -711,7 +720,9 @@ pub fn fa3_fallback(
         return Err("f32 has no FA3 kernel (f16 and bf16 do)".into());
     }
     if !head_dim.is_multiple_of(2) {
-        return Err(format!("head_dim {head_dim} is odd (FA3 takes even head dims)"));
+        return Err(format!(
+            "head_dim {head_dim} is odd (FA3 takes even head dims)"
+        ));
     }
     if let Some(reason) = misaligned_operand(operands) {
         return Err(reason);

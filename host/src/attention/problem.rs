@@ -66,7 +66,9 @@ impl std::str::FromStr for Algorithm {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name() == s)
-            .ok_or_else(|| Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc, fa3"))
+            .ok_or_else(|| {
+                Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc, fa3")
+            })
     }
 }
 
@@ -269,7 +271,13 @@ pub fn parse_optional_fa2_tc_tiling(text: Option<&str>) -> Result<Option<Fa2TcTi
 /// An FA3 tiling from its name, `wWcC` (e.g. `w2c128`: 2 consumer warpgroups, B_c = 128).
 /// Whether the kernel is compiled with it is checked per head dim by the plan.
 pub fn parse_fa3_tiling(text: &str) -> Result<Fa3Tiling> {
-    let bad = || Error::invalid("fa3_tiling", text, "wWcC, e.g. w2c128 (consumer warpgroups, B_c)");
+    let bad = || {
+        Error::invalid(
+            "fa3_tiling",
+            text,
+            "wWcC, e.g. w2c128 (consumer warpgroups, B_c)",
+        )
+    };
     let (consumers, cols) = text
         .strip_prefix('w')
         .and_then(|rest| rest.split_once('c'))

@@ -8,6 +8,7 @@
 //!
 //! - [`sm90`] (the Hopper module only, `feature = "hopper"`): wgmma, TMA, mbarriers, named
 //!   barriers, `setmaxnreg`.
+//!
 //! Kernels import the folder as one namespace (`arch::sync_threads()`, `arch::load_matrix_x4(…)`).
 
 mod base;

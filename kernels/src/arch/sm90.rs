@@ -27,9 +27,9 @@ pub const SWIZZLE_ROW_BYTES: u32 = 128;
 /// Bytes of one swizzle atom: 8 rows. Tiles start on this alignment.
 pub const SWIZZLE_ATOM_BYTES: u32 = 8 * SWIZZLE_ROW_BYTES;
 
-/// A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address
-/// >> 4 in bits 0–13, leading-dimension byte offset >> 4 in bits 16–29, stride-dimension byte
-/// offset >> 4 in bits 32–45, swizzle mode in bits 62–63 (1: 128-byte).
+/// A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): in 16-byte
+/// units, the start address in bits 0–13, the leading-dimension byte offset in bits 16–29, the
+/// stride-dimension byte offset in bits 32–45; the swizzle mode in bits 62–63 (1: 128-byte).
 #[derive(Clone, Copy)]
 pub struct MatrixDescriptor(pub u64);
 
@@ -443,9 +443,7 @@ impl TensorMap {
 #[inline(always)]
 pub fn release_registers<const REGISTERS: u32>() {
     // SAFETY: lowers this warpgroup's register allocation; the code after it needs fewer.
-    unsafe {
-        asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const REGISTERS, options(nostack))
-    }
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const REGISTERS, options(nostack)) }
 }
 
 /// `setmaxnreg.inc.sync.aligned.u32 REGISTERS`: this warpgroup takes registers the producer gave
@@ -453,9 +451,7 @@ pub fn release_registers<const REGISTERS: u32>() {
 #[inline(always)]
 pub fn claim_registers<const REGISTERS: u32>() {
     // SAFETY: raises this warpgroup's register allocation; blocks until the SM has them.
-    unsafe {
-        asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const REGISTERS, options(nostack))
-    }
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const REGISTERS, options(nostack)) }
 }
 
 /// `bar.sync id, threads`: waits until `threads` threads (a multiple of 32) have arrived at named

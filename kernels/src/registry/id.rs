@@ -246,7 +246,9 @@ impl fmt::Display for KernelId {
                     "fa2tc_forward_{dtype}_d{head_dim}_w{warps}r{row_tiles}s{kv_stages}c{block_cols}"
                 )
             }
-            Family::Fa3 { head_dim, tiling } => write!(f, "fa3_forward_{dtype}_d{head_dim}_{tiling}"),
+            Family::Fa3 { head_dim, tiling } => {
+                write!(f, "fa3_forward_{dtype}_d{head_dim}_{tiling}")
+            }
         }
     }
 }

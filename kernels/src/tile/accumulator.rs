@@ -190,8 +190,7 @@ pub fn store_rows<T: TensorCoreElement, const O_TILES: usize>(
         for (tile, values) in acc.iter().enumerate() {
             let col = tile as u32 * MMA_N + accumulator_col(lane);
             if col < cols {
-                let packed =
-                    T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
+                let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
                 o.store_pair(row, col, packed);
             }
         }

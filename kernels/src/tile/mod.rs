@@ -25,7 +25,7 @@ pub mod global;
 pub mod register;
 #[cfg(target_arch = "nvptx64")]
 pub mod shared;
-#[cfg(target_arch = "nvptx64")]
-pub mod warp;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub mod swizzled;
+#[cfg(target_arch = "nvptx64")]
+pub mod warp;

@@ -85,7 +85,12 @@ impl HeadTensorMap {
     #[inline(always)]
     pub fn load(&self, tile: &SwizzledTile, panels: u32, first_row: u32, barrier: MBarrier) {
         for panel in 0..panels {
-            let coords = [(panel * PANEL_COLS) as i32, first_row as i32, self.head, self.batch];
+            let coords = [
+                (panel * PANEL_COLS) as i32,
+                first_row as i32,
+                self.head,
+                self.batch,
+            ];
             // SAFETY: the host encoded the map for this tensor with a box of one panel × the
             // tile's rows and 128-byte swizzle; the tile lies inside the launch-sized shared
             // memory, 1024-byte aligned, and no one reads it until `barrier` completes.

@@ -394,5 +394,13 @@ fn store_output<T: TensorCoreElement, C: Fa2TcConfig>(
     let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
     let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
     let (seqlen_q, cols) = (info.seqlen_q, C::HEAD_DIM);
-    store_rows::<T, _>(&o, &logsumexp, first_row, seqlen_q, cols, &state.stats, &state.acc);
+    store_rows::<T, _>(
+        &o,
+        &logsumexp,
+        first_row,
+        seqlen_q,
+        cols,
+        &state.stats,
+        &state.acc,
+    );
 }

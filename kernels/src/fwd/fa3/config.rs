@@ -82,7 +82,10 @@ impl Fa3Tiling {
 
     /// Dynamic shared memory: the alignment slack, Q, the K and V ring, the barriers.
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
-        TILE_ALIGNMENT + self.q_bytes(head_dim) + 2 * KV_STAGES * self.kv_bytes(head_dim) + 8 * BARRIERS
+        TILE_ALIGNMENT
+            + self.q_bytes(head_dim)
+            + 2 * KV_STAGES * self.kv_bytes(head_dim)
+            + 8 * BARRIERS
     }
 
     /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
@@ -166,10 +169,14 @@ macro_rules! fa3_config {
             type const O_TILES: usize = const { $d / 8 };
             type const P_CHUNKS: usize = const { $cols / 16 };
             type const PRODUCER_REGISTERS: u32 = const {
-                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).registers().0
+                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols)
+                    .registers()
+                    .0
             };
             type const CONSUMER_REGISTERS: u32 = const {
-                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).registers().1
+                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols)
+                    .registers()
+                    .1
             };
         }
     };

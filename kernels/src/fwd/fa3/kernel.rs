@@ -24,7 +24,9 @@
 //! Softmax in the exp2 domain with FA2-TC's conditional rescale, on each warp's 16 rows of the
 //! m64 accumulator, which have mma.sync's fragment layout (`tile::accumulator`).
 
-use super::config::{BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS};
+use super::config::{
+    BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
+};
 use crate::arch::{self, MBarrier, SharedAddress};
 use crate::common::block::{BlockInfo, KeyBlocks};
 use crate::common::element::TensorCoreElement;
@@ -224,7 +226,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warpgroup.issue_scores::<T, C>(0, &mut scores);
         warpgroup.turns.pass();
         warpgroup.land_scores::<0, _>(0, &mut scores);
-        let (probabilities, _) = warpgroup.softmax::<T, C>(0, &scores, &mut stats);
+        let (probabilities, _) = warpgroup.softmax::<C>(0, &scores, &mut stats);
         let mut p_tilde = pack::<T, C>(&probabilities);
         for j in 1..count {
             // S_j and P̃_{j−1}·V_{j−1} in flight together; the softmax of j while the second runs.
@@ -234,7 +236,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
             warpgroup.issue_pv::<T, C>(j - 1, &p_tilde, &mut acc);
             warpgroup.turns.pass();
             warpgroup.land_scores::<1, _>(j, &mut scores);
-            let (probabilities, alpha) = warpgroup.softmax::<T, C>(j, &scores, &mut stats);
+            let (probabilities, alpha) = warpgroup.softmax::<C>(j, &scores, &mut stats);
             warpgroup.land_pv(j - 1, &mut acc, &mut p_tilde);
             // Õ = diag(α_j)·Õ once P̃_{j−1}·V_{j−1} has landed in it. (Between the issue of S_j
             // and of P̃_{j−1}·V_{j−1}, FlashAttention-3's place, the rescale needs a wgmma.fence
@@ -257,7 +259,15 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
     let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
     let (seqlen_q, cols) = (info.seqlen_q, p.shape.head_dim);
-    store_rows::<T, _>(&o, &logsumexp, warpgroup.warp_row, seqlen_q, cols, &stats, &acc);
+    store_rows::<T, _>(
+        &o,
+        &logsumexp,
+        warpgroup.warp_row,
+        seqlen_q,
+        cols,
+        &stats,
+        &acc,
+    );
 }
 
 /// Inter-warpgroup overlap (FlashAttention-3's ping-pong): the consumer warpgroups take turns
@@ -415,7 +425,7 @@ impl Consumer<'_> {
     /// max moved only when it jumps, at d ≤ 128). Returns P̃_j in f32, and α for Õ's two rows of
     /// the lane when the max moved.
     #[inline(always)]
-    fn softmax<T: TensorCoreElement, C: Fa3Config>(
+    fn softmax<C: Fa3Config>(
         &self,
         j: u32,
         scores: &[[f32; 4]; C::S_TILES],
@@ -428,9 +438,9 @@ impl Consumer<'_> {
             score_scale: self.score_scale,
         };
         if self.blocks.needs_mask(block.key_start) {
-            self.block_softmax::<T, C, true>(&block, scores, stats)
+            self.block_softmax::<C, true>(&block, scores, stats)
         } else {
-            self.block_softmax::<T, C, false>(&block, scores, stats)
+            self.block_softmax::<C, false>(&block, scores, stats)
         }
     }
 
@@ -439,7 +449,7 @@ impl Consumer<'_> {
     /// accumulates into them while this block's P̃·V runs, and ptxas serializes the products when
     /// other instructions write a wgmma's accumulators inside its pipeline stage.
     #[inline(always)]
-    fn block_softmax<T: TensorCoreElement, C: Fa3Config, const MASK: bool>(
+    fn block_softmax<C: Fa3Config, const MASK: bool>(
         &self,
         block: &ScoreBlock,
         scores: &[[f32; 4]; C::S_TILES],
@@ -451,12 +461,19 @@ impl Consumer<'_> {
         }
         let scores = &mut probabilities;
         let block_max = [block.row_max(scores, 0), block.row_max(scores, 1)];
-        let jumps = needs_rescale(stats[0].max, block_max[0])
-            || needs_rescale(stats[1].max, block_max[1]);
+        let jumps =
+            needs_rescale(stats[0].max, block_max[0]) || needs_rescale(stats[1].max, block_max[1]);
         // One decision per warp: the branches are warp-uniform.
         let rescale = !conditional_rescale(C::HEAD_DIM) || arch::vote_any(jumps);
         let mut alpha = [1.0f32; 2];
-        block.softmax_rows(scores, block_max, rescale, stats, |h, a| alpha[h] = a, |_, _| {});
+        block.softmax_rows(
+            scores,
+            block_max,
+            rescale,
+            stats,
+            |h, a| alpha[h] = a,
+            |_, _| {},
+        );
         (probabilities, rescale.then_some(alpha))
     }
 }
