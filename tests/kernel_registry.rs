@@ -164,3 +164,83 @@ fn the_plan_says_which_kernel_runs_and_why_a_fallback() {
     assert_eq!(p.workspace.o_accumulator, 2 * 100 * 64);
     println!("{p}");
 }
+
+#[test]
+fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
+    let options = AttentionOptions::default();
+    let p = plan(Algorithm::Fa3, DType::Bf16, [2, 16, 4096, 128], &options);
+    assert_eq!(p.fallback, None, "{p}");
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d128_w2c128");
+    // 2 consumer warpgroups of 64 rows: B_r = 128; 384 threads.
+    assert_eq!(p.launches[0].launch.grid, (32, 32, 1));
+    assert_eq!(p.launches[0].launch.threads, 384);
+    let p = plan(Algorithm::Fa3, DType::F16, [1, 4, 1000, 80], &options);
+    assert_eq!(p.kernel_names(), "fa3_forward_f16_d96_w2c128", "{p}");
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 64], &options);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d64_w3c128", "{p}");
+    // f32 and odd head dims run FA2-TC's plan (which may fall back further), with both reasons.
+    let p = plan(Algorithm::Fa3, DType::F32, [1, 1, 64, 64], &options);
+    let why = p.fallback.clone().unwrap_or_default();
+    assert!(
+        why.contains("fa3 falls back to fa2-tc: f32") && why.contains("fa2-tc falls back to fa2"),
+        "{why}"
+    );
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 1, 64, 33], &options);
+    assert!(
+        p.fallback.as_deref().is_some_and(|r| r.contains("odd")),
+        "{p}"
+    );
+    // A device that is not compute capability 9.0 runs FA2-TC.
+    let limits = CompiledLimits {
+        hopper: false,
+        ..CompiledLimits::H200
+    };
+    let problem = Problem::new(
+        [1, 2, 256, 128],
+        [1, 2, 256, 128],
+        [1, 2, 256, 128],
+        &options,
+    )
+    .expect("a valid problem");
+    let p = Plan::new(
+        &limits,
+        Algorithm::Fa3,
+        DType::Bf16,
+        &problem,
+        &options,
+        None,
+    )
+    .unwrap();
+    assert_eq!(p.kernel_names(), "fa2tc_forward_bf16_d128_w4r2s1c64");
+    assert!(
+        p.fallback.as_deref().is_some_and(|r| r.contains("9.0")),
+        "{p}"
+    );
+    // A tiling that is not compiled at this head dim is an error naming the option.
+    let options = AttentionOptions {
+        fa3_tiling: Some(flash_attn::attention::parse_fa3_tiling("w2c176").unwrap()),
+        ..Default::default()
+    };
+    let dims = [1, 2, 256, 64];
+    let problem = Problem::new(dims, dims, dims, &options).unwrap();
+    let err = Plan::new(
+        &CompiledLimits::H200,
+        Algorithm::Fa3,
+        DType::Bf16,
+        &problem,
+        &options,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                name: "fa3_tiling",
+                ..
+            }
+        ) && err.to_string().contains("w3c128"),
+        "{err}"
+    );
+    assert!(flash_attn::attention::parse_fa3_tiling("2x128").is_err());
+}

@@ -236,18 +236,15 @@ impl Plan {
             element,
         );
         let shared_bytes = tiling.shared_bytes(problem.head_dim as u32);
-        check_shared(
-            limits,
-            shared_bytes,
-            "fa2_tc_tiling",
-            tiling,
-            problem.head_dim,
-        )?;
-        check_threads(limits, kernel, tiling.threads(), "fa2_tc_tiling")?;
+        let rows_and_threads = (tiling.block_rows(), tiling.threads());
         self.blocks = Blocks::Fa2Tc(tiling);
-        let (rows, threads) = (tiling.block_rows(), tiling.threads());
-        self.launches = vec![fa2_grid(&problem, kernel, rows, threads, shared_bytes)];
-        Ok(())
+        self.row_block_launch(
+            limits,
+            kernel,
+            "fa2_tc_tiling",
+            rows_and_threads,
+            shared_bytes,
+        )
     }
 
     /// FA3 on the smallest compiled head dim that holds the problem's, with the requested or
@@ -270,11 +267,35 @@ impl Plan {
         let tiling = fa3_tiling(head_dim, options.fa3_tiling)?;
         let kernel = KernelId::new(Family::Fa3 { head_dim, tiling }, element);
         let shared_bytes = tiling.shared_bytes(head_dim);
-        check_shared(limits, shared_bytes, "fa3_tiling", tiling, problem.head_dim)?;
-        check_threads(limits, kernel, tiling.threads(), "fa3_tiling")?;
+        let rows_and_threads = (tiling.block_rows(), tiling.threads());
         self.blocks = Blocks::Fa3 { head_dim, tiling };
-        let (rows, threads) = (tiling.block_rows(), tiling.threads());
-        self.launches = vec![fa2_grid(&problem, kernel, rows, threads, shared_bytes)];
+        self.row_block_launch(limits, kernel, "fa3_tiling", rows_and_threads, shared_bytes)
+    }
+
+    /// The one launch of a kernel on the FA2 grid with `(B_r, threads)` and `shared_bytes`, after
+    /// checking both against the device (an error names the tiling option `argument`).
+    fn row_block_launch(
+        &mut self,
+        limits: &dyn LaunchLimits,
+        kernel: KernelId,
+        argument: &'static str,
+        (rows, threads): (u32, u32),
+        shared_bytes: u32,
+    ) -> Result<()> {
+        let tiling = match self.blocks {
+            Blocks::Fa2Tc(tiling) => tiling.to_string(),
+            Blocks::Fa3 { tiling, .. } => tiling.to_string(),
+            other => format!("{other:?}"),
+        };
+        check_shared(
+            limits,
+            shared_bytes,
+            argument,
+            tiling,
+            self.problem.head_dim,
+        )?;
+        check_threads(limits, kernel, threads, argument)?;
+        self.launches = vec![fa2_grid(&self.problem, kernel, rows, threads, shared_bytes)];
         Ok(())
     }
 

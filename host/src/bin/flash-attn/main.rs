@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use flash_attn::{Error, Gpu, attention};
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
-use flash_kernels::registry::KERNELS;
+use flash_kernels::registry::{KERNELS, Module};
 
 #[derive(Parser)]
 #[command(
@@ -108,18 +108,43 @@ fn fa2_tc_note() -> String {
     )
 }
 
+/// What `info` says about FA3: its compiled head dims and tilings, and when it runs.
+fn fa3_note() -> String {
+    let tilings: Vec<String> = Module::Hopper
+        .kernels()
+        .iter()
+        .filter(|k| k.dtype == flash_kernels::registry::ElementType::Bf16)
+        .map(|k| match k.family {
+            flash_kernels::registry::Family::Fa3 { head_dim, tiling } => {
+                format!("d{head_dim} {tiling}")
+            }
+            _ => k.to_string(),
+        })
+        .collect();
+    format!(
+        "fa3: Hopper (TMA, wgmma, warp specialization) for f16 and bf16 with 16-byte-aligned rows \
+         and even head dims, each on the next compiled one; tilings wWcC (consumer warpgroups, \
+         B_c): {}. Elsewhere fa2-tc runs, and the plan says why.",
+        tilings.join(", ")
+    )
+}
+
 fn info(device: usize) -> flash_attn::Result<ExitCode> {
     println!(
-        "PTX module: {} ({} kernels, embedded)",
+        "PTX modules: main {} ({} kernels), Hopper {} ({} kernels, FA3; loaded on compute \
+         capability 9.0), embedded",
         flash_attn::device::PTX_ARCH,
-        KERNELS.len()
+        KERNELS.len(),
+        flash_attn::device::HOPPER_PTX_ARCH,
+        Module::Hopper.kernels().len()
     );
     println!("{}", fa2_tc_note());
+    println!("{}", fa3_note());
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
         Err(e) if is_missing_gpu(&e) => {
             println!("no GPU: {e}");
-            for kernel in KERNELS.iter() {
+            for kernel in KERNELS.iter().chain(Module::Hopper.kernels().iter()) {
                 println!("  {kernel}");
             }
             return Ok(ExitCode::SUCCESS);
@@ -151,7 +176,12 @@ fn info(device: usize) -> flash_attn::Result<ExitCode> {
         "kernel", "registers", "static smem", "local bytes", "max threads"
     );
     use cudarc::driver::sys::CUfunction_attribute as A;
-    for &kernel in KERNELS.iter() {
+    let hopper = gpu
+        .has_hopper_module()
+        .then(|| Module::Hopper.kernels().iter())
+        .into_iter()
+        .flatten();
+    for &kernel in KERNELS.iter().chain(hopper) {
         let f = gpu.function(kernel)?;
         let attr = |a: A| f.get_attribute(a).unwrap_or(-1);
         println!(
