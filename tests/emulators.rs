@@ -466,8 +466,14 @@ fn standard_formula_counts_each_pass_over_s_and_p() {
     assert_eq!(io.bytes_written(), 4 * 15 + 2 * 15 + 2 * 6 + 4 * 3);
 }
 
-/// The algorithms the IO table predicts, in its order.
-const PREDICTED: [Algorithm; 3] = [Algorithm::Standard, Algorithm::Fa1, Algorithm::Fa2];
+/// The algorithms the IO table predicts at d = 16 in f16, in its order (FA2-TC has no d = 16
+/// kernel; FA3 runs it on its d = 64 one).
+const PREDICTED: [Algorithm; 4] = [
+    Algorithm::Standard,
+    Algorithm::Fa1,
+    Algorithm::Fa2,
+    Algorithm::Fa3,
+];
 
 #[test]
 fn io_table_agrees_with_the_emulators() {
@@ -494,6 +500,10 @@ fn io_table_agrees_with_the_emulators() {
     let (_, _, fa2_io) = inputs.fa2(false, fa2, DType::F16);
     assert_eq!(rows[1].io, fa1_io);
     assert_eq!(rows[2].io, fa2_io);
+    // FA3 moves FA2's tensors with its own B_r (three consumer warpgroups of 64 rows at d ≤ 64).
+    assert_eq!(rows[3].blocks, Some((192, 128)));
+    let (_, _, fa3_io) = inputs.fa2(false, (192, 128), DType::F16);
+    assert_eq!(rows[3].io, fa3_io);
     assert_eq!(
         rows[0].io,
         predicted_standard_io(io_shape(shape), DType::F16).unwrap()
