@@ -64,6 +64,39 @@ impl TensorIo {
     }
 }
 
+/// The accessors every per-tensor count struct shares, from its fields and their report names:
+/// `tensors()` (each tensor with its name), the byte totals (saturating at `u64::MAX`), and
+/// [`CheckedScale`].
+macro_rules! impl_tensor_counts {
+    ($counts:ident, $n:literal, [$($field:ident $name:literal),* $(,)?]) => {
+        impl $counts {
+            /// Every tensor with its name, for reports.
+            pub fn tensors(&self) -> [(&'static str, TensorIo); $n] {
+                [$(($name, self.$field)),*]
+            }
+
+            /// Bytes read from HBM over all tensors (saturating at `u64::MAX`).
+            pub fn bytes_read(&self) -> u64 {
+                checked_bytes(&self.tensors(), |t| t.elements.read).unwrap_or(u64::MAX)
+            }
+
+            /// Bytes written to HBM over all tensors (saturating at `u64::MAX`).
+            pub fn bytes_written(&self) -> u64 {
+                checked_bytes(&self.tensors(), |t| t.elements.written).unwrap_or(u64::MAX)
+            }
+        }
+
+        impl CheckedScale for $counts {
+            fn checked_scale(&self, factor: u64) -> Option<Self> {
+                let scaled = Self {
+                    $($field: self.$field.checked_scale(factor)?,)*
+                };
+                byte_totals_fit(&scaled.tensors()).then_some(scaled)
+            }
+        }
+    };
+}
+
 /// HBM traffic per tensor. Q, K, V, O are in the input dtype; everything else is f32. A tensor an
 /// algorithm does not have stays at zero (the emulators never touch S and P).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,52 +138,12 @@ impl IoCounts {
             probs: TensorIo::new(input),
         }
     }
-
-    /// Every tensor with its name, for reports.
-    pub fn tensors(&self) -> [(&'static str, TensorIo); 10] {
-        [
-            ("Q", self.q),
-            ("K", self.k),
-            ("V", self.v),
-            ("O", self.o),
-            ("O accumulator", self.o_accumulator),
-            ("m", self.row_max),
-            ("ℓ", self.row_sum),
-            ("L", self.logsumexp),
-            ("S", self.scores),
-            ("P", self.probs),
-        ]
-    }
-
-    /// Bytes read from HBM over all tensors (saturating at `u64::MAX`).
-    pub fn bytes_read(&self) -> u64 {
-        checked_bytes(&self.tensors(), |t| t.elements.read).unwrap_or(u64::MAX)
-    }
-
-    /// Bytes written to HBM over all tensors (saturating at `u64::MAX`).
-    pub fn bytes_written(&self) -> u64 {
-        checked_bytes(&self.tensors(), |t| t.elements.written).unwrap_or(u64::MAX)
-    }
 }
 
-impl CheckedScale for IoCounts {
-    fn checked_scale(&self, factor: u64) -> Option<Self> {
-        let scale = |t: TensorIo| t.checked_scale(factor);
-        let scaled = Self {
-            q: scale(self.q)?,
-            k: scale(self.k)?,
-            v: scale(self.v)?,
-            o: scale(self.o)?,
-            o_accumulator: scale(self.o_accumulator)?,
-            row_max: scale(self.row_max)?,
-            row_sum: scale(self.row_sum)?,
-            logsumexp: scale(self.logsumexp)?,
-            scores: scale(self.scores)?,
-            probs: scale(self.probs)?,
-        };
-        byte_totals_fit(&scaled.tensors()).then_some(scaled)
-    }
-}
+impl_tensor_counts!(IoCounts, 10, [
+    q "Q", k "K", v "V", o "O", o_accumulator "O accumulator", row_max "m", row_sum "ℓ",
+    logsumexp "L", scores "S", probs "P",
+]);
 
 /// The backward pass's HBM traffic per tensor. Q, K, V, O, dO and the gradients are in the input
 /// dtype; L, D, the dQ accumulator and dP are f32; P and dS are in the input dtype (the operands of
@@ -205,60 +198,13 @@ impl BackwardIoCounts {
             d_scores: input,
         }
     }
-
-    /// Every tensor with its name, for reports.
-    pub fn tensors(&self) -> [(&'static str, TensorIo); 14] {
-        [
-            ("Q", self.q),
-            ("K", self.k),
-            ("V", self.v),
-            ("O", self.o),
-            ("dO", self.d_o),
-            ("L", self.logsumexp),
-            ("D", self.delta),
-            ("dQ accumulator", self.dq_accumulator),
-            ("dQ", self.dq),
-            ("dK", self.dk),
-            ("dV", self.dv),
-            ("P", self.probs),
-            ("dP", self.d_probs),
-            ("dS", self.d_scores),
-        ]
-    }
-
-    /// Bytes read from HBM over all tensors (saturating at `u64::MAX`).
-    pub fn bytes_read(&self) -> u64 {
-        checked_bytes(&self.tensors(), |t| t.elements.read).unwrap_or(u64::MAX)
-    }
-
-    /// Bytes written to HBM over all tensors (saturating at `u64::MAX`).
-    pub fn bytes_written(&self) -> u64 {
-        checked_bytes(&self.tensors(), |t| t.elements.written).unwrap_or(u64::MAX)
-    }
 }
 
-impl CheckedScale for BackwardIoCounts {
-    fn checked_scale(&self, factor: u64) -> Option<Self> {
-        let scale = |t: TensorIo| t.checked_scale(factor);
-        let scaled = Self {
-            q: scale(self.q)?,
-            k: scale(self.k)?,
-            v: scale(self.v)?,
-            o: scale(self.o)?,
-            d_o: scale(self.d_o)?,
-            logsumexp: scale(self.logsumexp)?,
-            delta: scale(self.delta)?,
-            dq_accumulator: scale(self.dq_accumulator)?,
-            dq: scale(self.dq)?,
-            dk: scale(self.dk)?,
-            dv: scale(self.dv)?,
-            probs: scale(self.probs)?,
-            d_probs: scale(self.d_probs)?,
-            d_scores: scale(self.d_scores)?,
-        };
-        byte_totals_fit(&scaled.tensors()).then_some(scaled)
-    }
-}
+impl_tensor_counts!(BackwardIoCounts, 14, [
+    q "Q", k "K", v "V", o "O", d_o "dO", logsumexp "L", delta "D",
+    dq_accumulator "dQ accumulator", dq "dQ", dk "dK", dv "dV", probs "P", d_probs "dP",
+    d_scores "dS",
+]);
 
 /// Per-head counts that scale to a whole problem.
 pub(super) trait CheckedScale: Sized {
