@@ -23,8 +23,9 @@ pub mod tensor;
 pub mod tools;
 
 pub use attention::{
-    Algorithm, AttentionOptions, AttentionOutput, BackwardProblem, Gradients, Problem,
-    RowStatistics, Workspace, attention, attention_into, attention_with_workspace, new_output,
+    Algorithm, AttentionOptions, AttentionOutput, BackwardProblem, BorrowedArguments,
+    BorrowedTensor, Gradients, Problem, RowStatistics, StatisticsAddresses, Workspace, attention,
+    attention_borrowed, attention_into, attention_with_workspace, new_output,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

@@ -2,10 +2,12 @@
 //!
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
 //! - [`backward`]: the backward pass's arguments, checked, and its CPU emulation on host tensors;
+//! - [`borrowed`]: the same call on device memory another library owns (PyTorch's tensors);
 //! - [`plan`]: which kernels run with which launches, checked against the device;
 //! - this file: the API (allocate outputs and workspace, build parameter blocks, launch the plan).
 
 pub mod backward;
+pub mod borrowed;
 pub mod plan;
 pub mod problem;
 
@@ -15,6 +17,7 @@ use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
+pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use plan::{
     Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
     PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,
@@ -200,20 +203,48 @@ pub fn attention_with_workspace<T: Element>(
         v: v.view(gpu),
         o: output.o.view(gpu),
     };
-    let plan = Plan::new(gpu, algorithm, T::DTYPE, &problem, options, Some(&operands))?;
+    let stats = match &output.stats {
+        RowStatistics::LogSumExp(l) => StatisticsAddresses::LogSumExp(gpu.address(l)),
+        RowStatistics::MaxAndSum { max, sum } => StatisticsAddresses::MaxAndSum {
+            max: gpu.address(max),
+            sum: gpu.address(sum),
+        },
+    };
+    let dims = [q.dims(), k.dims(), v.dims()];
+    let plan = launch_checked(
+        gpu, algorithm, &problem, operands, dims, stats, workspace, options,
+    )?;
+    output.plan = Some(plan.clone());
+    Ok(plan)
+}
+
+/// Plans the call and runs the plan's kernels on the stream, for a checked `problem` whose
+/// operands (Q, K, V with `dims`, and O with Q's) and statistics lie at the given addresses.
+#[allow(clippy::too_many_arguments)]
+fn launch_checked<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    problem: &Problem,
+    operands: Operands,
+    [q_dims, k_dims, v_dims]: [[usize; 4]; 3],
+    stats: StatisticsAddresses,
+    workspace: &Workspace<T>,
+    options: &AttentionOptions,
+) -> Result<Plan> {
+    let plan = Plan::new(gpu, algorithm, T::DTYPE, problem, options, Some(&operands))?;
     let shape = problem.shape();
-    match (plan.blocks, &output.stats) {
-        (Blocks::Standard, RowStatistics::LogSumExp(l)) => {
+    match (plan.blocks, stats) {
+        (Blocks::Standard, StatisticsAddresses::LogSumExp(logsumexp)) => {
             let params = StandardParams {
                 operands,
                 shape,
                 scores: Workspace::<T>::address(gpu, &workspace.scores, "S")?,
                 probs: Workspace::<T>::address(gpu, &workspace.probs, "P")?,
-                logsumexp: gpu.address(l),
+                logsumexp,
             };
             launch_plan(gpu, &plan, params)?;
         }
-        (Blocks::Fa1 { blocks, .. }, RowStatistics::MaxAndSum { max, sum }) => {
+        (Blocks::Fa1 { blocks, .. }, StatisticsAddresses::MaxAndSum { max, sum }) => {
             let params = Fa1Params {
                 operands,
                 shape,
@@ -222,31 +253,27 @@ pub fn attention_with_workspace<T: Element>(
                     &workspace.o_accumulator,
                     "the O accumulator",
                 )?,
-                row_max: gpu.address(max),
-                row_sum: gpu.address(sum),
+                row_max: max,
+                row_sum: sum,
                 block_rows: blocks.block_rows,
                 block_cols: blocks.block_cols,
             };
             launch_plan(gpu, &plan, params)?;
         }
-        (Blocks::Fa2 { block_rows, .. }, RowStatistics::LogSumExp(l)) => {
-            launch_plan(
-                gpu,
-                &plan,
-                fa2_params(gpu, operands, &problem, l, block_rows),
-            )?;
+        (Blocks::Fa2 { block_rows, .. }, StatisticsAddresses::LogSumExp(l)) => {
+            launch_plan(gpu, &plan, fa2_params(operands, problem, l, block_rows))?;
         }
-        (Blocks::Fa2Tc(tiling), RowStatistics::LogSumExp(l)) => {
-            let params = fa2_params(gpu, operands, &problem, l, tiling.block_rows());
+        (Blocks::Fa2Tc(tiling), StatisticsAddresses::LogSumExp(l)) => {
+            let params = fa2_params(operands, problem, l, tiling.block_rows());
             launch_plan(gpu, &plan, params)?;
         }
-        (Blocks::Fa3 { tiling, .. }, RowStatistics::LogSumExp(l)) => {
+        (Blocks::Fa3 { tiling, .. }, StatisticsAddresses::LogSumExp(logsumexp)) => {
             let element = ElementType::from(T::DTYPE);
             let mut maps = [0u64; CALL_WORDS];
             let tensors = [
-                ("q", &operands.q, q.dims(), tiling.block_rows()),
-                ("k", &operands.k, k.dims(), tiling.block_cols),
-                ("v", &operands.v, v.dims(), tiling.block_cols),
+                ("q", &operands.q, q_dims, tiling.block_rows()),
+                ("k", &operands.k, k_dims, tiling.block_cols),
+                ("v", &operands.v, v_dims, tiling.block_cols),
             ];
             for (i, (name, view, dims, box_rows)) in tensors.into_iter().enumerate() {
                 let operand = MapOperand {
@@ -261,7 +288,7 @@ pub fn attention_with_workspace<T: Element>(
             let params = Fa3Params {
                 shape,
                 o: operands.o,
-                logsumexp: gpu.address(l),
+                logsumexp,
                 tensor_maps: gpu.tensor_maps(maps)?,
             };
             launch_plan(gpu, &plan, params)?;
@@ -274,22 +301,15 @@ pub fn attention_with_workspace<T: Element>(
             ));
         }
     }
-    output.plan = Some(plan.clone());
     Ok(plan)
 }
 
 /// The FA2 family's parameter block (both kernels take it; B_r is the plan's).
-fn fa2_params(
-    gpu: &Gpu,
-    operands: Operands,
-    problem: &Problem,
-    logsumexp: &CudaSlice<f32>,
-    block_rows: u32,
-) -> Fa2Params {
+fn fa2_params(operands: Operands, problem: &Problem, logsumexp: u64, block_rows: u32) -> Fa2Params {
     Fa2Params {
         operands,
         shape: problem.shape(),
-        logsumexp: gpu.address(logsumexp),
+        logsumexp,
         block_rows,
         _pad: 0,
     }

@@ -23,6 +23,9 @@ use cudarc::nvrtc::Ptx;
 use crate::dtype::Element;
 use crate::error::{CudaContextExt, Error, Result};
 
+/// A CUDA stream handle another library owns (for [`Gpu::use_borrowed_stream`]).
+pub type RawStream = sys::CUstream;
+
 /// What the host needs to know about the device.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DeviceInfo {
@@ -152,6 +155,28 @@ impl Gpu {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Sends this GPU's later work (launches, allocations, copies) to `stream`, a stream another
+    /// library owns, e.g. PyTorch's current stream (`torch.cuda.current_stream().cuda_stream`);
+    /// null is the legacy default stream. When the stream changes, waits for the work on the
+    /// previous one first, so buffers this `Gpu` keeps across calls (FA3's tensor maps) are never
+    /// used by two streams at once.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is null or a valid stream of this device's primary context (the context
+    /// [`Gpu::open`] uses and PyTorch uses), and its owner keeps it alive while work this `Gpu`
+    /// sent to it may run. Buffers allocated through this `Gpu` before the switch are used only
+    /// after the work that wrote them (the wait above gives that for work sent through it).
+    pub unsafe fn use_borrowed_stream(&mut self, stream: RawStream) -> Result<()> {
+        if self.stream.cu_stream() == stream {
+            return Ok(());
+        }
+        self.synchronize()?;
+        // SAFETY: the caller's contract above is cudarc's for a borrowed stream.
+        self.stream = unsafe { self.ctx.wrap_borrowed_stream(stream) };
+        Ok(())
     }
 
     /// Free and total device memory, in bytes.

@@ -1,0 +1,81 @@
+"""Argument checks on PyTorch tensors, before anything is allocated or launched.
+
+Duck-typed on purpose (``.device.type``, ``str(.dtype)``, ``.shape``, ``.stride()``): the checks
+need no ``import torch``, so they run, and are tested, where PyTorch is not installed.
+"""
+
+# PyTorch's dtypes by their ``str``, and the host crate's names for them.
+DTYPES = {"torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float32": "f32"}
+ALLOWED_DTYPES = "torch.float16, torch.bfloat16 or torch.float32"
+
+# Each layout's axis order, and where batch, heads, seqlen and head_dim sit in it.
+FLASH_ATTN = "(batch, seqlen, heads, head_dim)"
+SDPA = "(batch, heads, seqlen, head_dim)"
+AXES = {FLASH_ATTN: (0, 2, 1, 3), SDPA: (0, 1, 2, 3)}
+
+
+def _check_one(name, tensor, layout):
+    """One tensor alone: a CUDA tensor of a supported dtype, 4-D, last dim contiguous."""
+    if not all(hasattr(tensor, a) for a in ("device", "dtype", "shape", "stride", "data_ptr")):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cuda":
+        raise ValueError(
+            f"{name} is on {tensor.device}; flash_attn_rs needs CUDA tensors "
+            f"(move it with {name}.cuda())"
+        )
+    if str(tensor.dtype) not in DTYPES:
+        raise TypeError(f"{name} has dtype {tensor.dtype}; allowed: {ALLOWED_DTYPES}")
+    if len(tensor.shape) != 4:
+        raise ValueError(
+            f"{name} has shape {tuple(tensor.shape)}; expected 4 dims {layout}"
+        )
+    if tensor.stride(-1) != 1:
+        raise ValueError(
+            f"{name} has strides {tuple(tensor.stride())}; its last dim (head_dim) must be "
+            f"contiguous (stride 1): pass {name}.contiguous()"
+        )
+
+
+def dims_and_strides(tensor, layout):
+    """(batch, heads, seqlen, head_dim) dims and strides (in elements) of a tensor in `layout`."""
+    axes = AXES[layout]
+    shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    return [shape[a] for a in axes], [strides[a] for a in axes]
+
+
+def check_inputs(q, k, v, layout):
+    """Checks Q, K, V in `layout` and returns the host crate's dtype name ("f16", "bf16", "f32").
+
+    Raises TypeError for a non-tensor or a dtype that is not allowed or not shared, ValueError for
+    a CPU tensor, tensors on different devices, a non-contiguous last dim or shapes that disagree.
+    """
+    tensors = {"q": q, "k": k, "v": v}
+    for name, tensor in tensors.items():
+        _check_one(name, tensor, layout)
+    for name in ("k", "v"):
+        tensor = tensors[name]
+        if str(tensor.dtype) != str(q.dtype):
+            raise TypeError(
+                f"{name} has dtype {tensor.dtype} but q has {q.dtype}; q, k and v must share one"
+            )
+        if tensor.device != q.device:
+            raise ValueError(
+                f"{name} is on {tensor.device} but q is on {q.device}; q, k and v must be on "
+                "one device"
+            )
+    q_dims, _ = dims_and_strides(q, layout)
+    k_dims, _ = dims_and_strides(k, layout)
+    v_dims, _ = dims_and_strides(v, layout)
+    for axis, axis_name in [(0, "batch"), (1, "heads"), (3, "head_dim")]:
+        for name, dims, tensor in [("k", k_dims, k), ("v", v_dims, v)]:
+            if dims[axis] != q_dims[axis]:
+                raise ValueError(
+                    f"{name} has shape {tuple(tensor.shape)} and q {tuple(q.shape)}: their "
+                    f"{axis_name} must be equal (layout {layout})"
+                )
+    if v_dims[2] != k_dims[2]:
+        raise ValueError(
+            f"v has shape {tuple(v.shape)} and k {tuple(k.shape)}: their seqlen must be equal "
+            f"(layout {layout})"
+        )
+    return DTYPES[str(q.dtype)]

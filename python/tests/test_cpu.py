@@ -1,0 +1,196 @@
+"""Tests that need neither a GPU nor PyTorch: the import, the native checks called with plain
+integers, and the tensor checks on stand-in tensors (duck-typed like torch.Tensor)."""
+
+import pytest
+
+import flash_attn_rs
+from flash_attn_rs import _native
+from flash_attn_rs._checks import FLASH_ATTN, SDPA, check_inputs, dims_and_strides
+
+BASE = 0x7F00_0000_0000
+
+
+def test_import_without_a_gpu_or_torch():
+    assert callable(flash_attn_rs.flash_attn_func)
+    assert callable(flash_attn_rs.scaled_dot_product_attention)
+    assert "fa3" in flash_attn_rs.ALGORITHMS
+    assert _native.DEFAULT_ALGORITHM == "fa3"
+    assert flash_attn_rs.last_plan() is None
+
+
+# -- the native half, with plain integers ---------------------------------------------------
+
+
+def sdpa(i, dims=(1, 2, 16, 64)):
+    b, h, s, d = dims
+    return (BASE + (i << 30), list(dims), [h * s * d, s * d, d, 1])
+
+
+def native_check(dtype="bf16", dims=(1, 2, 16, 64), stats=None, **kwargs):
+    stats = [BASE + (4 << 30)] if stats is None else stats
+    t = [sdpa(i, dims) for i in range(4)]
+    _native.check(dtype=dtype, q=t[0], k=t[1], v=t[2], o=t[3], stats=stats, **kwargs)
+
+
+def test_native_accepts_a_valid_call():
+    native_check()
+    native_check(dtype="f32", algorithm="fa1", stats=[BASE, BASE + 4096], causal=True)
+
+
+def test_native_dtype_is_a_type_error():
+    with pytest.raises(TypeError, match="dtype"):
+        native_check(dtype="f64")
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(dims=(1, 2, 16, 300)), "head_dim"),
+        (dict(softmax_scale=float("nan")), "softmax_scale"),
+        (dict(softmax_scale=-1.0), "softmax_scale"),
+        (dict(algorithm="fa4"), "algorithm"),
+        (dict(algorithm="fa1"), "stats"),
+        (dict(stats=[0]), "lse"),
+    ],
+)
+def test_native_value_errors_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        native_check(**kwargs)
+
+
+def test_native_names_the_tensor():
+    q, k, v, o = (sdpa(i) for i in range(4))
+    k_strided = (k[0], k[1], [*k[2][:3], 2])
+    with pytest.raises(ValueError, match="`k`.*stride 1"):
+        _native.check(dtype="f16", q=q, k=k_strided, v=v, o=o, stats=[BASE])
+    with pytest.raises(ValueError, match="`o`"):
+        _native.check(dtype="f16", q=q, k=k, v=v, o=(o[0], [1, 2, 8, 64], o[2]), stats=[BASE])
+
+
+def test_native_forward_checks_before_it_opens_a_device():
+    # A bad argument raises ValueError even on a machine without a GPU: checked first.
+    t = [sdpa(i, (1, 1, 8, 300)) for i in range(4)]
+    with pytest.raises(ValueError, match="head_dim"):
+        _native.forward(dtype="f16", device=0, stream=0, q=t[0], k=t[1], v=t[2], o=t[3],
+                        stats=[BASE])
+
+
+# -- the Python half, on stand-in tensors ---------------------------------------------------
+
+
+class Device:
+    def __init__(self, kind="cuda", index=0):
+        self.type, self.index = kind, index
+
+    def __eq__(self, other):
+        return (self.type, self.index) == (other.type, other.index)
+
+    def __str__(self):
+        return self.type if self.type == "cpu" else f"{self.type}:{self.index}"
+
+
+class FakeTensor:
+    """What the checks read of a torch.Tensor."""
+
+    def __init__(self, shape, strides=None, dtype="torch.bfloat16", device=None):
+        self.shape = tuple(shape)
+        if strides is None:
+            strides, step = [], 1
+            for n in reversed(shape):
+                strides.insert(0, step)
+                step *= n
+        self._strides = tuple(strides)
+        self.dtype = dtype
+        self.device = device or Device()
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def data_ptr(self):
+        return BASE
+
+
+def qkv(shape=(2, 128, 8, 64), **k_overrides):
+    return FakeTensor(shape), FakeTensor(shape, **k_overrides), FakeTensor(shape)
+
+
+def test_checks_accept_and_permute_flash_attn_layout():
+    q, k, v = qkv()
+    assert check_inputs(q, k, v, FLASH_ATTN) == "bf16"
+    dims, strides = dims_and_strides(q, FLASH_ATTN)
+    assert dims == [2, 8, 128, 64]
+    assert strides == [128 * 8 * 64, 64, 8 * 64, 1]
+    assert dims_and_strides(q, SDPA)[0] == [2, 128, 8, 64]
+
+
+def test_checks_accept_any_strides_with_a_contiguous_last_dim():
+    # A slice of a packed (batch, seqlen, 3, heads, head_dim) QKV tensor.
+    b, s, h, d = 2, 128, 8, 64
+    packed = [s * 3 * h * d, 3 * h * d, d, 1]
+    q, k, v = (FakeTensor((b, s, h, d), packed) for _ in range(3))
+    assert check_inputs(q, k, v, FLASH_ATTN) == "bf16"
+
+
+def test_cpu_tensor_is_a_value_error_naming_it():
+    q, k, v = qkv(device=Device("cpu"))
+    with pytest.raises(ValueError, match="^k is on cpu"):
+        check_inputs(q, k, v, FLASH_ATTN)
+
+
+def test_unsupported_dtype_is_a_type_error():
+    q, k, v = qkv(dtype="torch.float64")
+    with pytest.raises(TypeError, match="^k has dtype torch.float64; allowed"):
+        check_inputs(q, k, v, FLASH_ATTN)
+
+
+def test_mixed_dtypes_are_a_type_error():
+    q, k, v = qkv(dtype="torch.float16")
+    with pytest.raises(TypeError, match="^k has dtype torch.float16 but q has"):
+        check_inputs(q, k, v, SDPA)
+
+
+def test_not_a_tensor_is_a_type_error():
+    q, _, v = qkv()
+    with pytest.raises(TypeError, match="^k must be a torch.Tensor, got list"):
+        check_inputs(q, [1, 2], v, SDPA)
+
+
+def test_different_devices_are_a_value_error():
+    q, k, v = qkv(device=Device("cuda", 1))
+    with pytest.raises(ValueError, match="^k is on cuda:1 but q is on cuda:0"):
+        check_inputs(q, k, v, FLASH_ATTN)
+
+
+def test_non_contiguous_last_dim_is_a_value_error():
+    q, k, v = qkv(strides=(128 * 8 * 128, 8 * 128, 128, 2))
+    with pytest.raises(ValueError, match="^k has strides .*last dim"):
+        check_inputs(q, k, v, FLASH_ATTN)
+
+
+def test_not_4d_is_a_value_error():
+    q = FakeTensor((2, 128, 64))
+    _, k, v = qkv()
+    with pytest.raises(ValueError, match=r"^q has shape \(2, 128, 64\); expected 4 dims"):
+        check_inputs(q, k, v, FLASH_ATTN)
+
+
+@pytest.mark.parametrize(
+    "layout, k_shape, v_shape, message",
+    [
+        (FLASH_ATTN, (2, 128, 4, 64), (2, 128, 8, 64), "^k .* heads must be equal"),
+        (FLASH_ATTN, (1, 128, 8, 64), (2, 128, 8, 64), "^k .* batch must be equal"),
+        (FLASH_ATTN, (2, 128, 8, 64), (2, 128, 8, 32), "^v .* head_dim must be equal"),
+        (FLASH_ATTN, (2, 100, 8, 64), (2, 99, 8, 64), "^v .* seqlen must be equal"),
+        (SDPA, (2, 4, 128, 64), (2, 4, 128, 64), "^k .* heads must be equal"),
+    ],
+)
+def test_shapes_that_disagree_are_value_errors(layout, k_shape, v_shape, message):
+    q = FakeTensor((2, 128, 8, 64) if layout == FLASH_ATTN else (2, 8, 128, 64))
+    with pytest.raises(ValueError, match=message):
+        check_inputs(q, FakeTensor(k_shape), FakeTensor(v_shape), layout)
+
+
+def test_seqlen_k_may_differ_from_seqlen_q():
+    q = FakeTensor((2, 128, 8, 64))
+    k = v = FakeTensor((2, 300, 8, 64))
+    assert check_inputs(q, k, v, FLASH_ATTN) == "bf16"

@@ -1,0 +1,28 @@
+"""The public functions on real PyTorch tensors, without a GPU: every check raises before
+anything is allocated on a device. Skipped where PyTorch is not installed."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flash_attn_rs import flash_attn_func, scaled_dot_product_attention  # noqa: E402
+
+
+def test_cpu_tensors_are_rejected_naming_the_argument():
+    q = torch.randn(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="^q is on cpu"):
+        flash_attn_func(q, q, q)
+    with pytest.raises(ValueError, match="^q is on cpu"):
+        scaled_dot_product_attention(q, q, q)
+
+
+def test_meta_tensors_are_not_cuda():
+    q = torch.empty(1, 16, 2, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="^q is on meta"):
+        flash_attn_func(q, q, q)
+
+
+def test_non_tensor_is_a_type_error():
+    q = torch.randn(1, 16, 2, 64)
+    with pytest.raises(TypeError, match="^k must be a torch.Tensor"):
+        flash_attn_func(q, "k", q)
