@@ -14,8 +14,7 @@ use flash_attn::model::reference_backward::{
 use flash_attn::model::traffic::{BackwardIoCounts, Traffic};
 use flash_attn::tools::check::F32_RELATIVE_TOLERANCE;
 use ndarray::{Array4, Axis, s};
-use rand::SeedableRng;
-use rand_distr::{Distribution, StandardNormal};
+mod common;
 
 /// Q, K, V and dO of one problem, N(0, 1) draws in f32.
 struct Inputs {
@@ -26,19 +25,9 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn random([batch, heads, seqlen_q, seqlen_k, head_dim]: [usize; 5], seed: u64) -> Self {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut draw = |seqlen| {
-            Array4::from_shape_simple_fn((batch, heads, seqlen, head_dim), || {
-                StandardNormal.sample(&mut rng)
-            })
-        };
-        Self {
-            q: draw(seqlen_q),
-            k: draw(seqlen_k),
-            v: draw(seqlen_k),
-            d_o: draw(seqlen_q),
-        }
+    fn random(shape: [usize; 5], seed: u64) -> Self {
+        let [q, k, v, d_o] = common::normal_tensors(shape, seed, [true, false, false, true]);
+        Self { q, k, v, d_o }
     }
 
     fn scale(&self) -> f32 {

@@ -17,8 +17,7 @@ use flash_attn::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
 use flash_attn::{Error, Result};
 use flash_kernels::fwd::fa1::config::Fa1Blocks;
 use ndarray::{Array3, Array4, Axis};
-use rand::SeedableRng;
-use rand_distr::{Distribution, StandardNormal};
+mod common;
 
 /// (batch, heads, seqlen_q, seqlen_k, head_dim): lengths 1 to 257 in both orders, d from 1 to 59.
 const SHAPES: [[usize; 5]; 7] = [
@@ -41,18 +40,9 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn random([batch, heads, seqlen_q, seqlen_k, head_dim]: [usize; 5], seed: u64) -> Self {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut draw = |seqlen| {
-            Array4::from_shape_simple_fn((batch, heads, seqlen, head_dim), || {
-                StandardNormal.sample(&mut rng)
-            })
-        };
-        Self {
-            q: draw(seqlen_q),
-            k: draw(seqlen_k),
-            v: draw(seqlen_k),
-        }
+    fn random(shape: [usize; 5], seed: u64) -> Self {
+        let [q, k, v] = common::normal_tensors(shape, seed, [true, false, false]);
+        Self { q, k, v }
     }
 
     fn reference(&self, causal: bool, scale: f32) -> Reference {

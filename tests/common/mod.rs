@@ -45,3 +45,21 @@ pub fn seeded_rng(test: &str) -> rand::rngs::StdRng {
     println!("{test}: seed {seed} (FLASH_ATTN_SEED={seed} reproduces it)");
     rand::rngs::StdRng::seed_from_u64(seed)
 }
+
+/// N(0, 1) f32 tensors drawn in order from one seeded generator, for a problem of
+/// `[batch, heads, seqlen_q, seqlen_k, head_dim]`: tensor i has seqlen_q rows where
+/// `query_rows[i]` (Q, O, dO), seqlen_k rows otherwise (K, V).
+pub fn normal_tensors<const N: usize>(
+    [batch, heads, seqlen_q, seqlen_k, head_dim]: [usize; 5],
+    seed: u64,
+    query_rows: [bool; N],
+) -> [ndarray::Array4<f32>; N] {
+    use rand_distr::Distribution;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    query_rows.map(|query| {
+        let seqlen = if query { seqlen_q } else { seqlen_k };
+        ndarray::Array4::from_shape_simple_fn((batch, heads, seqlen, head_dim), || {
+            rand_distr::StandardNormal.sample(&mut rng)
+        })
+    })
+}
