@@ -210,7 +210,7 @@ impl Plan {
         self.row_block_launch(
             limits,
             kernel,
-            "fa2_tc_tiling",
+            ("fa2_tc_tiling", &tiling),
             rows_and_threads,
             shared_bytes,
         )
@@ -238,24 +238,25 @@ impl Plan {
         let shared_bytes = tiling.shared_bytes(head_dim);
         let rows_and_threads = (tiling.block_rows(), tiling.threads());
         self.blocks = Blocks::Fa3 { head_dim, tiling };
-        self.row_block_launch(limits, kernel, "fa3_tiling", rows_and_threads, shared_bytes)
+        self.row_block_launch(
+            limits,
+            kernel,
+            ("fa3_tiling", &tiling),
+            rows_and_threads,
+            shared_bytes,
+        )
     }
 
     /// The one launch of a kernel on the FA2 grid with `(B_r, threads)` and `shared_bytes`, after
-    /// checking both against the device (an error names the tiling option `argument`).
+    /// checking both against the device (an error names the tiling option and its value).
     fn row_block_launch(
         &mut self,
         limits: &dyn LaunchLimits,
         kernel: KernelId,
-        argument: &'static str,
+        (argument, tiling): (&'static str, &dyn fmt::Display),
         (rows, threads): (u32, u32),
         shared_bytes: u32,
     ) -> Result<()> {
-        let tiling = match self.blocks {
-            Blocks::Fa2Tc(tiling) => tiling.to_string(),
-            Blocks::Fa3 { tiling, .. } => tiling.to_string(),
-            other => format!("{other:?}"),
-        };
         check_shared(
             limits,
             shared_bytes,
