@@ -244,3 +244,82 @@ fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
     );
     assert!(flash_attn::attention::parse_fa3_tiling("2x128").is_err());
 }
+
+#[test]
+fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
+    use flash_attn::attention::BackwardPlan;
+    use flash_kernels::registry::BackwardStage;
+    let options = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    // 113 queries, 203 keys, 2·3 heads: pre- and post-pass over ⌈113/64⌉ row blocks, the main
+    // kernel over ⌈203/64⌉ key blocks.
+    for d in [1, 32, 33, 40, 64, 100, 128, 129, 200, 256] {
+        for dtype in DType::ALL {
+            let problem =
+                Problem::new([2, 3, 113, d], [2, 3, 203, d], [2, 3, 203, d], &options).unwrap();
+            let p = BackwardPlan::new(&CompiledLimits::H200, dtype, &problem).unwrap();
+            let [pre, main, post] = p.launches;
+            let stages = [pre, main, post].map(|l| match l.kernel.family {
+                Family::Fa2Backward(stage) => stage,
+                other => panic!("{other:?}"),
+            });
+            assert_eq!(stages[0], BackwardStage::Preprocess);
+            assert_eq!(stages[2], BackwardStage::Postprocess);
+            let capacity = main.kernel.head_dim_capacity().unwrap();
+            let smallest = [32, 64, 128, 256].into_iter().find(|&c| c >= d as u32);
+            assert_eq!(Some(capacity), smallest, "d {d}");
+            assert_eq!(pre.launch.grid, (2, 6, 1));
+            assert_eq!(post.launch.grid, (2, 6, 1));
+            assert_eq!(main.launch.grid, (4, 6, 1));
+            assert_eq!(
+                (p.block_cols, p.block_rows),
+                (64, if d > 128 { 32 } else { 64 })
+            );
+            for l in p.launches {
+                assert!(l.launch.threads <= l.kernel.max_threads(), "{l:?}");
+                assert!(KERNELS.contains(&l.kernel), "{l:?}");
+                assert!(l.launch.shared_bytes <= 227 * 1024, "d {d}: {l:?}");
+            }
+            assert_eq!(p.dq_accumulator, 6 * 113 * d);
+            assert_eq!(p.delta, 6 * 113);
+        }
+    }
+    // d = 256: K_j, V_j (64 × 257), Q_i, dO_i (32 × 257), P, dS (32 × 65), L_i, D_i (32), f32.
+    let problem = Problem::new([1, 1, 8, 256], [1, 1, 8, 256], [1, 1, 8, 256], &options).unwrap();
+    let p = BackwardPlan::new(&CompiledLimits::H200, DType::Bf16, &problem).unwrap();
+    let expected = (2 * 64 * 257 + 2 * 32 * 257 + 2 * 32 * 65 + 2 * 32) * 4;
+    assert_eq!(p.launches[1].launch.shared_bytes, expected);
+    assert_eq!(
+        p.launches[1].kernel.to_string(),
+        "fa2_backward_main_bf16_d256"
+    );
+    // A device with less shared memory (A100's 163 KiB) is named.
+    let small = CompiledLimits {
+        shared_memory_per_block: 163 * 1024,
+        hopper: false,
+    };
+    let err = BackwardPlan::new(&small, DType::Bf16, &problem).unwrap_err();
+    assert!(err.to_string().contains("shared memory"), "{err}");
+}
+
+#[test]
+fn backward_kernel_names_read_back() {
+    for name in [
+        "fa2_backward_preprocess_f32",
+        "fa2_backward_main_bf16_d128",
+        "fa2_backward_postprocess_f16",
+    ] {
+        let id: KernelId = name.parse().unwrap();
+        assert_eq!(id.to_string(), name);
+        assert!(KERNELS.contains(&id), "{name}");
+    }
+    for bad in [
+        "fa2_backward_main_f32",
+        "fa2_backward_middle_f32",
+        "fa2_backward_f32",
+    ] {
+        assert!(bad.parse::<KernelId>().is_err(), "{bad:?} parsed");
+    }
+}

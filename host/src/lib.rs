@@ -25,7 +25,8 @@ pub mod tools;
 pub use attention::{
     Algorithm, AttentionOptions, AttentionOutput, BackwardProblem, BorrowedArguments,
     BorrowedTensor, Gradients, Problem, RowStatistics, StatisticsAddresses, Workspace, attention,
-    attention_borrowed, attention_into, attention_with_workspace, new_output,
+    attention_backward_into, attention_borrowed, attention_into, attention_with_workspace,
+    new_output,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

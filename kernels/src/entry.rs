@@ -8,15 +8,17 @@
 //! tensors of the shapes and strides it describes, and launch with the grid, block and dynamic
 //! shared memory that the kernel's docs give (the host's launch plan does).
 
+#[cfg(not(feature = "hopper"))]
+use crate::bwd::fa2 as fa2_backward;
 use crate::common::element::{Bf16, F16};
 #[cfg(not(feature = "hopper"))]
-use crate::common::params::{Fa1Params, Fa2Params, StandardParams};
+use crate::common::params::{Fa1Params, Fa2BackwardParams, Fa2Params, StandardParams};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
 #[cfg(feature = "hopper")]
 use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
 #[cfg(not(feature = "hopper"))]
-use crate::{fa2_config, fa2_tc_config, for_each_kernel};
+use crate::{fa2_backward_config, fa2_config, fa2_tc_config, for_each_kernel};
 
 /// The kernels' element type for a name of the list.
 macro_rules! element {
@@ -66,6 +68,25 @@ macro_rules! entry_point {
                 "_bc", $cols))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2Params) {
                 fa2::kernel::forward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (fa2_backward main $dtype:ident $capacity:literal $block_rows:literal) => {
+        const _: () = {
+            fa2_backward_config!(Config, $capacity, $block_rows);
+            #[unsafe(export_name = concat!("fa2_backward_main_", stringify!($dtype), "_d",
+                $capacity))]
+            unsafe extern "ptx-kernel" fn kernel(params: Fa2BackwardParams) {
+                fa2_backward::kernel::backward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (fa2_backward $stage:ident $dtype:ident) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("fa2_backward_", stringify!($stage), "_",
+                stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn kernel(params: Fa2BackwardParams) {
+                fa2_backward::kernel::$stage::<element!($dtype)>(&params)
             }
         };
     };

@@ -7,10 +7,11 @@
 //! - [`Gradients`]: dQ, dK, dV, on the host or (for the GPU call to come) on the device;
 //! - [`backward_on_host`]: FA2's backward emulator on host tensors, behind the same checks.
 //!
-//! The GPU kernels come later; a `backward_into(gpu, …)` will build the same [`TensorSpec`]s from
-//! its device tensors, take L and the forward's problem from the forward's
-//! [`AttentionOutput`](crate::attention::AttentionOutput) (its plan records the problem), and
-//! check its gradient tensors with [`BackwardProblem::check_gradients`].
+//! The GPU call, [`attention_backward_into`](crate::attention::attention_backward_into)
+//! (`backward_gpu.rs`), builds the same [`TensorSpec`]s from its device tensors, takes L and the
+//! forward's problem from the forward's [`AttentionOutput`](crate::attention::AttentionOutput)
+//! (its plan records the problem), and checks its gradient tensors with
+//! [`BackwardProblem::check_gradients`].
 
 use ndarray::{Array4, ArrayView4};
 

@@ -18,6 +18,7 @@ impl ParamBlock for flash_kernels::common::params::StandardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa1Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2Params {}
 impl ParamBlock for flash_kernels::common::params::Fa3Params {}
+impl ParamBlock for flash_kernels::common::params::Fa2BackwardParams {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]

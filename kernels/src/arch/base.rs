@@ -197,6 +197,21 @@ pub fn f32_to_bf16(value: f32) -> u16 {
     bits
 }
 
+/// `*pointer += value` in global memory as one atomic read-modify-write (`red.global.add.f32`),
+/// for sums that many blocks add to in any order (the backward pass's dQ accumulator).
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at an f32 in global memory (a buffer the host
+/// allocated) that this thread may write.
+#[inline(always)]
+pub unsafe fn atomic_add_f32(pointer: *mut f32, value: f32) {
+    // SAFETY: the caller's contract; `red` returns nothing and is ordered as a relaxed atomic.
+    unsafe {
+        asm!("red.global.add.f32 [{pointer}], {value};", pointer = in(reg64) pointer,
+             value = in(reg32) value, options(nostack));
+    }
+}
+
 /// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
 ///
 /// The host sizes the launch with the same arithmetic (each family's `config`), so a kernel that carves

@@ -61,6 +61,20 @@ impl BlockInfo {
             block_cols,
         }
     }
+    /// The row blocks of `block_rows` rows that the key block `[key_start, key_start +
+    /// block_cols)` is seen by (the backward pass's inner loop), and which of them need the
+    /// element-wise mask.
+    #[inline(always)]
+    pub fn row_blocks(&self, key_start: u32, block_cols: u32, block_rows: u32) -> RowBlocks {
+        RowBlocks {
+            seqlen_q: self.seqlen_q,
+            seqlen_k: self.seqlen_k,
+            mask: self.mask(),
+            key_start,
+            block_cols,
+            block_rows,
+        }
+    }
 }
 
 /// The key blocks one row block visits: [`KeyBlocks::count`] of them from key 0 (the causal
@@ -95,6 +109,51 @@ impl KeyBlocks {
             || self
                 .mask
                 .tile_needs_mask(self.row_start, key_start + self.block_cols)
+    }
+
+    /// The mask the masked steps apply element by element.
+    #[inline(always)]
+    pub fn mask(&self) -> CausalMask {
+        self.mask
+    }
+}
+
+/// The row blocks one key block is seen by, the backward pass's mirror of [`KeyBlocks`]: from
+/// [`RowBlocks::first`] (every earlier row block is fully masked for these keys, so it is never
+/// loaded) to [`RowBlocks::end`], the last row block of seqlen_q.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowBlocks {
+    seqlen_q: u32,
+    seqlen_k: u32,
+    mask: CausalMask,
+    key_start: u32,
+    block_cols: u32,
+    block_rows: u32,
+}
+
+impl RowBlocks {
+    /// The first row block that sees a key of the block.
+    #[inline(always)]
+    pub fn first(&self) -> u32 {
+        self.mask
+            .first_row_block_needed(self.key_start, self.block_rows)
+    }
+
+    /// One past the last row block: ⌈seqlen_q / B_r⌉ (the last query sees every key).
+    #[inline(always)]
+    pub fn end(&self) -> u32 {
+        self.seqlen_q.div_ceil(self.block_rows)
+    }
+
+    /// Whether the tile (rows from `row_start`, this key block) runs past seqlen_q or seqlen_k
+    /// or crosses the causal diagonal, so its step is the one compiled with `MASK = true`.
+    #[inline(always)]
+    pub fn needs_mask(&self, row_start: u32) -> bool {
+        row_start + self.block_rows > self.seqlen_q
+            || self.key_start + self.block_cols > self.seqlen_k
+            || self
+                .mask
+                .tile_needs_mask(row_start, self.key_start + self.block_cols)
     }
 
     /// The mask the masked steps apply element by element.
@@ -149,5 +208,20 @@ mod tests {
         let block = BlockInfo::new(&shape(1, 100, 40, true), 0);
         assert_eq!(block.key_blocks(0, 60, 64).count(), 0);
         assert_eq!(block.key_blocks(0, 61, 64).count(), 1);
+    }
+
+    #[test]
+    fn a_key_block_is_seen_from_its_first_row_block_on() {
+        // 256 × 256, causal, B_r = B_c = 64: keys 64..128 are seen by rows 64 on; the row block
+        // 64..128 crosses the diagonal, 128..192 does not.
+        let blocks = BlockInfo::new(&shape(1, 256, 256, true), 0).row_blocks(64, 64, 64);
+        assert_eq!((blocks.first(), blocks.end()), (1, 4));
+        assert!(blocks.needs_mask(64));
+        assert!(!blocks.needs_mask(128));
+        // The row tail past seqlen_q is masked, causal or not.
+        let blocks = BlockInfo::new(&shape(1, 100, 128, false), 0).row_blocks(0, 64, 64);
+        assert_eq!((blocks.first(), blocks.end()), (0, 2));
+        assert!(!blocks.needs_mask(0));
+        assert!(blocks.needs_mask(64));
     }
 }

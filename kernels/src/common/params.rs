@@ -109,3 +109,29 @@ pub struct Fa3Params {
     /// columns × B_r (Q) or B_c (K, V) rows and 128-byte swizzle.
     pub tensor_maps: u64,
 }
+
+/// FlashAttention-2 backward: one parameter block for its three kernels (pre-pass, main loop,
+/// post-pass). Q, K, V, O are the forward's operands (O its output); every gradient has the
+/// strides of its own tensor view.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fa2BackwardParams {
+    /// The forward's Q, K, V and its output O.
+    pub operands: Operands,
+    pub shape: AttentionShape,
+    /// dO, O's shape.
+    pub d_o: TensorView,
+    /// dQ, Q's shape, in the input dtype (written by the post-pass).
+    pub dq: TensorView,
+    /// dK, K's shape (written by the main kernel).
+    pub dk: TensorView,
+    /// dV, V's shape (written by the main kernel).
+    pub dv: TensorView,
+    /// L, f32, (batch·heads, seqlen_q): the forward's m + log ℓ, natural-log units.
+    pub logsumexp: u64,
+    /// D, f32, (batch·heads, seqlen_q): rowsum(dO ∘ O), written by the pre-pass.
+    pub delta: u64,
+    /// dQ before scaling, f32, (batch·heads, seqlen_q, head_dim) contiguous: zeroed by the
+    /// pre-pass, summed into by every key block of the main kernel (atomic adds).
+    pub dq_accumulator: u64,
+}

@@ -5,6 +5,7 @@
 use core::fmt;
 use core::str::FromStr;
 
+use crate::bwd::fa2::config as fa2_backward;
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
@@ -80,6 +81,54 @@ impl StandardStage {
     }
 }
 
+/// The three kernels of the FA2 backward, in launch order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackwardStage {
+    /// D = rowsum(dO ∘ O), and the f32 dQ accumulator zeroed (any head dim).
+    Preprocess,
+    /// The loop over key blocks: dK, dV, and dQ into the accumulator, for head dims up to
+    /// `head_dim_capacity` (B_r and B_c follow from it, `bwd::fa2::config`).
+    Main { head_dim_capacity: u32 },
+    /// dQ = scale·(the accumulator) in the input dtype (any head dim).
+    Postprocess,
+}
+
+impl BackwardStage {
+    /// The name in kernel names (`preprocess`, `main`, `postprocess`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackwardStage::Preprocess => "preprocess",
+            BackwardStage::Main { .. } => "main",
+            BackwardStage::Postprocess => "postprocess",
+        }
+    }
+
+    // Constructors named as the kernel list spells the passes (`for_each_kernel!`).
+    pub const fn preprocess() -> Self {
+        BackwardStage::Preprocess
+    }
+    pub const fn postprocess() -> Self {
+        BackwardStage::Postprocess
+    }
+
+    /// Field-by-field equality usable in `const` code.
+    const fn const_eq(self, other: Self) -> bool {
+        match (self, other) {
+            (BackwardStage::Preprocess, BackwardStage::Preprocess)
+            | (BackwardStage::Postprocess, BackwardStage::Postprocess) => true,
+            (
+                BackwardStage::Main {
+                    head_dim_capacity: a,
+                },
+                BackwardStage::Main {
+                    head_dim_capacity: b,
+                },
+            ) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// A kernel family and the parameters it is compiled with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -97,6 +146,8 @@ pub enum Family {
     Fa2Tc { head_dim: u32, tiling: Fa2TcTiling },
     /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`.
     Fa3 { head_dim: u32, tiling: Fa3Tiling },
+    /// FlashAttention-2 backward, scalar FP32: one of its three kernels.
+    Fa2Backward(BackwardStage),
 }
 
 /// The PTX module a kernel is compiled into.
@@ -148,6 +199,10 @@ impl KernelId {
                 head_dim_capacity, ..
             } => Some(head_dim_capacity),
             Family::Fa2Tc { head_dim, .. } | Family::Fa3 { head_dim, .. } => Some(head_dim),
+            Family::Fa2Backward(BackwardStage::Main { head_dim_capacity }) => {
+                Some(head_dim_capacity)
+            }
+            Family::Fa2Backward(_) => None,
         }
     }
 
@@ -177,6 +232,8 @@ impl KernelId {
             } => fa2::threads(fa2::max_block_rows(head_dim_capacity)),
             Family::Fa2Tc { tiling, .. } => tiling.threads(),
             Family::Fa3 { tiling, .. } => tiling.threads(),
+            Family::Fa2Backward(BackwardStage::Main { .. }) => fa2_backward::main_threads(),
+            Family::Fa2Backward(_) => fa2_backward::PASS_THREADS,
         }
     }
 
@@ -215,6 +272,7 @@ impl KernelId {
                     tiling: t,
                 },
             ) => a == b && s.const_eq(t),
+            (Family::Fa2Backward(a), Family::Fa2Backward(b)) => a.const_eq(b),
             _ => false,
         };
         same_family && self.dtype as u8 == other.dtype as u8
@@ -224,7 +282,8 @@ impl KernelId {
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `fa1_forward_<dtype>`,
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
-    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`.
+    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `fa2_backward_<stage>_<dtype>` (pre- and
+    /// post-pass), `fa2_backward_main_<dtype>_d<capacity>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
         match self.family {
@@ -249,6 +308,10 @@ impl fmt::Display for KernelId {
             Family::Fa3 { head_dim, tiling } => {
                 write!(f, "fa3_forward_{dtype}_d{head_dim}_{tiling}")
             }
+            Family::Fa2Backward(BackwardStage::Main { head_dim_capacity }) => {
+                write!(f, "fa2_backward_main_{dtype}_d{head_dim_capacity}")
+            }
+            Family::Fa2Backward(stage) => write!(f, "fa2_backward_{}_{dtype}", stage.name()),
         }
     }
 }
@@ -262,7 +325,8 @@ impl fmt::Display for ParseKernelIdError {
         f.write_str(
             "not a kernel name (standard_<stage>_<dtype>, fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>, \
-             fa3_forward_<dtype>_d<d>_w<W>c<C>)",
+             fa3_forward_<dtype>_d<d>_w<W>c<C>, fa2_backward_<pre|post>process_<dtype>, \
+             fa2_backward_main_<dtype>_d<capacity>)",
         )
     }
 }
@@ -316,6 +380,21 @@ impl FromStr for KernelId {
                 tiling,
             };
             (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {
+            // <dtype>_d<capacity>
+            let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let stage = BackwardStage::Main {
+                head_dim_capacity: number(capacity)?,
+            };
+            (Family::Fa2Backward(stage), dtype)
+        } else if let Some(rest) = name.strip_prefix("fa2_backward_") {
+            // <preprocess|postprocess>_<dtype>
+            let (stage, dtype) = rest.split_once('_').ok_or(ParseKernelIdError)?;
+            let stage = [BackwardStage::Preprocess, BackwardStage::Postprocess]
+                .into_iter()
+                .find(|s| s.name() == stage)
+                .ok_or(ParseKernelIdError)?;
+            (Family::Fa2Backward(stage), dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_forward_") {
             // <dtype>_d<d>_w<W>c<C>
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;

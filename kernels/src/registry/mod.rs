@@ -9,7 +9,9 @@
 
 mod id;
 
-pub use id::{ElementType, Family, KernelId, Module, ParseKernelIdError, StandardStage};
+pub use id::{
+    BackwardStage, ElementType, Family, KernelId, Module, ParseKernelIdError, StandardStage,
+};
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
@@ -19,7 +21,10 @@ use crate::fwd::fa3::config::Fa3Tiling;
 /// - `standard <stage> <dtype>`: the three kernels of standard attention;
 /// - `fa1 <dtype>`: FlashAttention-1's forward;
 /// - `fa2 <dtype> <head-dim capacity> <B_c>`: the faithful FA2 forward;
-/// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores.
+/// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores;
+/// - `fa2_backward preprocess <dtype>`, `fa2_backward main <dtype> <head-dim capacity> <B_r>`,
+///   `fa2_backward postprocess <dtype>`: the faithful FA2 backward's three kernels (B_r is
+///   `bwd::fa2::config::block_rows` of the capacity, written out for the entry point's config).
 ///
 /// FA2-TC: every head dim up to 128 takes the full set of tilings; at d = 256 two row tiles would
 /// hold 2·256 f32 accumulators per lane, past the 255-register limit, so single row tiles only.
@@ -43,7 +48,16 @@ macro_rules! for_each_kernel {
                    (4 2 2 32) (4 2 1 32) (4 2 2 48);
             256 => (4 1 2 64) (8 1 2 64) (4 1 1 64) (8 1 1 64);
         });
+        $crate::for_each_kernel!(@fa2_backward $emit [f32 f16 bf16]);
     };
+    (@fa2_backward $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(fa2_backward preprocess $dtype);
+        $emit!(fa2_backward main $dtype 32 64);
+        $emit!(fa2_backward main $dtype 64 64);
+        $emit!(fa2_backward main $dtype 128 64);
+        $emit!(fa2_backward main $dtype 256 32);
+        $emit!(fa2_backward postprocess $dtype);
+    )*};
     (@standard $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(standard scores $dtype);
         $emit!(standard softmax $dtype);
@@ -166,6 +180,20 @@ macro_rules! push_kernel {
                 head_dim_capacity: $capacity,
                 block_cols: $cols,
             },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa2_backward main $dtype:ident $capacity:literal $block_rows:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa2Backward(BackwardStage::Main {
+                head_dim_capacity: $capacity,
+            }),
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa2_backward $stage:ident $dtype:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa2Backward(BackwardStage::$stage()),
             ElementType::$dtype(),
         ));
     };

@@ -93,6 +93,44 @@ impl HeadVector {
     }
 }
 
+/// One head's rows of an f32 accumulator in device memory, contiguous (batch·heads, rows,
+/// row_len), that many blocks add to at once (the backward pass's dQ).
+#[derive(Clone, Copy)]
+pub struct HeadAccumulator {
+    rows: HeadRows<f32>,
+}
+
+impl HeadAccumulator {
+    #[inline(always)]
+    pub fn new(addr: u64, batch_head: u32, rows: u32, row_len: u32) -> Self {
+        Self {
+            rows: HeadRows::contiguous(addr, batch_head, rows, row_len),
+        }
+    }
+
+    /// Element (row, col), or 0 for a row past the end.
+    #[inline(always)]
+    pub fn read(&self, row: u32, col: u32) -> f32 {
+        self.rows.read(row, col)
+    }
+
+    /// Stores `value` at (row, col); a row past the end is dropped.
+    #[inline(always)]
+    pub fn write(&self, row: u32, col: u32, value: f32) {
+        self.rows.write(row, col, value)
+    }
+
+    /// Adds `value` to (row, col) atomically; a row past the end is dropped.
+    #[inline(always)]
+    pub fn add(&self, row: u32, col: u32, value: f32) {
+        if row < self.rows.rows {
+            // SAFETY: row < rows and the kernel passes col < row_len: inside the accumulator
+            // the host allocated, 4-byte aligned.
+            unsafe { arch::atomic_add_f32(self.rows.element(row, col), value) }
+        }
+    }
+}
+
 /// One head's rows of a 16-bit tensor in device memory, byte-addressed: the source of 16-byte
 /// `cp.async` copies and the destination of two-element (4-byte) stores.
 #[derive(Clone, Copy)]

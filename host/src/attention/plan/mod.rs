@@ -19,7 +19,7 @@ pub use choices::{
     fa3_tiling, tensor_core_fallback,
 };
 pub use limits::{CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, LaunchLimits};
-use limits::{check_shared, check_threads};
+pub(crate) use limits::{check_shared, check_threads};
 
 use std::fmt;
 
