@@ -90,6 +90,9 @@ pub struct AttentionOptions {
     /// FA3's consumer warpgroups and B_c (the tilings `registry::HOPPER_KERNELS` lists);
     /// default: per head dim (`Fa3Tiling::default_for`).
     pub fa3_tiling: Option<Fa3Tiling>,
+    /// FA3 on a persistent grid (one block per SM walking the tiles, the next tile's Q and K/V
+    /// loaded while the current one finishes) instead of one block per tile.
+    pub fa3_persistent: bool,
 }
 
 /// A checked problem: what every kernel's parameter block is built from.

@@ -103,6 +103,10 @@ impl LaunchLimits for Gpu {
         self.has_hopper_module()
     }
 
+    fn multiprocessors(&self) -> u32 {
+        self.info().multiprocessors
+    }
+
     /// `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`: the kernel's `.maxntid`, lowered where its
     /// registers per thread would not fit that many threads on this device.
     /// Read once per kernel and kept: every call's plan asks.

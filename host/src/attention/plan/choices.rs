@@ -87,6 +87,7 @@ pub fn fa2_blocks(
     let limits = CompiledLimits {
         shared_memory_per_block: shared_limit,
         hopper: false,
+        multiprocessors: 1,
     };
     let plan = Plan::new(
         &limits,

@@ -22,6 +22,8 @@ pub trait LaunchLimits {
     fn max_threads(&self, kernel: KernelId) -> Result<u32>;
     /// Whether the device runs the Hopper module (FA3): compute capability 9.0.
     fn runs_hopper_module(&self) -> bool;
+    /// Streaming multiprocessors: a persistent grid has one block per SM.
+    fn multiprocessors(&self) -> u32;
 }
 
 /// Limits known without a GPU: a device's shared memory, and each kernel's compiled thread bound
@@ -31,6 +33,7 @@ pub struct CompiledLimits {
     pub shared_memory_per_block: u32,
     /// Whether the device is compute capability 9.0 (runs the Hopper module).
     pub hopper: bool,
+    pub multiprocessors: u32,
 }
 
 impl CompiledLimits {
@@ -38,6 +41,7 @@ impl CompiledLimits {
     pub const H200: Self = Self {
         shared_memory_per_block: H200_SHARED_MEMORY_PER_BLOCK,
         hopper: true,
+        multiprocessors: 132,
     };
 }
 
@@ -50,6 +54,9 @@ impl LaunchLimits for CompiledLimits {
     }
     fn runs_hopper_module(&self) -> bool {
         self.hopper
+    }
+    fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
     }
 }
 

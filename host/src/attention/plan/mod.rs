@@ -65,10 +65,12 @@ pub enum Blocks {
         block_cols: u32,
     },
     Fa2Tc(Fa2TcTiling),
-    /// FA3's tiling, and the compiled head dim that holds the problem's.
+    /// FA3's tiling, the compiled head dim that holds the problem's, and whether the grid is
+    /// persistent (one block per SM) or one block per tile.
     Fa3 {
         head_dim: u32,
         tiling: Fa3Tiling,
+        persistent: bool,
     },
 }
 
@@ -237,14 +239,25 @@ impl Plan {
         let kernel = KernelId::new(Family::Fa3 { head_dim, tiling }, element);
         let shared_bytes = tiling.shared_bytes(head_dim);
         let rows_and_threads = (tiling.block_rows(), tiling.threads());
-        self.blocks = Blocks::Fa3 { head_dim, tiling };
+        self.blocks = Blocks::Fa3 {
+            head_dim,
+            tiling,
+            persistent: options.fa3_persistent,
+        };
         self.row_block_launch(
             limits,
             kernel,
             ("fa3_tiling", &tiling),
             rows_and_threads,
             shared_bytes,
-        )
+        )?;
+        if options.fa3_persistent {
+            // One block per SM, each walking every grid-th tile (`fwd::fa3::scheduler`).
+            let launch = &mut self.launches[0].launch;
+            let tiles = launch.grid.0 * launch.grid.1;
+            launch.grid = (tiles.min(limits.multiprocessors()).max(1), 1, 1);
+        }
+        Ok(())
     }
 
     /// The one launch of a kernel on the FA2 grid with `(B_r, threads)` and `shared_bytes`, after
@@ -391,8 +404,13 @@ impl fmt::Display for Plan {
                 block_cols,
             } => write!(f, " (B_r = {block_rows}, B_c = {block_cols})")?,
             Blocks::Fa2Tc(tiling) => write!(f, " (tiling {tiling})")?,
-            Blocks::Fa3 { head_dim, tiling } => {
-                write!(f, " (tiling {tiling}, compiled head dim {head_dim})")?
+            Blocks::Fa3 {
+                head_dim,
+                tiling,
+                persistent,
+            } => {
+                let grid = if persistent { ", persistent" } else { "" };
+                write!(f, " (tiling {tiling}, compiled head dim {head_dim}{grid})")?
             }
             Blocks::Standard => {}
         }

@@ -54,6 +54,9 @@ pub struct BenchArgs {
     /// compiled ones: `flash-attn info`).
     #[arg(long)]
     fa3_tiling: Option<String>,
+    /// FA3 on its persistent grid (one block per SM walking the tiles).
+    #[arg(long)]
+    fa3_persistent: bool,
 }
 
 impl BenchArgs {
@@ -89,6 +92,7 @@ impl BenchArgs {
             .as_deref()
             .map(|text| flash_attn::attention::parse_fa3_tiling(text).map(|t| t.to_string()))
             .transpose()?;
+        config.fa3_persistent = self.fa3_persistent;
         config.hidden = self.hidden;
         Ok(config)
     }

@@ -75,6 +75,7 @@ impl RunArgs {
             fa2_blocks: self.fa2_blocks,
             fa2_tc_tiling: None,
             fa3_tiling: None,
+            fa3_persistent: false,
         })
     }
 }

@@ -20,8 +20,8 @@ pub const PANEL_ROW_BYTES: u32 = 2 * PANEL_COLS;
 pub const TILE_ALIGNMENT: u32 = 1024;
 /// K/V ring depth: block j + 1 (and the start of j + 2) lands while block j is computed.
 pub const KV_STAGES: u32 = 2;
-/// mbarriers: Q full; K full, V full, K empty, V empty per stage.
-pub const BARRIERS: u32 = 1 + 4 * KV_STAGES;
+/// mbarriers: Q full, Q empty; K full, V full, K empty, V empty per stage.
+pub const BARRIERS: u32 = 2 + 4 * KV_STAGES;
 
 /// How an FA3 block splits: `consumers` warpgroups of 64 query rows each (B_r = 64·consumers)
 /// beside one producer warpgroup, and `block_cols` keys per K/V block (B_c).

@@ -24,11 +24,10 @@
 //! Softmax in the exp2 domain with FA2-TC's conditional rescale, on each warp's 16 rows of the
 //! m64 accumulator, which have mma.sync's fragment layout (`tile::accumulator`).
 
-use super::config::{
-    BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
-};
+use super::config::{Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS};
+use super::scheduler::{Tile, TileScheduler};
 use crate::arch::{self, MBarrier, SharedAddress};
-use crate::common::block::{BlockInfo, KeyBlocks};
+use crate::common::block::KeyBlocks;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
 use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
@@ -88,26 +87,33 @@ impl Fa3Sram {
         self.barrier(0)
     }
 
+    /// Every consumer warp is done with Q_i (its last S = Q_i·K_jᵀ has landed): the next tile's
+    /// Q may overwrite it.
+    #[inline(always)]
+    fn q_empty(&self) -> MBarrier {
+        self.barrier(1)
+    }
+
     /// K_j (of stage s) has landed.
     #[inline(always)]
     fn k_full(&self, stage: u32) -> MBarrier {
-        self.barrier(1 + stage)
+        self.barrier(2 + stage)
     }
 
     #[inline(always)]
     fn v_full(&self, stage: u32) -> MBarrier {
-        self.barrier(1 + KV_STAGES + stage)
+        self.barrier(2 + KV_STAGES + stage)
     }
 
     /// Every consumer warp is done reading stage s's K.
     #[inline(always)]
     fn k_empty(&self, stage: u32) -> MBarrier {
-        self.barrier(1 + 2 * KV_STAGES + stage)
+        self.barrier(2 + 2 * KV_STAGES + stage)
     }
 
     #[inline(always)]
     fn v_empty(&self, stage: u32) -> MBarrier {
-        self.barrier(1 + 3 * KV_STAGES + stage)
+        self.barrier(2 + 3 * KV_STAGES + stage)
     }
 
     /// One thread: the full barriers expect the producer's one arrival (with its bytes), the
@@ -115,10 +121,13 @@ impl Fa3Sram {
     #[inline(always)]
     fn init_barriers<C: Fa3Config>(&self) {
         let consumer_warps = C::TILING.consumers * WARPGROUP_THREADS / arch::WARP_SIZE;
-        for index in 0..BARRIERS {
-            let empty = index > 2 * KV_STAGES;
-            self.barrier(index)
-                .init(if empty { consumer_warps } else { 1 });
+        self.q_full().init(1);
+        self.q_empty().init(consumer_warps);
+        for stage in 0..KV_STAGES {
+            self.k_full(stage).init(1);
+            self.v_full(stage).init(1);
+            self.k_empty(stage).init(consumer_warps);
+            self.v_empty(stage).init(consumer_warps);
         }
         arch::fence_barrier_init();
     }
@@ -135,15 +144,7 @@ fn ring(j: u32) -> (u32, u32) {
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     let () = C::CHECKED;
-    let info = BlockInfo::new(&p.shape, arch::block_idx_y());
-    // Causal: the last row blocks see the most keys; start them first so the grid's tail is short.
-    let row_block = if info.causal {
-        arch::grid_dim_x() - 1 - arch::block_idx_x()
-    } else {
-        arch::block_idx_x()
-    };
-    let row_start = row_block * C::BLOCK_ROWS;
-    let blocks = info.key_blocks(row_start, C::BLOCK_ROWS, C::BLOCK_COLS);
+    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
     let sram = Fa3Sram::new::<C>();
     if arch::thread_idx_x() == 0 {
         sram.init_barriers::<C>();
@@ -153,31 +154,48 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     if warpgroup == 0 {
         arch::release_registers::<{ C::PRODUCER_REGISTERS }>();
         if arch::thread_idx_x() == 0 {
-            produce::<C>(p, &info, &blocks, row_start, &sram);
+            // The ring's blocks are counted across tiles: stage and phase continue.
+            let (mut t, mut n, mut ring_base) = (scheduler.first(), 0, 0);
+            while let Some(tile) = scheduler.tile(t) {
+                produce::<C>(p, tile, &sram, n, ring_base);
+                ring_base += tile.blocks.count();
+                (t, n) = (scheduler.next(t), n + 1);
+            }
         }
     } else {
         arch::claim_registers::<{ C::CONSUMER_REGISTERS }>();
-        consume::<T, C>(p, &info, &blocks, row_start, &sram, warpgroup - 1);
+        let consumer = warpgroup - 1;
+        let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
+        turns.start();
+        let (mut t, mut n, mut ring_base) = (scheduler.first(), 0, 0);
+        while let Some(tile) = scheduler.tile(t) {
+            consume::<T, C>(p, tile, &sram, consumer, turns, n, ring_base);
+            ring_base += tile.blocks.count();
+            (t, n) = (scheduler.next(t), n + 1);
+        }
+        turns.finish();
     }
 }
 
-/// The producer's one thread: Q_i, then K_j and V_j into the ring as stages free up.
+/// The producer's one thread, for tile `n` of this block: Q_i once the previous tile's
+/// consumers are done with theirs, then K_j and V_j into the ring as stages free up (ring blocks
+/// `ring_base..`).
 #[inline(always)]
-fn produce<C: Fa3Config>(
-    p: &Fa3Params,
-    info: &BlockInfo,
-    blocks: &KeyBlocks,
-    row_start: u32,
-    sram: &Fa3Sram,
-) {
+fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, n: u32, ring_base: u32) {
+    let Tile {
+        info,
+        row_start,
+        blocks,
+    } = tile;
     let maps = p.tensor_maps;
     let q = HeadTensorMap::new(maps, info.head, info.batch);
     let k = HeadTensorMap::new(maps + TENSOR_MAP_BYTES, info.kv_head, info.batch);
     let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
+    sram.q_empty().wait((n % 2) ^ 1);
     sram.q_full().arrive_expect_bytes(C::Q_BYTES);
     q.load(&sram.q, C::PANELS, row_start, sram.q_full());
     for j in 0..blocks.count() {
-        let (stage, phase) = ring(j);
+        let (stage, phase) = ring(ring_base + j);
         let key_start = j * C::BLOCK_COLS;
         // The stage's previous block (j − 2) must be released first.
         sram.k_empty(stage).wait(phase ^ 1);
@@ -196,29 +214,37 @@ fn produce<C: Fa3Config>(
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3Config>(
     p: &Fa3Params,
-    info: &BlockInfo,
-    blocks: &KeyBlocks,
-    row_start: u32,
+    tile: Tile,
     sram: &Fa3Sram,
     consumer: u32,
+    turns: GemmTurns,
+    n: u32,
+    ring_base: u32,
 ) {
+    let Tile {
+        info,
+        row_start,
+        blocks,
+    } = tile;
     let group_row = consumer * WARPGROUP_ROWS;
     let warpgroup = Consumer {
         sram,
         group_row,
         // The sequence row of this warp's first row of the accumulators.
         warp_row: row_start + group_row + arch::warp_idx() % 4 * MMA_M,
-        blocks,
+        blocks: &blocks,
         seqlen_k: info.seqlen_k,
         score_scale: p.shape.softmax_scale * LOG2_E,
-        turns: GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG),
+        turns,
+        ring_base,
     };
     let mut stats = [RowStats::EMPTY; 2];
     let mut acc = [[0.0f32; 4]; C::O_TILES];
     let count = blocks.count();
-    sram.q_full().wait(0);
-    if count > 0 {
-        warpgroup.turns.start();
+    sram.q_full().wait(n % 2);
+    if count == 0 {
+        release(sram.q_empty());
+    } else {
         // Block 0: S_0 and its softmax (Õ is still zero: nothing to rescale).
         let mut scores = [[0.0f32; 4]; C::S_TILES];
         warpgroup.turns.take();
@@ -249,12 +275,13 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
             // which reads the previous ones, is in flight.
             p_tilde = pack::<T, C>(&probabilities);
         }
+        // Every S = Q_i·K_jᵀ has landed: the producer may load the next tile's Q.
+        release(sram.q_empty());
         warpgroup.turns.take();
         warpgroup.wait_operands(None, Some(count - 1));
         warpgroup.issue_pv::<T, C>(count - 1, &p_tilde, &mut acc);
         warpgroup.turns.pass();
         warpgroup.land_pv(count - 1, &mut acc, &mut p_tilde);
-        warpgroup.turns.finish();
     }
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
     let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
@@ -342,6 +369,8 @@ struct Consumer<'a> {
     seqlen_k: u32,
     score_scale: f32,
     turns: GemmTurns,
+    /// The ring blocks of earlier tiles: block j of this tile is ring block `ring_base + j`.
+    ring_base: u32,
 }
 
 impl Consumer<'_> {
@@ -351,11 +380,11 @@ impl Consumer<'_> {
     #[inline(always)]
     fn wait_operands(&self, scores: Option<u32>, values: Option<u32>) {
         if let Some(j) = scores {
-            let (stage, phase) = ring(j);
+            let (stage, phase) = ring(self.ring_base + j);
             self.sram.k_full(stage).wait(phase);
         }
         if let Some(j) = values {
-            let (stage, phase) = ring(j);
+            let (stage, phase) = ring(self.ring_base + j);
             self.sram.v_full(stage).wait(phase);
         }
         arch::wgmma_fence();
@@ -369,7 +398,7 @@ impl Consumer<'_> {
         j: u32,
         scores: &mut [[f32; 4]; C::S_TILES],
     ) {
-        let k = self.sram.k(ring(j).0);
+        let k = self.sram.k(ring(self.ring_base + j).0);
         for step in 0..C::Q_STEPS {
             let a = self.sram.q.k_major_step(self.group_row, step);
             let b = k.k_major_step(0, step);
@@ -388,7 +417,7 @@ impl Consumer<'_> {
     ) {
         arch::wgmma_wait::<PENDING>();
         arch::wgmma_fence_accumulator(scores);
-        release(self.sram.k_empty(ring(j).0));
+        release(self.sram.k_empty(ring(self.ring_base + j).0));
     }
 
     /// Issues Õ += P̃_j·V_j (V_j landed): B_c/16 RS wgmmas (P̃ from registers), one group.
@@ -399,7 +428,7 @@ impl Consumer<'_> {
         p: &[[u32; 4]; C::P_CHUNKS],
         acc: &mut [[f32; 4]; C::O_TILES],
     ) {
-        let v = self.sram.v(ring(j).0);
+        let v = self.sram.v(ring(self.ring_base + j).0);
         for (chunk, fragment) in p.iter().enumerate() {
             arch::wgmma_rs(acc, *fragment, v.mn_major_rows(chunk as u32), true, T::BF16);
         }
@@ -418,7 +447,7 @@ impl Consumer<'_> {
         arch::wgmma_wait::<0>();
         arch::wgmma_fence_accumulator(acc);
         arch::wgmma_fence_fragments(p);
-        release(self.sram.v_empty(ring(j).0));
+        release(self.sram.v_empty(ring(self.ring_base + j).0));
     }
 
     /// The softmax of block j: the mask where the block needs it, m and ℓ updated as in FA2 (the
