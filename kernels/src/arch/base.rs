@@ -16,6 +16,8 @@ unsafe extern "C" {
     fn nvvm_shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.f32"]
     fn nvvm_shfl_sync_idx_f32(mask: u32, value: f32, source_lane: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+    fn nvvm_shfl_sync_idx_i32(mask: u32, value: i32, source_lane: u32, clamp: u32) -> i32;
     #[link_name = "llvm.nvvm.vote.any.sync"]
     fn nvvm_vote_any_sync(mask: u32, predicate: bool) -> bool;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
@@ -130,6 +132,16 @@ pub fn shuffle_xor(value: f32, lane_mask: u32) -> f32 {
 pub fn shuffle_broadcast(value: f32, source_lane: u32) -> f32 {
     // SAFETY: as for `shuffle_xor`.
     unsafe { nvvm_shfl_sync_idx_f32(FULL_WARP, value, source_lane, SHUFFLE_CLAMP) }
+}
+
+/// `value` as lane 0 holds it (`shfl.sync.idx.b32`), for a value the caller knows is the same on
+/// every lane (a warp or warpgroup index): ptxas cannot prove that of `tid.x / 128`, but it can
+/// of a shuffle's result, and then keeps what is derived from it (wgmma descriptors, shared
+/// addresses) in uniform registers instead of the warp's per-thread ones.
+#[inline(always)]
+pub fn warp_uniform(value: u32) -> u32 {
+    // SAFETY: as for `shuffle_xor`.
+    unsafe { nvvm_shfl_sync_idx_i32(FULL_WARP, value as i32, 0, SHUFFLE_CLAMP) as u32 }
 }
 
 /// `vote.sync.any.pred`: whether `predicate` holds on any lane of the warp. The result is the same

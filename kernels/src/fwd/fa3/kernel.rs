@@ -144,7 +144,8 @@ fn ring(j: u32) -> (u32, u32) {
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     let () = C::CHECKED;
-    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+    // Made after the register split, in each role: nothing of it lives across `setmaxnreg`.
+    let scheduler = || TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
     let sram = Fa3Sram::new::<C>();
     if arch::thread_idx_x() == 0 {
         sram.init_barriers::<C>();
@@ -155,6 +156,7 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
         arch::release_registers::<{ C::PRODUCER_REGISTERS }>();
         if arch::thread_idx_x() == 0 {
             // The ring's blocks are counted across tiles: stage and phase continue.
+            let scheduler = scheduler();
             let (mut t, mut n, mut ring_base) = (scheduler.first(), 0, 0);
             while let Some(tile) = scheduler.tile(t) {
                 produce::<C>(p, tile, &sram, n, ring_base);
@@ -167,6 +169,7 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
         let consumer = warpgroup - 1;
         let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
         turns.start();
+        let scheduler = scheduler();
         let (mut t, mut n, mut ring_base) = (scheduler.first(), 0, 0);
         while let Some(tile) = scheduler.tile(t) {
             consume::<T, C>(p, tile, &sram, consumer, turns, n, ring_base);
@@ -226,7 +229,8 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         row_start,
         blocks,
     } = tile;
-    let group_row = consumer * WARPGROUP_ROWS;
+    // Warp-uniform as ptxas sees it, so the Q descriptors built from it stay in uniform registers.
+    let group_row = arch::warp_uniform(consumer) * WARPGROUP_ROWS;
     let warpgroup = Consumer {
         sram,
         group_row,

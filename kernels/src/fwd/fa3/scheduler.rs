@@ -21,61 +21,56 @@ pub struct Tile {
     pub blocks: KeyBlocks,
 }
 
-/// The tiles of one problem, and this block's share of them.
+/// The tiles of one problem, and this block's share of them. Holds only the shape (kernel
+/// parameters, read where used) and the block's position: whatever lives across the tile loop
+/// costs the consumers registers in their main loop.
 #[derive(Clone, Copy)]
-pub struct TileScheduler {
-    shape: AttentionShape,
+pub struct TileScheduler<'a> {
+    shape: &'a AttentionShape,
     block_rows: u32,
     block_cols: u32,
-    row_blocks: u32,
-    tiles: u32,
-    first: u32,
-    stride: u32,
 }
 
-impl TileScheduler {
+impl<'a> TileScheduler<'a> {
     #[inline(always)]
-    pub fn new(shape: &AttentionShape, block_rows: u32, block_cols: u32) -> Self {
-        let row_blocks = shape.seqlen_q.div_ceil(block_rows);
+    pub fn new(shape: &'a AttentionShape, block_rows: u32, block_cols: u32) -> Self {
         Self {
-            shape: *shape,
+            shape,
             block_rows,
             block_cols,
-            row_blocks,
-            tiles: row_blocks * shape.batch * shape.heads,
-            first: arch::block_idx_y() * arch::grid_dim_x() + arch::block_idx_x(),
-            stride: arch::grid_dim_x() * arch::grid_dim_y(),
         }
+    }
+
+    fn row_blocks(&self) -> u32 {
+        self.shape.seqlen_q.div_ceil(self.block_rows)
     }
 
     /// This block's first tile's number.
     #[inline(always)]
     pub fn first(&self) -> u32 {
-        self.first
+        arch::block_idx_y() * arch::grid_dim_x() + arch::block_idx_x()
     }
 
     /// The number of this block's tile after tile `t`.
     #[inline(always)]
     pub fn next(&self, t: u32) -> u32 {
-        t + self.stride
+        t + arch::grid_dim_x() * arch::grid_dim_y()
     }
 
     /// Tile `t`, if the problem has it.
     #[inline(always)]
     pub fn tile(&self, t: u32) -> Option<Tile> {
-        (t < self.tiles).then(|| self.tile_unchecked(t))
+        let row_blocks = self.row_blocks();
+        let tiles = row_blocks * self.shape.batch * self.shape.heads;
+        (t < tiles).then(|| self.tile_unchecked(t, row_blocks))
     }
 
     #[inline(always)]
-    fn tile_unchecked(&self, t: u32) -> Tile {
-        let info = BlockInfo::new(&self.shape, t / self.row_blocks);
-        let r = t % self.row_blocks;
+    fn tile_unchecked(&self, t: u32, row_blocks: u32) -> Tile {
+        let info = BlockInfo::new(self.shape, t / row_blocks);
+        let r = t % row_blocks;
         // Causal: the last row blocks see the most keys; start them first so the tail is short.
-        let row_block = if info.causal {
-            self.row_blocks - 1 - r
-        } else {
-            r
-        };
+        let row_block = if info.causal { row_blocks - 1 - r } else { r };
         let row_start = row_block * self.block_rows;
         Tile {
             info,
