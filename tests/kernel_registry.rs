@@ -299,6 +299,7 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
     let small = CompiledLimits {
         shared_memory_per_block: 163 * 1024,
         hopper: false,
+        multiprocessors: 108,
     };
     let err = BackwardPlan::new(&small, DType::Bf16, &problem).unwrap_err();
     assert!(err.to_string().contains("shared memory"), "{err}");
