@@ -169,16 +169,12 @@ fn every_fa3_tiling_matches_the_reference() {
         if kernel.dtype != flash_kernels::registry::ElementType::Bf16 {
             continue;
         }
-        for persistent in [false, true] {
-            let options = flash_attn::AttentionOptions {
-                fa3_tiling: Some(tiling),
-                fa3_persistent: persistent,
-                ..Default::default()
-            };
-            let grid = if persistent { ", persistent" } else { "" };
-            for d in [head_dim, head_dim - 8] {
-                tilings.push((format!("{tiling} (d = {d}{grid})"), d as usize, options));
-            }
+        let options = flash_attn::AttentionOptions {
+            fa3_tiling: Some(tiling),
+            ..Default::default()
+        };
+        for d in [head_dim, head_dim - 8] {
+            tilings.push((format!("{tiling} (d = {d})"), d as usize, options));
         }
     }
     check_tilings(&gpu, "fa3_tilings", Algorithm::Fa3, &tilings);

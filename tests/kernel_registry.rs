@@ -328,13 +328,15 @@ fn backward_kernel_names_read_back() {
 #[test]
 fn fa3_persistent_grid_has_one_block_per_sm_at_most() {
     let options = AttentionOptions {
-        fa3_persistent: true,
+        fa3_tiling: Some(
+            flash_kernels::fwd::fa3::config::Fa3Tiling::new(2, 128).on_persistent_grid(),
+        ),
         ..Default::default()
     };
     let p = plan(Algorithm::Fa3, DType::Bf16, [4, 16, 4096, 128], &options);
     assert_eq!(p.launches[0].launch.grid, (132, 1, 1), "{p}");
     assert!(p.to_string().contains("persistent"), "{p}");
     // 2 row blocks × 3 heads: six tiles, six blocks.
-    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 3, 200, 64], &options);
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 3, 200, 128], &options);
     assert_eq!(p.launches[0].launch.grid, (6, 1, 1), "{p}");
 }

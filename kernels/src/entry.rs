@@ -35,11 +35,11 @@ macro_rules! element {
 
 /// One entry point, from one line of a list.
 macro_rules! entry_point {
-    (fa3 $dtype:ident $d:literal $consumers:literal $cols:literal) => {
+    (fa3 $dtype:ident $d:literal $consumers:literal $cols:literal $($grid:ident)?) => {
         const _: () = {
-            fa3_config!(Config, $d, $consumers, $cols);
+            fa3_config!(Config, $d, $consumers, $cols $(, $grid)?);
             #[unsafe(export_name = concat!("fa3_forward_", stringify!($dtype), "_d", $d, "_w",
-                $consumers, "c", $cols))]
+                $consumers, "c", $cols, $crate::fa3_grid_suffix!($($grid)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa3Params) {
                 fa3::kernel::forward::<element!($dtype), Config>(&params)
             }

@@ -293,6 +293,11 @@ fn launch_checked<T: Element>(
                 o: operands.o,
                 logsumexp,
                 tensor_maps: gpu.tensor_maps(maps)?,
+                tile_counters: if tiling.persistent {
+                    gpu.tile_counters()?
+                } else {
+                    0
+                },
             };
             launch_plan(gpu, &plan, params)?;
         }

@@ -87,12 +87,9 @@ pub struct AttentionOptions {
     /// FA2-TC's split of B_r over warps and row tiles, K/V pipeline depth and B_c
     /// (the tilings `registry::KERNELS` lists); default: measured per head dim.
     pub fa2_tc_tiling: Option<Fa2TcTiling>,
-    /// FA3's consumer warpgroups and B_c (the tilings `registry::HOPPER_KERNELS` lists);
-    /// default: per head dim (`Fa3Tiling::default_for`).
+    /// FA3's consumer warpgroups, B_c and grid (one block per tile, or persistent: the tilings
+    /// `registry::HOPPER_KERNELS` lists); default: per head dim (`Fa3Tiling::default_for`).
     pub fa3_tiling: Option<Fa3Tiling>,
-    /// FA3 on a persistent grid (one block per SM walking the tiles, the next tile's Q and K/V
-    /// loaded while the current one finishes) instead of one block per tile.
-    pub fa3_persistent: bool,
 }
 
 /// A checked problem: what every kernel's parameter block is built from.
@@ -271,20 +268,30 @@ pub fn parse_optional_fa2_tc_tiling(text: Option<&str>) -> Result<Option<Fa2TcTi
     text.map(parse_fa2_tc_tiling).transpose()
 }
 
-/// An FA3 tiling from its name, `wWcC` (e.g. `w2c128`: 2 consumer warpgroups, B_c = 128).
-/// Whether the kernel is compiled with it is checked per head dim by the plan.
+/// An FA3 tiling from its name, `wWcC[p]` (e.g. `w2c128`: 2 consumer warpgroups, B_c = 128;
+/// `w2c128p` the same on the persistent grid). Whether the kernel is compiled with it is checked
+/// per head dim by the plan.
 pub fn parse_fa3_tiling(text: &str) -> Result<Fa3Tiling> {
     let bad = || {
         Error::invalid(
             "fa3_tiling",
             text,
-            "wWcC, e.g. w2c128 (consumer warpgroups, B_c)",
+            "wWcC or wWcCp, e.g. w2c128 (consumer warpgroups, B_c; p: the persistent grid)",
         )
     };
     let (consumers, cols) = text
         .strip_prefix('w')
         .and_then(|rest| rest.split_once('c'))
         .ok_or_else(bad)?;
+    let (cols, persistent) = match cols.strip_suffix('p') {
+        Some(cols) => (cols, true),
+        None => (cols, false),
+    };
     let number = |s: &str| s.parse::<u32>().map_err(|_| bad());
-    Ok(Fa3Tiling::new(number(consumers)?, number(cols)?))
+    let tiling = Fa3Tiling::new(number(consumers)?, number(cols)?);
+    Ok(if persistent {
+        tiling.on_persistent_grid()
+    } else {
+        tiling
+    })
 }

@@ -4,6 +4,7 @@
 mod launch;
 pub mod module;
 pub mod tensor_map;
+mod tile_counters;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<KernelId, CudaFunction>>,
     /// FA3's tensor maps on the device (`tensor_map`).
     tensor_maps: Mutex<tensor_map::TensorMapCache>,
+    /// The persistent FA3 grid's tile counters (`tile_counters`).
+    tile_counters: Mutex<tile_counters::TileCounterRing>,
     /// Each kernel's `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`, read on first use.
     thread_limits: Mutex<HashMap<KernelId, u32>>,
     info: DeviceInfo,
@@ -96,6 +99,7 @@ impl Gpu {
             hopper_module,
             functions: Mutex::new(HashMap::new()),
             tensor_maps: Mutex::default(),
+            tile_counters: Mutex::default(),
             thread_limits: Mutex::new(HashMap::new()),
             info,
         };

@@ -231,6 +231,37 @@ pub unsafe fn atomic_add_f32(pointer: *mut f32, value: f32) {
     }
 }
 
+/// `atom.global.add.u32`: adds `value` to the u32 at `pointer` and returns what it held before, as
+/// one relaxed atomic read-modify-write (gpu scope): a counter many blocks take numbers from.
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at a u32 in global memory (a buffer the host
+/// allocated) that, while the kernel runs, only atomics touch.
+#[inline(always)]
+pub unsafe fn atomic_fetch_add_u32(pointer: *mut u32, value: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("atom.global.add.u32 {old}, [{pointer}], {value};", old = out(reg32) old,
+             pointer = in(reg64) pointer, value = in(reg32) value, options(nostack));
+    }
+    old
+}
+
+/// `atom.global.exch.b32`: writes `value` at `pointer` as one relaxed atomic (gpu scope), so it
+/// cannot tear against other blocks' atomics on the same word.
+///
+/// # Safety
+/// As [`atomic_fetch_add_u32`].
+#[inline(always)]
+pub unsafe fn atomic_store_u32(pointer: *mut u32, value: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("atom.global.exch.b32 _, [{pointer}], {value};", pointer = in(reg64) pointer,
+             value = in(reg32) value, options(nostack));
+    }
+}
+
 /// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
 ///
 /// The host sizes the launch with the same arithmetic (each family's `config`), so a kernel that carves

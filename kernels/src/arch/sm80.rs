@@ -31,6 +31,36 @@ impl SharedAddress {
     pub fn offset(self, bytes: u32) -> Self {
         Self(self.0 + bytes)
     }
+
+    /// `ld.shared.u32`: the word at this address.
+    ///
+    /// # Safety
+    /// The address must be 4-byte aligned inside the block's shared memory, and the word written
+    /// before (with a barrier between writer and reader where they are different threads).
+    #[inline(always)]
+    pub unsafe fn load_u32(self) -> u32 {
+        let value: u32;
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) value, a = in(reg32) self.0,
+                 options(nostack, readonly));
+        }
+        value
+    }
+
+    /// `st.shared.u32`: writes `value` at this address.
+    ///
+    /// # Safety
+    /// The address must be 4-byte aligned inside the block's shared memory, in a word no other
+    /// thread reads or writes without a barrier ordering it after this store.
+    #[inline(always)]
+    pub unsafe fn store_u32(self, value: u32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!("st.shared.u32 [{a}], {v};", a = in(reg32) self.0, v = in(reg32) value,
+                 options(nostack));
+        }
+    }
 }
 
 /// `cp.async.cg.shared.global`: copies 16 bytes from global memory to shared memory without

@@ -108,6 +108,9 @@ pub struct Fa3Params {
     /// each a 4-D tensor (head_dim, seqlen, heads, batch) of 16-bit elements with a box of 64
     /// columns × B_r (Q) or B_c (K, V) rows and 128-byte swizzle.
     pub tensor_maps: u64,
+    /// Device address of two zeroed u32s (`tile::global::TileCounters`), for the persistent grid;
+    /// unused on the one-tile-per-block grid.
+    pub tile_counters: u64,
 }
 
 /// FlashAttention-2 backward: one parameter block for its three kernels (pre-pass, main loop,

@@ -396,13 +396,22 @@ impl FromStr for KernelId {
                 .ok_or(ParseKernelIdError)?;
             (Family::Fa2Backward(stage), dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_forward_") {
-            // <dtype>_d<d>_w<W>c<C>
+            // <dtype>_d<d>_w<W>c<C>[p]
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
             let (consumers, cols) = rest.split_once('c').ok_or(ParseKernelIdError)?;
+            let (cols, persistent) = match cols.strip_suffix('p') {
+                Some(cols) => (cols, true),
+                None => (cols, false),
+            };
+            let tiling = Fa3Tiling::new(number(consumers)?, number(cols)?);
             let family = Family::Fa3 {
                 head_dim: number(head_dim)?,
-                tiling: Fa3Tiling::new(number(consumers)?, number(cols)?),
+                tiling: if persistent {
+                    tiling.on_persistent_grid()
+                } else {
+                    tiling
+                },
             };
             (family, dtype)
         } else {

@@ -14,7 +14,6 @@ pub use id::{
 };
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
-use crate::fwd::fa3::config::Fa3Tiling;
 
 /// Invokes `$emit!` once per compiled kernel, with one of:
 ///
@@ -86,12 +85,13 @@ macro_rules! for_each_kernel {
 }
 
 /// Invokes `$emit!` once per kernel of the Hopper module (sm_90a), with
-/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c>`.
+/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent]`.
 ///
 /// The defaults (`Fa3Tiling::default_for`): d = 64 with three consumer warpgroups (B_r = 192,
 /// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, PERF.md), the others
 /// with two. Also compiled, for measurement: d = 64 with two consumers and with B_c = 96 and
-/// 64, d = 128 with B_c = 176 (FlashAttention-3's non-causal tile), d = 256 with B_c = 64.
+/// 64, d = 128 with B_c = 176 (FlashAttention-3's non-causal tile), d = 256 with B_c = 64; and
+/// each default on the persistent grid (`Fa3Tiling::persistent`).
 #[macro_export]
 macro_rules! for_each_hopper_kernel {
     ($emit:ident) => {
@@ -108,6 +108,11 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 192 2 112);
         $emit!(fa3 $dtype 256 2 80);
         $emit!(fa3 $dtype 256 2 64);
+        $emit!(fa3 $dtype 64 3 128 persistent);
+        $emit!(fa3 $dtype 96 2 128 persistent);
+        $emit!(fa3 $dtype 128 2 128 persistent);
+        $emit!(fa3 $dtype 192 2 112 persistent);
+        $emit!(fa3 $dtype 256 2 80 persistent);
     )*};
 }
 
@@ -197,11 +202,12 @@ macro_rules! push_kernel {
             ElementType::$dtype(),
         ));
     };
-    ($list:ident; fa3 $dtype:ident $head_dim:literal $consumers:literal $cols:literal) => {
+    ($list:ident; fa3 $dtype:ident $head_dim:literal $consumers:literal $cols:literal
+     $($grid:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa3 {
                 head_dim: $head_dim,
-                tiling: Fa3Tiling::new($consumers, $cols),
+                tiling: $crate::fa3_tiling!($consumers, $cols $(, $grid)?),
             },
             ElementType::$dtype(),
         ));

@@ -184,3 +184,43 @@ impl HeadRows16 {
         unsafe { arch::store(address as *mut u32, packed) }
     }
 }
+
+/// The persistent grid's two counters, consecutive u32s in global memory that start a launch at
+/// zero: the next tile to hand out (past the first `grid` tiles, which the blocks' indices name)
+/// and the blocks that have finished taking tiles. The last block to finish sets both back to
+/// zero, so the next launch on the stream finds them as this one did without a memset.
+#[derive(Clone, Copy)]
+pub struct TileCounters {
+    base: *mut u32,
+}
+
+impl TileCounters {
+    #[inline(always)]
+    pub fn new(addr: u64) -> Self {
+        Self {
+            base: addr as *mut u32,
+        }
+    }
+
+    /// The next tile number after the grid's first `grid` ones (FlashAttention-3's dynamic
+    /// scheduler: blocks that finish early take more tiles).
+    #[inline(always)]
+    pub fn take(&self, grid: u32) -> u32 {
+        // SAFETY: the host passes two zeroed u32s that only this launch's atomics touch.
+        grid + unsafe { arch::atomic_fetch_add_u32(self.base, 1) }
+    }
+
+    /// This block takes no more tiles; the last of the `grid` blocks resets both counters.
+    #[inline(always)]
+    pub fn finish(&self, grid: u32) {
+        // SAFETY: as for `take`; the second counter is the next u32.
+        unsafe {
+            let finished = arch::offset(self.base, 1);
+            if arch::atomic_fetch_add_u32(finished, 1) == grid - 1 {
+                // Every block has taken its last number: nothing reads the counters again.
+                arch::atomic_store_u32(self.base, 0);
+                arch::atomic_store_u32(finished, 0);
+            }
+        }
+    }
+}

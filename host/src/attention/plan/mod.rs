@@ -65,12 +65,10 @@ pub enum Blocks {
         block_cols: u32,
     },
     Fa2Tc(Fa2TcTiling),
-    /// FA3's tiling, the compiled head dim that holds the problem's, and whether the grid is
-    /// persistent (one block per SM) or one block per tile.
+    /// FA3's tiling (with its grid), and the compiled head dim that holds the problem's.
     Fa3 {
         head_dim: u32,
         tiling: Fa3Tiling,
-        persistent: bool,
     },
 }
 
@@ -239,11 +237,7 @@ impl Plan {
         let kernel = KernelId::new(Family::Fa3 { head_dim, tiling }, element);
         let shared_bytes = tiling.shared_bytes(head_dim);
         let rows_and_threads = (tiling.block_rows(), tiling.threads());
-        self.blocks = Blocks::Fa3 {
-            head_dim,
-            tiling,
-            persistent: options.fa3_persistent,
-        };
+        self.blocks = Blocks::Fa3 { head_dim, tiling };
         self.row_block_launch(
             limits,
             kernel,
@@ -251,8 +245,8 @@ impl Plan {
             rows_and_threads,
             shared_bytes,
         )?;
-        if options.fa3_persistent {
-            // One block per SM, each walking every grid-th tile (`fwd::fa3::scheduler`).
+        if tiling.persistent {
+            // One block per SM, each taking tiles until none is left (`fwd::fa3::scheduler`).
             let launch = &mut self.launches[0].launch;
             let tiles = launch.grid.0 * launch.grid.1;
             launch.grid = (tiles.min(limits.multiprocessors()).max(1), 1, 1);
@@ -404,12 +398,12 @@ impl fmt::Display for Plan {
                 block_cols,
             } => write!(f, " (B_r = {block_rows}, B_c = {block_cols})")?,
             Blocks::Fa2Tc(tiling) => write!(f, " (tiling {tiling})")?,
-            Blocks::Fa3 {
-                head_dim,
-                tiling,
-                persistent,
-            } => {
-                let grid = if persistent { ", persistent" } else { "" };
+            Blocks::Fa3 { head_dim, tiling } => {
+                let grid = if tiling.persistent {
+                    ", persistent grid"
+                } else {
+                    ""
+                };
                 write!(f, " (tiling {tiling}, compiled head dim {head_dim}{grid})")?
             }
             Blocks::Standard => {}

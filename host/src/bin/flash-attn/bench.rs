@@ -50,13 +50,10 @@ pub struct BenchArgs {
     /// (default: the library's per head dim).
     #[arg(long)]
     fa2_tc_tiling: Option<String>,
-    /// FA3's tiling as wCONSUMERScB_C, e.g. w2c176 (default: the library's per head dim; the
-    /// compiled ones: `flash-attn info`).
+    /// FA3's tiling as wCONSUMERScB_C, e.g. w2c176, with a trailing p for the persistent grid,
+    /// e.g. w3c128p (default: the library's per head dim; the compiled ones: `flash-attn info`).
     #[arg(long)]
     fa3_tiling: Option<String>,
-    /// FA3 on its persistent grid (one block per SM walking the tiles).
-    #[arg(long)]
-    fa3_persistent: bool,
 }
 
 impl BenchArgs {
@@ -92,7 +89,6 @@ impl BenchArgs {
             .as_deref()
             .map(|text| flash_attn::attention::parse_fa3_tiling(text).map(|t| t.to_string()))
             .transpose()?;
-        config.fa3_persistent = self.fa3_persistent;
         config.hidden = self.hidden;
         Ok(config)
     }

@@ -75,7 +75,6 @@ impl RunArgs {
             fa2_blocks: self.fa2_blocks,
             fa2_tc_tiling: None,
             fa3_tiling: None,
-            fa3_persistent: false,
         })
     }
 }

@@ -43,9 +43,6 @@ pub struct SweepConfig {
     /// `fa3-<tiling>`.
     #[serde(default)]
     pub fa3_tiling: Option<String>,
-    /// FA3 on its persistent grid (records named `fa3-persistent`, or `fa3-<tiling>-persistent`).
-    #[serde(default)]
-    pub fa3_persistent: bool,
 }
 
 impl SweepConfig {
@@ -64,7 +61,6 @@ impl SweepConfig {
             target_ms: 300.0,
             fa2_tc_tiling: None,
             fa3_tiling: None,
-            fa3_persistent: false,
         }
     }
 

@@ -50,16 +50,11 @@ pub fn run_case(
 
 /// The record name: the algorithm's, with FA2-TC's tiling override appended.
 fn implementation_name(algorithm: Algorithm, config: &SweepConfig) -> String {
-    let name = match (algorithm, &config.fa2_tc_tiling, &config.fa3_tiling) {
+    match (algorithm, &config.fa2_tc_tiling, &config.fa3_tiling) {
         (Algorithm::Fa2Tc, Some(tiling), _) | (Algorithm::Fa3, _, Some(tiling)) => {
             format!("{algorithm}-{tiling}")
         }
         _ => algorithm.name().to_string(),
-    };
-    if algorithm == Algorithm::Fa3 && config.fa3_persistent {
-        format!("{name}-persistent")
-    } else {
-        name
     }
 }
 
@@ -87,7 +82,6 @@ fn time_case<T: Element>(
             .as_deref()
             .map(crate::attention::parse_fa3_tiling)
             .transpose()?,
-        fa3_persistent: config.fa3_persistent,
         ..Default::default()
     };
     let dims = shape.dims();

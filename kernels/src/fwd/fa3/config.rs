@@ -24,25 +24,40 @@ pub const KV_STAGES: u32 = 2;
 pub const BARRIERS: u32 = 2 + 4 * KV_STAGES;
 
 /// How an FA3 block splits: `consumers` warpgroups of 64 query rows each (B_r = 64·consumers)
-/// beside one producer warpgroup, and `block_cols` keys per K/V block (B_c).
+/// beside one producer warpgroup, and `block_cols` keys per K/V block (B_c); and its grid: one
+/// block per tile (a tile is B_r rows of one head), or `persistent`: one block per SM, each
+/// taking tiles from a counter until none is left (FlashAttention-3's dynamic persistent
+/// scheduler), so the next tile's Q and first K/V blocks load while the current one finishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fa3Tiling {
     pub consumers: u32,
     pub block_cols: u32,
+    pub persistent: bool,
 }
 
 impl core::fmt::Display for Fa3Tiling {
-    /// `wWcC`, e.g. `w2c128`: consumer warpgroups, B_c.
+    /// `wWcC`, e.g. `w2c128`: consumer warpgroups, B_c; `p` after it for the persistent grid.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "w{}c{}", self.consumers, self.block_cols)
+        let grid = if self.persistent { "p" } else { "" };
+        write!(f, "w{}c{}{grid}", self.consumers, self.block_cols)
     }
 }
 
 impl Fa3Tiling {
+    /// One block per tile.
     pub const fn new(consumers: u32, block_cols: u32) -> Self {
         Self {
             consumers,
             block_cols,
+            persistent: false,
+        }
+    }
+
+    /// The same split on the persistent grid.
+    pub const fn on_persistent_grid(self) -> Self {
+        Self {
+            persistent: true,
+            ..self
         }
     }
 
@@ -57,7 +72,9 @@ impl Fa3Tiling {
     }
 
     pub const fn const_eq(self, other: Self) -> bool {
-        self.consumers == other.consumers && self.block_cols == other.block_cols
+        self.consumers == other.consumers
+            && self.block_cols == other.block_cols
+            && self.persistent == other.persistent
     }
 
     /// Registers per thread of the producer and of the consumers after `setmaxnreg`
@@ -80,12 +97,14 @@ impl Fa3Tiling {
         panels(head_dim) * self.block_cols * PANEL_ROW_BYTES
     }
 
-    /// Dynamic shared memory: the alignment slack, Q, the K and V ring, the barriers.
+    /// Dynamic shared memory: the alignment slack, Q, the K and V ring, the barriers, and the
+    /// persistent grid's current tile number (8 bytes, for alignment).
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
         TILE_ALIGNMENT
             + self.q_bytes(head_dim)
             + 2 * KV_STAGES * self.kv_bytes(head_dim)
             + 8 * BARRIERS
+            + 8
     }
 
     /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
@@ -122,6 +141,9 @@ pub trait Fa3Config {
     type const P_CHUNKS: usize;
 
     const BLOCK_ROWS: u32 = Self::TILING.block_rows();
+    /// Whether the block walks tiles from the counter (the persistent grid) or computes the one
+    /// tile its block index names.
+    const PERSISTENT: bool = Self::TILING.persistent;
     const BLOCK_COLS: u32 = Self::TILING.block_cols;
     const PANELS: u32 = panels(Self::HEAD_DIM);
     /// k-steps of S = Q_i·K_jᵀ.
@@ -156,15 +178,38 @@ pub trait Fa3Config {
     };
 }
 
-/// `fa3_config!(Name, d, consumers, B_c)`: a type implementing [`Fa3Config`].
+/// `fa3_tiling!(consumers, B_c)` or `fa3_tiling!(consumers, B_c, persistent)`: the tiling of
+/// one entry of the kernel list.
+#[macro_export]
+macro_rules! fa3_tiling {
+    ($consumers:literal, $cols:literal) => {
+        $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols)
+    };
+    ($consumers:literal, $cols:literal, persistent) => {
+        $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).on_persistent_grid()
+    };
+}
+
+/// The kernel-name suffix of a list entry's grid: `p` for `persistent`.
+#[macro_export]
+macro_rules! fa3_grid_suffix {
+    () => {
+        ""
+    };
+    (persistent) => {
+        "p"
+    };
+}
+
+/// `fa3_config!(Name, d, consumers, B_c [, persistent])`: a type implementing [`Fa3Config`].
 #[macro_export]
 macro_rules! fa3_config {
-    ($name:ident, $d:literal, $consumers:literal, $cols:literal) => {
+    ($name:ident, $d:literal, $consumers:literal, $cols:literal $(, $grid:ident)?) => {
         struct $name;
         impl $crate::fwd::fa3::config::Fa3Config for $name {
             const HEAD_DIM: u32 = $d;
             const TILING: $crate::fwd::fa3::config::Fa3Tiling =
-                $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols);
+                $crate::fa3_tiling!($consumers, $cols $(, $grid)?);
             type const S_TILES: usize = const { $cols / 8 };
             type const O_TILES: usize = const { $d / 8 };
             type const P_CHUNKS: usize = const { $cols / 16 };

@@ -24,7 +24,9 @@
 //! Softmax in the exp2 domain with FA2-TC's conditional rescale, on each warp's 16 rows of the
 //! m64 accumulator, which have mma.sync's fragment layout (`tile::accumulator`).
 
-use super::config::{Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS};
+use super::config::{
+    BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
+};
 use super::scheduler::{Tile, TileScheduler};
 use crate::arch::{self, MBarrier, SharedAddress};
 use crate::common::block::KeyBlocks;
@@ -34,7 +36,7 @@ use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
 use crate::tile::fragment::MMA_M;
-use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::global::{HeadRows16, HeadVector, TileCounters};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
 /// Bytes of one `CUtensorMap`: the Q, K and V maps lie this far apart.
@@ -49,6 +51,8 @@ struct Fa3Sram {
     kv_bytes: u32,
     block_cols: u32,
     barriers: SharedAddress,
+    /// The persistent grid's current tile number, after the barriers.
+    tile_slot: SharedAddress,
 }
 
 impl Fa3Sram {
@@ -62,7 +66,26 @@ impl Fa3Sram {
             kv_bytes: C::KV_BYTES,
             block_cols: C::BLOCK_COLS,
             barriers: kv_start.offset(2 * KV_STAGES * C::KV_BYTES),
+            tile_slot: kv_start.offset(2 * KV_STAGES * C::KV_BYTES + 8 * BARRIERS),
         }
+    }
+
+    /// The producer hands tile `t`'s number to the consumers (before Q_i's arrival on q_full,
+    /// whose release orders this store before their acquire of the barrier).
+    #[inline(always)]
+    fn set_tile(&self, t: u32) {
+        // SAFETY: a word of the block's shared memory past the barriers (`shared_bytes` counts
+        // it); the consumers read it only after waiting on q_full, which this thread arrives on
+        // after the store.
+        unsafe { self.tile_slot.store_u32(t) }
+    }
+
+    /// The current tile's number, once q_full's phase for it has completed.
+    #[inline(always)]
+    fn tile(&self) -> u32 {
+        // SAFETY: as for `set_tile`; the producer rewrites it only after every consumer warp has
+        // arrived on q_empty, after this read.
+        unsafe { self.tile_slot.load_u32() }
     }
 
     #[inline(always)]
@@ -139,13 +162,12 @@ fn ring(j: u32) -> (u32, u32) {
     (j % KV_STAGES, (j / KV_STAGES) % 2)
 }
 
-/// The kernel body for one config `C`. Grid (⌈seqlen_q/B_r⌉, batch·heads),
-/// `C::TILING.threads()` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
+/// The kernel body for one config `C`. Grid (⌈seqlen_q/B_r⌉, batch·heads), or on the persistent
+/// grid (`C::PERSISTENT`) (min(tiles, SMs), 1); `C::TILING.threads()` threads,
+/// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     let () = C::CHECKED;
-    // Made after the register split, in each role: nothing of it lives across `setmaxnreg`.
-    let scheduler = || TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
     let sram = Fa3Sram::new::<C>();
     if arch::thread_idx_x() == 0 {
         sram.init_barriers::<C>();
@@ -155,36 +177,106 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     if warpgroup == 0 {
         arch::release_registers::<{ C::PRODUCER_REGISTERS }>();
         if arch::thread_idx_x() == 0 {
-            // The ring's blocks are counted across tiles: stage and phase continue.
-            let scheduler = scheduler();
-            let (mut t, mut n, mut ring_base) = (scheduler.first(), 0, 0);
-            while let Some(tile) = scheduler.tile(t) {
-                produce::<C>(p, tile, &sram, n, ring_base);
-                ring_base += tile.blocks.count();
-                (t, n) = (scheduler.next(t), n + 1);
-            }
+            produce_tiles::<C>(p, &sram);
         }
     } else {
         arch::claim_registers::<{ C::CONSUMER_REGISTERS }>();
-        let consumer = warpgroup - 1;
-        let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
-        turns.start();
-        let scheduler = scheduler();
-        let (mut t, mut n, mut ring_base) = (scheduler.first(), 0, 0);
-        while let Some(tile) = scheduler.tile(t) {
-            consume::<T, C>(p, tile, &sram, consumer, turns, n, ring_base);
-            ring_base += tile.blocks.count();
-            (t, n) = (scheduler.next(t), n + 1);
-        }
-        turns.finish();
+        consume_tiles::<T, C>(p, &sram, warpgroup - 1);
     }
 }
 
-/// The producer's one thread, for tile `n` of this block: Q_i once the previous tile's
-/// consumers are done with theirs, then K_j and V_j into the ring as stages free up (ring blocks
-/// `ring_base..`).
+/// Where a block is in its walk over tiles: the ring's blocks are counted across tiles (stage and
+/// phase continue), and Q's barriers alternate phase per tile.
+#[derive(Clone, Copy)]
+struct TileWalk {
+    /// Tiles this block has finished.
+    n: u32,
+    /// K/V ring blocks of those tiles: block j of the current tile is ring block `ring_base + j`.
+    ring_base: u32,
+}
+
+impl TileWalk {
+    const START: Self = Self { n: 0, ring_base: 0 };
+
+    #[inline(always)]
+    fn after(self, tile: &Tile) -> Self {
+        Self {
+            n: self.n + 1,
+            ring_base: self.ring_base + tile.blocks.count(),
+        }
+    }
+
+    /// The parity of the current tile's Q barriers.
+    #[inline(always)]
+    fn q_phase(self) -> u32 {
+        self.n % 2
+    }
+}
+
+/// The producer's one thread: the block's tile, or on the persistent grid each tile it takes
+/// until none is left. Each tile's number goes to the consumers through shared memory with its
+/// Q (an end mark, a number past the problem, arrives alone).
 #[inline(always)]
-fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, n: u32, ring_base: u32) {
+fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
+    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+    let counters = TileCounters::new(p.tile_counters);
+    let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
+    loop {
+        let tile = scheduler.tile(t);
+        if C::PERSISTENT {
+            // The consumers are done with the previous Q_i, and read its number long before.
+            sram.q_empty().wait(walk.q_phase() ^ 1);
+            sram.set_tile(t);
+        }
+        let Some(tile) = tile else {
+            sram.q_full().arrive();
+            break;
+        };
+        // Taken before this tile's loads, so the counter's latency hides behind them.
+        let next = if C::PERSISTENT {
+            counters.take(arch::grid_dim_x())
+        } else {
+            0
+        };
+        produce::<C>(p, tile, sram, walk);
+        if !C::PERSISTENT {
+            break;
+        }
+        (t, walk) = (next, walk.after(&tile));
+    }
+    if C::PERSISTENT {
+        counters.finish(arch::grid_dim_x());
+    }
+}
+
+/// One consumer warpgroup: each tile the producer hands it, as [`consume`].
+#[inline(always)]
+fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram, consumer: u32) {
+    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+    let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
+    turns.start();
+    let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
+    loop {
+        sram.q_full().wait(walk.q_phase());
+        if C::PERSISTENT {
+            t = sram.tile();
+        }
+        let Some(tile) = scheduler.tile(t) else {
+            break;
+        };
+        consume::<T, C>(p, tile, sram, consumer, turns, walk);
+        if !C::PERSISTENT {
+            break;
+        }
+        walk = walk.after(&tile);
+    }
+    turns.finish();
+}
+
+/// The producer's one thread, for one tile: Q_i, then K_j and V_j into the ring as stages free
+/// up.
+#[inline(always)]
+fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWalk) {
     let Tile {
         info,
         row_start,
@@ -194,11 +286,10 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, n: u32, ring
     let q = HeadTensorMap::new(maps, info.head, info.batch);
     let k = HeadTensorMap::new(maps + TENSOR_MAP_BYTES, info.kv_head, info.batch);
     let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
-    sram.q_empty().wait((n % 2) ^ 1);
     sram.q_full().arrive_expect_bytes(C::Q_BYTES);
     q.load(&sram.q, C::PANELS, row_start, sram.q_full());
     for j in 0..blocks.count() {
-        let (stage, phase) = ring(ring_base + j);
+        let (stage, phase) = ring(walk.ring_base + j);
         let key_start = j * C::BLOCK_COLS;
         // The stage's previous block (j − 2) must be released first.
         sram.k_empty(stage).wait(phase ^ 1);
@@ -221,8 +312,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     sram: &Fa3Sram,
     consumer: u32,
     turns: GemmTurns,
-    n: u32,
-    ring_base: u32,
+    walk: TileWalk,
 ) {
     let Tile {
         info,
@@ -240,14 +330,19 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         seqlen_k: info.seqlen_k,
         score_scale: p.shape.softmax_scale * LOG2_E,
         turns,
-        ring_base,
+        ring_base: walk.ring_base,
     };
     let mut stats = [RowStats::EMPTY; 2];
     let mut acc = [[0.0f32; 4]; C::O_TILES];
     let count = blocks.count();
-    sram.q_full().wait(n % 2);
+    // Every S = Q_i·K_jᵀ has landed (or none runs): the producer may load the next tile's Q.
+    let release_q = || {
+        if C::PERSISTENT {
+            release(sram.q_empty());
+        }
+    };
     if count == 0 {
-        release(sram.q_empty());
+        release_q();
     } else {
         // Block 0: S_0 and its softmax (Õ is still zero: nothing to rescale).
         let mut scores = [[0.0f32; 4]; C::S_TILES];
@@ -279,8 +374,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
             // which reads the previous ones, is in flight.
             p_tilde = pack::<T, C>(&probabilities);
         }
-        // Every S = Q_i·K_jᵀ has landed: the producer may load the next tile's Q.
-        release(sram.q_empty());
+        release_q();
         warpgroup.turns.take();
         warpgroup.wait_operands(None, Some(count - 1));
         warpgroup.issue_pv::<T, C>(count - 1, &p_tilde, &mut acc);

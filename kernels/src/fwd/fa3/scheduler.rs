@@ -1,13 +1,15 @@
 //! Which tiles (one row block of Q_i for one head) a block of the FA3 grid computes, in which
-//! order: FlashAttention-3's static persistent scheduler.
+//! order.
 //!
-//! Tiles are numbered head-major, t = batch_head · row_blocks + r, so the tiles that run at once
-//! share few heads' K and V (they stay in L2); within a head, causal rows run heaviest first
-//! (r counts down from the last row block). A block starts at tile
-//! `block_idx.y · grid_dim.x + block_idx.x` and strides by the grid's size: on the one-tile-per-block
-//! grid (⌈seqlen_q/B_r⌉, batch·heads) each block computes exactly its tile; on a persistent grid
-//! of one block per SM each block walks every `grid`-th tile, and the producer loads the next
-//! tile's Q and first K/V blocks while the consumers finish the current one.
+//! Tiles are numbered head-major, t = batch_head · row_blocks + r, and within a head causal rows
+//! run heaviest first (r counts down from the last row block), which is the order in which the
+//! hardware starts the blocks of the one-tile grid (⌈seqlen_q/B_r⌉, batch·heads): the blocks
+//! running at once share few heads' K and V, which stay in L2, and the long causal rows start
+//! early so the grid's tail is short. On that grid block (x, y) computes tile y·grid_x + x. On
+//! the persistent grid (one block per SM, `Fa3Tiling::persistent`) block b starts at tile b and
+//! then takes the next number from a counter in global memory (`tile::global::TileCounters`),
+//! FlashAttention-3's dynamic scheduler: the same order, and a block that drew short tiles takes
+//! more of them.
 
 use crate::arch;
 use crate::common::block::{BlockInfo, KeyBlocks};
@@ -21,9 +23,8 @@ pub struct Tile {
     pub blocks: KeyBlocks,
 }
 
-/// The tiles of one problem, and this block's share of them. Holds only the shape (kernel
-/// parameters, read where used) and the block's position: whatever lives across the tile loop
-/// costs the consumers registers in their main loop.
+/// The tiles of one problem. Holds only the shape (kernel parameters, read where used):
+/// whatever lives across the tile loop costs the consumers registers in their main loop.
 #[derive(Clone, Copy)]
 pub struct TileScheduler<'a> {
     shape: &'a AttentionShape,
@@ -41,20 +42,15 @@ impl<'a> TileScheduler<'a> {
         }
     }
 
+    #[inline(always)]
     fn row_blocks(&self) -> u32 {
         self.shape.seqlen_q.div_ceil(self.block_rows)
     }
 
-    /// This block's first tile's number.
+    /// This block's first tile: its index in the grid.
     #[inline(always)]
     pub fn first(&self) -> u32 {
         arch::block_idx_y() * arch::grid_dim_x() + arch::block_idx_x()
-    }
-
-    /// The number of this block's tile after tile `t`.
-    #[inline(always)]
-    pub fn next(&self, t: u32) -> u32 {
-        t + arch::grid_dim_x() * arch::grid_dim_y()
     }
 
     /// Tile `t`, if the problem has it.
@@ -62,20 +58,17 @@ impl<'a> TileScheduler<'a> {
     pub fn tile(&self, t: u32) -> Option<Tile> {
         let row_blocks = self.row_blocks();
         let tiles = row_blocks * self.shape.batch * self.shape.heads;
-        (t < tiles).then(|| self.tile_unchecked(t, row_blocks))
-    }
-
-    #[inline(always)]
-    fn tile_unchecked(&self, t: u32, row_blocks: u32) -> Tile {
-        let info = BlockInfo::new(self.shape, t / row_blocks);
-        let r = t % row_blocks;
-        // Causal: the last row blocks see the most keys; start them first so the tail is short.
-        let row_block = if info.causal { row_blocks - 1 - r } else { r };
-        let row_start = row_block * self.block_rows;
-        Tile {
-            info,
-            row_start,
-            blocks: info.key_blocks(row_start, self.block_rows, self.block_cols),
-        }
+        (t < tiles).then(|| {
+            let info = BlockInfo::new(self.shape, t / row_blocks);
+            let r = t % row_blocks;
+            // Causal: the last row blocks see the most keys; start them first.
+            let row_block = if info.causal { row_blocks - 1 - r } else { r };
+            let row_start = row_block * self.block_rows;
+            Tile {
+                info,
+                row_start,
+                blocks: info.key_blocks(row_start, self.block_rows, self.block_cols),
+            }
+        })
     }
 }
