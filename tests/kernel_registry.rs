@@ -168,15 +168,25 @@ fn the_plan_says_which_kernel_runs_and_why_a_fallback() {
 #[test]
 fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
     let options = AttentionOptions::default();
-    let p = plan(Algorithm::Fa3, DType::Bf16, [2, 16, 4096, 128], &options);
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let p = plan(Algorithm::Fa3, DType::Bf16, [2, 16, 4096, 128], &causal);
     assert_eq!(p.fallback, None, "{p}");
     assert_eq!(p.kernel_names(), "fa3_forward_bf16_d128_w2c128");
     // 2 consumer warpgroups of 64 rows: B_r = 128; 384 threads.
     assert_eq!(p.launches[0].launch.grid, (32, 32, 1));
     assert_eq!(p.launches[0].launch.threads, 384);
+    // The defaults' persistent grid (measured faster): d = 128 without the mask, and short rows.
+    let p = plan(Algorithm::Fa3, DType::Bf16, [2, 16, 4096, 128], &options);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d128_w2c128p");
+    assert_eq!(p.launches[0].launch.grid, (132, 1, 1));
     let p = plan(Algorithm::Fa3, DType::F16, [1, 4, 1000, 80], &options);
     assert_eq!(p.kernel_names(), "fa3_forward_f16_d96_w2c128", "{p}");
-    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 64], &options);
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 64], &causal);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d64_w3c128p", "{p}");
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 4096, 64], &causal);
     assert_eq!(p.kernel_names(), "fa3_forward_bf16_d64_w3c128", "{p}");
     // f32 and odd head dims run FA2-TC's plan (which may fall back further), with both reasons.
     let p = plan(Algorithm::Fa3, DType::F32, [1, 1, 64, 64], &options);

@@ -75,7 +75,11 @@ pub fn io_table(shape: IoShape, dtype: DType, shared_memory_bytes: u32) -> Resul
             .into_iter()
             .find(|&d| d as usize >= shape.head_dim);
         if let Some(d) = head_dim {
-            let tiling = flash_kernels::fwd::fa3::config::Fa3Tiling::default_for(d);
+            let tiling = flash_kernels::fwd::fa3::config::Fa3Tiling::default_for(
+                d,
+                false,
+                shape.seqlen_k as u32,
+            );
             rows.push(row(
                 Algorithm::Fa3,
                 Some((tiling.block_rows(), tiling.block_cols)),

@@ -29,24 +29,16 @@ pub struct ScoreBlock {
 impl ScoreBlock {
     /// −∞ where the key is past seqlen_k or hidden by the causal mask, for the warp's 16 rows
     /// starting at row `first_row` of the sequence.
-    ///
-    /// Each of the lane's two rows sees keys below one end (`visible_key_end`: the causal
-    /// diagonal clipped to seqlen_k), so each element is one compare of its constant column
-    /// within the block against that end counted from the lane's first column: two live values,
-    /// not one key index per element.
     #[inline(always)]
     pub fn apply_mask<const TILES: usize>(&self, scores: &mut [[f32; 4]; TILES], first_row: u32) {
         let lane = arch::lane_idx();
         let lane_row = first_row + accumulator_row(lane);
-        let lane_key = (self.key_start + accumulator_col(lane)) as i32;
-        let visible_cols: [i32; 2] = core::array::from_fn(|h| {
-            let row = lane_row + h as u32 * LDMATRIX_SIDE;
-            self.mask.visible_key_end(row, self.seqlen_k) as i32 - lane_key
-        });
         for (tile, values) in scores.iter_mut().enumerate() {
             for (e, value) in values.iter_mut().enumerate() {
-                let col = (tile as u32 * MMA_N + e as u32 % 2) as i32;
-                if col >= visible_cols[e / 2] {
+                let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
+                let key =
+                    self.key_start + tile as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
+                if key >= self.seqlen_k || !self.mask.visible(row, key) {
                     *value = f32::NEG_INFINITY;
                 }
             }

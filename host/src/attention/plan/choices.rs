@@ -234,9 +234,9 @@ pub fn fa3_fallback(
         .ok_or_else(|| format!("head_dim {head_dim} is past FA3's largest, 256"))
 }
 
-/// FA3's tiling at compiled head dim `d`: the override if the kernel is compiled with it, else
-/// the default.
-pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>) -> Result<Fa3Tiling> {
+/// FA3's tiling at compiled head dim `d` for `problem`: the override if the kernel is compiled
+/// with it, else the default.
+pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Result<Fa3Tiling> {
     let tilings: Vec<Fa3Tiling> = HOPPER_KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
@@ -246,7 +246,11 @@ pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>) -> Result<Fa3Tiling> {
         })
         .collect();
     match tiling {
-        None => Ok(Fa3Tiling::default_for(d)),
+        None => Ok(Fa3Tiling::default_for(
+            d,
+            problem.causal,
+            problem.seqlen_k as u32,
+        )),
         Some(t) if tilings.contains(&t) => Ok(t),
         Some(t) => {
             let allowed: Vec<String> = tilings.iter().map(|t| t.to_string()).collect();

@@ -233,7 +233,7 @@ impl Plan {
                 return self.plan_fa2_tc(limits, element, options, operands);
             }
         };
-        let tiling = fa3_tiling(head_dim, options.fa3_tiling)?;
+        let tiling = fa3_tiling(head_dim, options.fa3_tiling, &problem)?;
         let kernel = KernelId::new(Family::Fa3 { head_dim, tiling }, element);
         let shared_bytes = tiling.shared_bytes(head_dim);
         let rows_and_threads = (tiling.block_rows(), tiling.threads());

@@ -38,6 +38,10 @@ pub struct CheckArgs {
     /// head dim must have the tiling compiled; pick them with --head-dims.
     #[arg(long)]
     fa2_tc_tiling: Option<String>,
+    /// FA3's tiling, e.g. w3c128p (the persistent grid at d = 64); every checked head dim must
+    /// have it compiled: pick them with --head-dims.
+    #[arg(long)]
+    fa3_tiling: Option<String>,
 }
 
 /// (batch, heads, seqlen_q, seqlen_k, head_dim).
@@ -125,6 +129,11 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
         fa2_tc_tiling: flash_attn::attention::parse_optional_fa2_tc_tiling(
             args.fa2_tc_tiling.as_deref(),
         )?,
+        fa3_tiling: args
+            .fa3_tiling
+            .as_deref()
+            .map(flash_attn::attention::parse_fa3_tiling)
+            .transpose()?,
         ..Default::default()
     };
     let gpu = match Gpu::open(device) {

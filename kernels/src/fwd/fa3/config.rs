@@ -109,13 +109,25 @@ impl Fa3Tiling {
 
     /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
     /// consumers' registers allow (FlashAttention-3's sizes, `hopper/tile_size.h`, within the
-    /// two-consumer design).
-    pub const fn default_for(head_dim: u32) -> Self {
-        match head_dim {
+    /// two-consumer design); on the persistent grid where it measured faster (PERF.md, "FA3 on
+    /// Hopper", call 9), which is where tiles are short (seqlen_k ≤ 2048: the next tile's loads
+    /// hide behind the current one's last products and stores) and d = 128 without the mask.
+    pub const fn default_for(head_dim: u32, causal: bool, seqlen_k: u32) -> Self {
+        let split = match head_dim {
             0..=64 => Fa3Tiling::new(3, 128),
             65..=128 => Fa3Tiling::new(2, 128),
             129..=192 => Fa3Tiling::new(2, 112),
             _ => Fa3Tiling::new(2, 80),
+        };
+        let persistent = match head_dim {
+            64 => seqlen_k <= 2048,
+            128 => seqlen_k <= 2048 || !causal,
+            _ => false,
+        };
+        if persistent {
+            split.on_persistent_grid()
+        } else {
+            split
         }
     }
 }
