@@ -13,6 +13,7 @@
 mod choices;
 mod limits;
 
+pub(crate) use choices::misaligned_view;
 use choices::{FA2_PREFERENCE, fa2_kernel};
 pub use choices::{
     fa1_blocks, fa2_blocks, fa2_tc_head_dims, fa2_tc_tiling, fa2_tc_tilings, fa3_fallback,
