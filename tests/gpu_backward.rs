@@ -374,3 +374,91 @@ fn deterministic_mode_gives_the_same_dq_bits_twice() {
         );
     }
 }
+
+/// The tensor-core backward at the benchmark's shapes (bf16, B·N = 16384 tokens, H·d = 2048,
+/// N = 2k–16k, d = 64 and 128, causal and not): prints milliseconds and TFLOP/s (2.5 × the
+/// forward's FLOPs, halved for causal, over the backward's time: pre-pass, main kernel,
+/// post-pass), atomic and deterministic, and checks that every deterministic run gives dQ the
+/// same bits. Minutes of GPU time: run with `--ignored`.
+#[test]
+#[ignore]
+fn time_the_tensor_core_backward_at_the_benchmark_shapes() {
+    let test = "backward_tc_timing";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    const RUNS: usize = 10;
+    for head_dim in [64, 128] {
+        for seqlen in [2048, 4096, 8192, 16384] {
+            for causal in [false, true] {
+                let (batch, heads) = (16384 / seqlen, 2048 / head_dim);
+                let dims = [batch, heads, seqlen, head_dim];
+                let tensor = |rng: &mut rand::rngs::StdRng| {
+                    let host = random_tensor::<bf16>(dims, rng);
+                    DeviceTensor::from_array(&gpu, host.view(), Layout::BatchHeadSeqDim)
+                        .expect("upload")
+                };
+                let (q, k, v, d_o) = (
+                    tensor(&mut rng),
+                    tensor(&mut rng),
+                    tensor(&mut rng),
+                    tensor(&mut rng),
+                );
+                let options = AttentionOptions {
+                    causal,
+                    ..Default::default()
+                };
+                let forward = attention(&gpu, Algorithm::Fa2Tc, &q, &k, &v, &options).expect("fwd");
+                let zeros = |_| {
+                    DeviceTensor::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ZERO)
+                        .expect("alloc")
+                };
+                let mut gradients = Gradients {
+                    dq: zeros(0),
+                    dk: zeros(1),
+                    dv: zeros(2),
+                };
+                let forward_flops =
+                    4.0 * (batch * heads) as f64 * (seqlen * seqlen) as f64 * head_dim as f64
+                        / if causal { 2.0 } else { 1.0 };
+                let mut line = format!("d = {head_dim}, N = {seqlen}, causal = {causal}:");
+                for deterministic in [false, true] {
+                    let backward = BackwardOptions {
+                        deterministic,
+                        ..Default::default()
+                    };
+                    let run = |gradients: &mut Gradients<DeviceTensor<bf16>>| {
+                        attention_backward_into(
+                            &gpu, &q, &k, &v, &forward, &d_o, gradients, &options, &backward,
+                        )
+                        .map(|_| ())
+                    };
+                    run(&mut gradients).expect("warm-up");
+                    let first_dq = gradients.dq.to_array(&gpu).expect("download");
+                    let mut times = gpu
+                        .time_each_ms(RUNS, |_| run(&mut gradients))
+                        .expect("timed runs");
+                    times.sort_by(f32::total_cmp);
+                    let ms = f64::from(times[RUNS / 2]);
+                    let tflops = 2.5 * forward_flops / (ms * 1e-3) / 1e12;
+                    let mode = if deterministic {
+                        "deterministic"
+                    } else {
+                        "atomic"
+                    };
+                    line += &format!(" {mode} {ms:.3} ms ({tflops:.1} TFLOP/s)");
+                    if deterministic {
+                        let last_dq = gradients.dq.to_array(&gpu).expect("download");
+                        let same = first_dq
+                            .iter()
+                            .zip(&last_dq)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{line}: dQ changed between deterministic runs");
+                    }
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
