@@ -15,7 +15,8 @@ use flash_kernels::registry::{BackwardStage, ElementType, Family, KERNELS, Kerne
 
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 use super::plan::{
-    Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, misaligned_view,
+    Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, kernel_names,
+    misaligned_view, write_launches,
 };
 use super::problem::{AttentionOptions, MAX_HEAD_DIM, Problem};
 use super::{AttentionOutput, RowStatistics};
@@ -240,8 +241,7 @@ impl BackwardPlan {
 
     /// Every kernel's name, in launch order, joined by `+`.
     pub fn kernel_names(&self) -> String {
-        let names: Vec<String> = self.launches.iter().map(|l| l.kernel.to_string()).collect();
-        names.join("+")
+        kernel_names(&self.launches)
     }
 }
 
@@ -250,15 +250,7 @@ impl fmt::Display for BackwardPlan {
     /// fallback's reason.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} backward:", self.algorithm)?;
-        for (i, PlannedLaunch { kernel, launch }) in self.launches.iter().enumerate() {
-            let (x, y, z) = launch.grid;
-            let sep = if i == 0 { " " } else { "; " };
-            write!(
-                f,
-                "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
-                launch.threads, launch.shared_bytes
-            )?;
-        }
+        write_launches(f, &self.launches)?;
         write!(f, " (B_r = {}, B_c = {}", self.block_rows, self.block_cols)?;
         if self.deterministic {
             write!(f, ", deterministic: {} row-block flags", self.dq_flags)?;

@@ -372,7 +372,7 @@ impl BackwardTcBlock {
     /// key tile both hold the same dS, and the first stores it.
     #[inline(always)]
     fn store_ds<C: Fa2TcBackwardConfig>(&self, ds: &[[u32; 4]; C::ROW_CHUNKS]) {
-        if arch::warp_idx() % C::COL_SPLIT != 0 {
+        if !arch::warp_idx().is_multiple_of(C::COL_SPLIT) {
             return;
         }
         let lane = arch::lane_idx();
