@@ -4,6 +4,7 @@
 use flash_attn::attention::{
     Algorithm, AttentionOptions, Blocks, CompiledLimits, Plan, Problem, StatisticsKind,
 };
+use flash_attn::attention::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
 use flash_attn::{DType, Error};
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use flash_kernels::registry::{ElementType, Family, KERNELS, KernelId, Module};
@@ -259,6 +260,10 @@ fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
 fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
     use flash_attn::attention::BackwardPlan;
     use flash_kernels::registry::BackwardStage;
+    let scalar = BackwardOptions {
+        algorithm: BackwardAlgorithm::Fa2,
+        deterministic: false,
+    };
     let options = AttentionOptions {
         causal: true,
         ..Default::default()
@@ -269,7 +274,8 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
         for dtype in DType::ALL {
             let problem =
                 Problem::new([2, 3, 113, d], [2, 3, 203, d], [2, 3, 203, d], &options).unwrap();
-            let p = BackwardPlan::new(&CompiledLimits::H200, dtype, &problem).unwrap();
+            let p =
+                BackwardPlan::new(&CompiledLimits::H200, dtype, &problem, &scalar, None).unwrap();
             let [pre, main, post] = p.launches;
             let stages = [pre, main, post].map(|l| match l.kernel.family {
                 Family::Fa2Backward(stage) => stage,
@@ -298,7 +304,7 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
     }
     // d = 256: K_j, V_j (64 × 257), Q_i, dO_i (32 × 257), P, dS (32 × 65), L_i, D_i (32), f32.
     let problem = Problem::new([1, 1, 8, 256], [1, 1, 8, 256], [1, 1, 8, 256], &options).unwrap();
-    let p = BackwardPlan::new(&CompiledLimits::H200, DType::Bf16, &problem).unwrap();
+    let p = BackwardPlan::new(&CompiledLimits::H200, DType::Bf16, &problem, &scalar, None).unwrap();
     let expected = (2 * 64 * 257 + 2 * 32 * 257 + 2 * 32 * 65 + 2 * 32) * 4;
     assert_eq!(p.launches[1].launch.shared_bytes, expected);
     assert_eq!(
@@ -311,7 +317,7 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
         hopper: false,
         multiprocessors: 108,
     };
-    let err = BackwardPlan::new(&small, DType::Bf16, &problem).unwrap_err();
+    let err = BackwardPlan::new(&small, DType::Bf16, &problem, &scalar, None).unwrap_err();
     assert!(err.to_string().contains("shared memory"), "{err}");
 }
 
@@ -321,6 +327,8 @@ fn backward_kernel_names_read_back() {
         "fa2_backward_preprocess_f32",
         "fa2_backward_main_bf16_d128",
         "fa2_backward_postprocess_f16",
+        "fa2tc_backward_bf16_d128",
+        "fa2tc_backward_f16_d256",
     ] {
         let id: KernelId = name.parse().unwrap();
         assert_eq!(id.to_string(), name);
@@ -330,6 +338,7 @@ fn backward_kernel_names_read_back() {
         "fa2_backward_main_f32",
         "fa2_backward_middle_f32",
         "fa2_backward_f32",
+        "fa2tc_backward_bf16",
     ] {
         assert!(bad.parse::<KernelId>().is_err(), "{bad:?} parsed");
     }
@@ -349,4 +358,157 @@ fn fa3_persistent_grid_has_one_block_per_sm_at_most() {
     // 2 row blocks × 3 heads: six tiles, six blocks.
     let p = plan(Algorithm::Fa3, DType::Bf16, [1, 3, 200, 128], &options);
     assert_eq!(p.launches[0].launch.grid, (6, 1, 1), "{p}");
+}
+
+/// The tensor-core backward's plan: the default for f16/bf16 at head dims that are multiples of
+/// 8 (on the smallest compiled capacity that holds d, with that capacity's tiling), the scalar
+/// kernels with the reason elsewhere, deterministic mode's flags, and misaligned rows.
+#[test]
+fn the_tensor_core_backward_plan_and_its_fallbacks() {
+    use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+    use flash_kernels::common::params::TensorView;
+    let options = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let problem_at =
+        |d: usize| Problem::new([2, 3, 113, d], [2, 3, 203, d], [2, 3, 203, d], &options).unwrap();
+    let plan = |dtype, d, backward: &BackwardOptions, views: Option<&BackwardViews>| {
+        BackwardPlan::new(
+            &CompiledLimits::H200,
+            dtype,
+            &problem_at(d),
+            backward,
+            views,
+        )
+    };
+    let default = BackwardOptions::default();
+    assert_eq!(default.algorithm, BackwardAlgorithm::Fa2Tc);
+    for d in [8, 16, 40, 64, 72, 96, 128, 136, 192, 200, 256] {
+        for dtype in [DType::F16, DType::Bf16] {
+            let p = plan(dtype, d, &default, None).unwrap();
+            assert_eq!(p.algorithm, BackwardAlgorithm::Fa2Tc, "{p}");
+            assert_eq!(p.fallback, None, "{p}");
+            let main = p.launches[1];
+            let capacity = main.kernel.head_dim_capacity().unwrap();
+            let smallest = [64, 128, 192, 256].into_iter().find(|&c| c >= d as u32);
+            assert_eq!(Some(capacity), smallest, "d {d}");
+            assert!(matches!(main.kernel.family, Family::Fa2TcBackward { .. }));
+            assert!(main.kernel.uses_tensor_cores());
+            let tiling = Fa2TcBackwardTiling::for_capacity(capacity);
+            assert_eq!(
+                (p.block_rows, p.block_cols),
+                (tiling.block_rows, tiling.block_cols())
+            );
+            assert_eq!(main.launch.grid, (203u32.div_ceil(p.block_cols), 6, 1));
+            assert_eq!(main.launch.threads, 256);
+            assert_eq!(main.launch.shared_bytes, tiling.shared_bytes(capacity));
+            for l in p.launches {
+                assert!(KERNELS.contains(&l.kernel), "{l:?}");
+                assert!(l.launch.threads <= l.kernel.max_threads(), "{l:?}");
+                assert!(l.launch.shared_bytes <= 227 * 1024, "d {d}: {l:?}");
+            }
+            assert!(matches!(
+                p.launches[0].kernel.family,
+                Family::Fa2Backward(_)
+            ));
+            assert_eq!(p.dq_flags, 0);
+            assert!(p.to_string().contains(&main.kernel.to_string()), "{p}");
+        }
+    }
+    // d = 128: B_c = 128 keys (8 warps of 16), B_r = 32; d = 256: two warps per key tile.
+    let p = plan(DType::Bf16, 128, &default, None).unwrap();
+    assert_eq!(p.launches[1].kernel.to_string(), "fa2tc_backward_bf16_d128");
+    assert_eq!((p.block_rows, p.block_cols), (32, 128));
+    assert_eq!(
+        plan(DType::Bf16, 256, &default, None).unwrap().block_cols,
+        64
+    );
+    // Head dims that are not multiples of 8, and f32: the scalar kernels, with the reason.
+    for d in [1, 20, 33, 100, 255] {
+        let p = plan(DType::Bf16, d, &default, None).unwrap();
+        assert_eq!(p.algorithm, BackwardAlgorithm::Fa2, "{p}");
+        let reason = p.fallback.clone().unwrap();
+        assert!(
+            reason.starts_with("fa2-tc falls back to fa2: ")
+                && reason.contains(&format!("head_dim {d} is not a multiple of 8")),
+            "{reason}"
+        );
+        assert!(p.to_string().contains(&reason), "{p}");
+    }
+    let p = plan(DType::F32, 64, &default, None).unwrap();
+    assert!(
+        p.fallback
+            .unwrap()
+            .contains("f32 has no tensor-core kernel")
+    );
+    // Asked for explicitly, the scalar kernels run without a fallback.
+    let scalar = BackwardOptions {
+        algorithm: BackwardAlgorithm::Fa2,
+        deterministic: false,
+    };
+    let p = plan(DType::Bf16, 64, &scalar, None).unwrap();
+    assert_eq!((p.algorithm, p.fallback), (BackwardAlgorithm::Fa2, None));
+    // Deterministic: one flag per (batch·head, row block of B_r); refused where only the scalar
+    // kernels can run.
+    let deterministic = BackwardOptions {
+        deterministic: true,
+        ..Default::default()
+    };
+    let p = plan(DType::Bf16, 64, &deterministic, None).unwrap();
+    assert_eq!(p.dq_flags, 6 * 113usize.div_ceil(p.block_rows as usize));
+    assert!(p.to_string().contains("deterministic"), "{p}");
+    for (dtype, d) in [(DType::F32, 64), (DType::Bf16, 20)] {
+        let err = plan(dtype, d, &deterministic, None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument {
+                    name: "deterministic",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    // Rows that a 16-byte copy cannot read, or dK's pair stores cannot write aligned.
+    let aligned = TensorView {
+        addr: 1 << 20,
+        batch_stride: 3 * 203 * 64,
+        head_stride: 203 * 64,
+        row_stride: 64,
+    };
+    let views = BackwardViews {
+        q: aligned,
+        k: aligned,
+        v: aligned,
+        d_o: aligned,
+        dk: aligned,
+        dv: aligned,
+    };
+    assert_eq!(
+        plan(DType::Bf16, 64, &default, Some(&views))
+            .unwrap()
+            .fallback,
+        None
+    );
+    for (name, view) in [("q", 0), ("d_o", 3), ("dk", 4)] {
+        let mut bad = views;
+        let shifted = TensorView {
+            row_stride: 68,
+            ..aligned
+        };
+        match view {
+            0 => bad.q = shifted,
+            3 => bad.d_o = shifted,
+            _ => bad.dk = shifted,
+        }
+        let p = plan(DType::Bf16, 64, &default, Some(&bad)).unwrap();
+        assert_eq!(p.algorithm, BackwardAlgorithm::Fa2, "{p}");
+        let reason = p.fallback.unwrap();
+        assert!(
+            reason.contains(&format!("{name}'s rows are not 16-byte aligned")),
+            "{reason}"
+        );
+    }
 }

@@ -9,16 +9,20 @@
 //! shared memory that the kernel's docs give (the host's launch plan does).
 
 #[cfg(not(feature = "hopper"))]
-use crate::bwd::fa2 as fa2_backward;
+use crate::bwd::{fa2 as fa2_backward, fa2_tc as fa2_tc_backward};
 use crate::common::element::{Bf16, F16};
 #[cfg(not(feature = "hopper"))]
-use crate::common::params::{Fa1Params, Fa2BackwardParams, Fa2Params, StandardParams};
+use crate::common::params::{
+    Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams, StandardParams,
+};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
 #[cfg(feature = "hopper")]
 use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
 #[cfg(not(feature = "hopper"))]
-use crate::{fa2_backward_config, fa2_config, fa2_tc_config, for_each_kernel};
+use crate::{
+    fa2_backward_config, fa2_config, fa2_tc_backward_config, fa2_tc_config, for_each_kernel,
+};
 
 /// The kernels' element type for a name of the list.
 macro_rules! element {
@@ -78,6 +82,17 @@ macro_rules! entry_point {
                 $capacity))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2BackwardParams) {
                 fa2_backward::kernel::backward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
+     $rows:literal) => {
+        const _: () = {
+            fa2_tc_backward_config!(Config, $capacity, $warps, $split, $rows);
+            #[unsafe(export_name = concat!("fa2tc_backward_", stringify!($dtype), "_d",
+                $capacity))]
+            unsafe extern "ptx-kernel" fn kernel(params: Fa2TcBackwardParams) {
+                fa2_tc_backward::kernel::backward::<element!($dtype), Config>(&params)
             }
         };
     };

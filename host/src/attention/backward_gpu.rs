@@ -1,26 +1,92 @@
 //! The FA2 backward on the GPU: its plan (three launches, checked against the device before
-//! any runs) and [`attention_backward_into`], which checks every argument with
-//! [`BackwardProblem`], allocates the workspace (D and the f32 dQ accumulator), launches the
-//! pre-pass, the main kernel and the post-pass, and writes dQ, dK, dV into the caller's tensors.
+//! any runs: the main kernel on tensor cores or scalar, [`BackwardAlgorithm`], with a
+//! fallback's reason; deterministic or not, [`BackwardOptions`]) and
+//! [`attention_backward_into`], which checks every argument with [`BackwardProblem`],
+//! allocates the workspace (D, the f32 dQ accumulator, deterministic mode's flags), launches
+//! the pre-pass, the main kernel and the post-pass, and writes dQ, dK, dV into the caller's
+//! tensors; [`attention_backward`] allocates them.
+
+use std::fmt;
 
 use flash_kernels::bwd::fa2::config as fa2_backward;
-use flash_kernels::common::params::{Fa2BackwardParams, Operands};
+use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use flash_kernels::common::params::{Fa2BackwardParams, Fa2TcBackwardParams, Operands, TensorView};
 use flash_kernels::registry::{BackwardStage, ElementType, Family, KERNELS, KernelId};
 
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
-use super::plan::{Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads};
+use super::plan::{
+    Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, kernel_names,
+    misaligned_view, write_launches,
+};
 use super::problem::{AttentionOptions, MAX_HEAD_DIM, Problem};
 use super::{AttentionOutput, RowStatistics};
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::tensor::DeviceTensor;
+use crate::tensor::{DeviceTensor, Layout};
+
+/// Which main kernel computes the backward pass (the pre- and post-pass are the same for both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BackwardAlgorithm {
+    /// FlashAttention-2's backward, scalar FP32 (`bwd::fa2`): every dtype and head dim.
+    Fa2,
+    /// The same on tensor cores (`bwd::fa2_tc`): f16/bf16, head dims that are multiples of 8
+    /// (each on the smallest compiled capacity that holds it: 64, 96, 128, 192, 256), rows
+    /// 16-byte aligned; anything else runs [`BackwardAlgorithm::Fa2`], and the plan says why.
+    /// The default.
+    #[default]
+    Fa2Tc,
+}
+
+impl BackwardAlgorithm {
+    pub const ALL: [BackwardAlgorithm; 2] = [BackwardAlgorithm::Fa2, BackwardAlgorithm::Fa2Tc];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackwardAlgorithm::Fa2 => "fa2",
+            BackwardAlgorithm::Fa2Tc => "fa2-tc",
+        }
+    }
+}
+
+impl fmt::Display for BackwardAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackwardAlgorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        BackwardAlgorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| Error::invalid("backward algorithm", s, "allowed: fa2, fa2-tc"))
+    }
+}
+
+/// What a backward call may choose beyond the forward's options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    /// The main kernel asked for (default: [`BackwardAlgorithm::Fa2Tc`], the fastest, which
+    /// falls back to the scalar one where it cannot run).
+    pub algorithm: BackwardAlgorithm,
+    /// dQ the same bits on every run: the key blocks add to each row block's dQ in a fixed
+    /// order (one flag per row block, `tile::global::RowBlockFlags`) instead of as their atomic
+    /// adds land. Costs a u32 per (batch·head, row block) and the waits for the turn.
+    pub deterministic: bool,
+}
 
 /// Everything one backward call runs, decided before any launch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackwardPlan {
     pub problem: Problem,
     pub dtype: DType,
+    /// The main kernel's family that runs (after any fallback).
+    pub algorithm: BackwardAlgorithm,
+    /// Why the algorithm asked for does not run, as "`fa2-tc` falls back to `fa2`: …".
+    pub fallback: Option<String>,
+    pub deterministic: bool,
     /// The main kernel's B_r and B_c.
     pub block_rows: u32,
     pub block_cols: u32,
@@ -30,26 +96,100 @@ pub struct BackwardPlan {
     pub dq_accumulator: usize,
     /// f32 elements of D, (batch·heads, seqlen_q).
     pub delta: usize,
+    /// u32 flags of deterministic mode, (batch·heads, ⌈seqlen_q / B_r⌉); 0 otherwise.
+    pub dq_flags: usize,
+}
+
+/// The device views the tensor-core kernel copies from or stores pairs to, for its alignment
+/// check (a plan made without tensors assumes aligned ones).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardViews {
+    pub q: TensorView,
+    pub k: TensorView,
+    pub v: TensorView,
+    pub d_o: TensorView,
+    pub dk: TensorView,
+    pub dv: TensorView,
 }
 
 impl BackwardPlan {
-    /// Plans the backward of `problem` for `dtype` within `limits`: the main kernel of the
-    /// smallest compiled head-dim capacity that holds d, its shared memory and threads checked.
-    pub fn new(limits: &dyn LaunchLimits, dtype: DType, problem: &Problem) -> Result<Self> {
+    /// Plans the backward of `problem` for `dtype` within `limits`: the main kernel `options`
+    /// asks for where it can run (else the scalar one, with the reason), of the smallest
+    /// compiled head-dim capacity that holds d, its shared memory and threads checked.
+    pub fn new(
+        limits: &dyn LaunchLimits,
+        dtype: DType,
+        problem: &Problem,
+        options: &BackwardOptions,
+        views: Option<&BackwardViews>,
+    ) -> Result<Self> {
         let element = ElementType::from(dtype);
         let d = problem.head_dim as u32;
-        let main = main_kernel(element, d).ok_or_else(|| {
-            Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
-        })?;
-        let capacity = main
-            .head_dim_capacity()
-            .expect("a main kernel has a capacity");
-        let block_rows = fa2_backward::block_rows(capacity);
-        let block_cols = fa2_backward::BLOCK_COLS;
-        let shared_bytes = fa2_backward::shared_bytes(block_rows, d) as u32;
-        let tiling = format!("fa2-backward B_r = {block_rows}, B_c = {block_cols}");
+        let mut fallback = None;
+        let tensor_core = match options.algorithm {
+            BackwardAlgorithm::Fa2 => None,
+            BackwardAlgorithm::Fa2Tc => match tensor_core_main_kernel(dtype, d, views) {
+                Ok(kernel) => Some(kernel),
+                Err(reason) => {
+                    fallback = Some(format!(
+                        "{} falls back to {}: {reason}",
+                        BackwardAlgorithm::Fa2Tc,
+                        BackwardAlgorithm::Fa2
+                    ));
+                    None
+                }
+            },
+        };
+        let (algorithm, main, block_rows, block_cols, threads, shared_bytes, tiling) =
+            match tensor_core {
+                Some(kernel) => {
+                    let capacity = kernel.head_dim_capacity().expect("a capacity");
+                    let tiling = Fa2TcBackwardTiling::for_capacity(capacity);
+                    let name = format!("fa2-tc backward {tiling} (capacity {capacity})");
+                    (
+                        BackwardAlgorithm::Fa2Tc,
+                        kernel,
+                        tiling.block_rows,
+                        tiling.block_cols(),
+                        tiling.threads(),
+                        tiling.shared_bytes(capacity),
+                        name,
+                    )
+                }
+                None => {
+                    let kernel = main_kernel(element, d).ok_or_else(|| {
+                        Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
+                    })?;
+                    let capacity = kernel.head_dim_capacity().expect("a capacity");
+                    let block_rows = fa2_backward::block_rows(capacity);
+                    let block_cols = fa2_backward::BLOCK_COLS;
+                    (
+                        BackwardAlgorithm::Fa2,
+                        kernel,
+                        block_rows,
+                        block_cols,
+                        fa2_backward::main_threads(),
+                        fa2_backward::shared_bytes(block_rows, d) as u32,
+                        format!("fa2-backward B_r = {block_rows}, B_c = {block_cols}"),
+                    )
+                }
+            };
+        if options.deterministic && algorithm == BackwardAlgorithm::Fa2 {
+            return Err(Error::invalid(
+                "deterministic",
+                true,
+                format!(
+                    "only the tensor-core backward (fa2-tc: f16/bf16, head dims that are \
+                     multiples of 8, 16-byte-aligned rows) orders dQ's adds{}",
+                    fallback
+                        .as_ref()
+                        .map(|f| format!("; here {f}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
         check_shared(limits, shared_bytes, "head_dim", tiling, problem.head_dim)?;
-        check_threads(limits, main, fa2_backward::main_threads(), "head_dim")?;
+        check_threads(limits, main, threads, "head_dim")?;
         let heads = problem.batch_heads() as u32;
         let pass = |stage| {
             let kernel = KernelId::new(Family::Fa2Backward(stage), element);
@@ -75,31 +215,158 @@ impl BackwardPlan {
             kernel: main,
             launch: Launch {
                 grid: (key_blocks, heads, 1),
-                threads: fa2_backward::main_threads(),
+                threads,
                 shared_bytes,
             },
         };
+        let row_blocks = problem.seqlen_q.div_ceil(block_rows as usize);
         Ok(Self {
             problem: *problem,
             dtype,
+            algorithm,
+            fallback,
+            deterministic: options.deterministic,
             block_rows,
             block_cols,
             launches: [pre, main, post],
             dq_accumulator: problem.rows() * problem.head_dim,
             delta: problem.rows(),
+            dq_flags: if options.deterministic {
+                problem.batch_heads() * row_blocks
+            } else {
+                0
+            },
         })
+    }
+
+    /// Every kernel's name, in launch order, joined by `+`.
+    pub fn kernel_names(&self) -> String {
+        kernel_names(&self.launches)
     }
 }
 
-/// The compiled main kernel for `element` at head dim `d`: the smallest capacity that holds d.
+impl fmt::Display for BackwardPlan {
+    /// One line: algorithm, kernels, grids, threads, shared memory, B_r × B_c, the mode, and a
+    /// fallback's reason.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} backward:", self.algorithm)?;
+        write_launches(f, &self.launches)?;
+        write!(f, " (B_r = {}, B_c = {}", self.block_rows, self.block_cols)?;
+        if self.deterministic {
+            write!(f, ", deterministic: {} row-block flags", self.dq_flags)?;
+        }
+        write!(f, ")")?;
+        if let Some(fallback) = &self.fallback {
+            write!(f, "; {fallback}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The compiled scalar main kernel for `element` at head dim `d`: the smallest capacity that
+/// holds d.
 fn main_kernel(element: ElementType, d: u32) -> Option<KernelId> {
+    smallest_capacity(element, d, |family| {
+        matches!(family, Family::Fa2Backward(BackwardStage::Main { .. }))
+    })
+}
+
+/// The compiled kernel of `element` whose family passes `is_family`, of the smallest head-dim
+/// capacity that holds d.
+fn smallest_capacity(
+    element: ElementType,
+    d: u32,
+    is_family: impl Fn(Family) -> bool,
+) -> Option<KernelId> {
     KERNELS
         .iter()
-        .filter(|k| k.dtype == element)
-        .filter(|k| matches!(k.family, Family::Fa2Backward(BackwardStage::Main { .. })))
+        .filter(|k| k.dtype == element && is_family(k.family))
         .filter(|k| k.head_dim_capacity().is_some_and(|capacity| capacity >= d))
         .min_by_key(|k| k.head_dim_capacity())
         .copied()
+}
+
+/// The tensor-core main kernel for this call, or why there is none: f32, a head dim that is
+/// not a multiple of 8 (rows are copied in 16-byte chunks), or a tensor whose rows are not
+/// 16-byte aligned.
+fn tensor_core_main_kernel(
+    dtype: DType,
+    d: u32,
+    views: Option<&BackwardViews>,
+) -> std::result::Result<KernelId, String> {
+    if dtype == DType::F32 {
+        return Err("f32 has no tensor-core kernel (f16 and bf16 do)".into());
+    }
+    if !d.is_multiple_of(8) {
+        return Err(format!(
+            "head_dim {d} is not a multiple of 8 (the tensor-core kernel copies rows in 16-byte \
+             chunks)"
+        ));
+    }
+    if let Some(v) = views {
+        let views = [
+            ("q", &v.q),
+            ("k", &v.k),
+            ("v", &v.v),
+            ("d_o", &v.d_o),
+            ("dk", &v.dk),
+            ("dv", &v.dv),
+        ];
+        if let Some(reason) = misaligned_view(&views) {
+            return Err(reason);
+        }
+    }
+    smallest_capacity(ElementType::from(dtype), d, |family| {
+        matches!(family, Family::Fa2TcBackward { .. })
+    })
+    .ok_or_else(|| format!("head_dim {d} is past the tensor-core kernels' largest capacity"))
+}
+
+/// [`attention_backward_into`] into new gradient tensors in `layout`; returns them and the plan.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<T: Element>(
+    gpu: &Gpu,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    forward: &AttentionOutput<T>,
+    d_o: &DeviceTensor<T>,
+    options: &AttentionOptions,
+    backward: &BackwardOptions,
+    layout: Layout,
+) -> Result<(Gradients<DeviceTensor<T>>, BackwardPlan)> {
+    // The shapes are checked (again, with the rest) by the call below; these only size buffers.
+    let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
+    let q_dims = [
+        problem.batch,
+        problem.heads,
+        problem.seqlen_q,
+        problem.head_dim,
+    ];
+    let kv_dims = [
+        problem.batch,
+        problem.heads,
+        problem.seqlen_k,
+        problem.head_dim,
+    ];
+    let zeros = |dims| DeviceTensor::filled(gpu, dims, layout, T::from_f64(0.0));
+    let mut gradients = Gradients {
+        dq: zeros(q_dims)?,
+        dk: zeros(kv_dims)?,
+        dv: zeros(kv_dims)?,
+    };
+    let plan = attention_backward_into(
+        gpu,
+        q,
+        k,
+        v,
+        forward,
+        d_o,
+        &mut gradients,
+        options,
+        backward,
+    )?;
+    Ok((gradients, plan))
 }
 
 /// The FA2 backward on the GPU: dQ, dK, dV of softmax(scale·Q·Kᵀ \[causal\])·V given dO, written
@@ -120,6 +387,7 @@ pub fn attention_backward_into<T: Element>(
     d_o: &DeviceTensor<T>,
     gradients: &mut Gradients<DeviceTensor<T>>,
     options: &AttentionOptions,
+    backward: &BackwardOptions,
 ) -> Result<BackwardPlan> {
     let RowStatistics::LogSumExp(logsumexp) = &forward.stats else {
         return Err(Error::invalid(
@@ -148,28 +416,55 @@ pub fn attention_backward_into<T: Element>(
         dk: TensorSpec::of_device(&gradients.dk),
         dv: TensorSpec::of_device(&gradients.dv),
     })?;
-    let plan = BackwardPlan::new(gpu, T::DTYPE, &checked.problem)?;
+    let views = BackwardViews {
+        q: q.view(gpu),
+        k: k.view(gpu),
+        v: v.view(gpu),
+        d_o: d_o.view(gpu),
+        dk: gradients.dk.view(gpu),
+        dv: gradients.dv.view(gpu),
+    };
+    let plan = BackwardPlan::new(gpu, T::DTYPE, &checked.problem, backward, Some(&views))?;
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
     let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
+    // The flags are u32 words; +0.0 is their zero.
+    let mut dq_flags = gpu.alloc::<f32>(plan.dq_flags, "the deterministic backward's flags")?;
+    if plan.deterministic {
+        gpu.fill(&mut dq_flags, 0.0)?;
+    }
     let params = Fa2BackwardParams {
         operands: Operands {
-            q: q.view(gpu),
-            k: k.view(gpu),
-            v: v.view(gpu),
+            q: views.q,
+            k: views.k,
+            v: views.v,
             o: forward.o.view(gpu),
         },
         shape: checked.problem.shape(),
-        d_o: d_o.view(gpu),
+        d_o: views.d_o,
         dq: gradients.dq.view(gpu),
-        dk: gradients.dk.view(gpu),
-        dv: gradients.dv.view(gpu),
+        dk: views.dk,
+        dv: views.dv,
         logsumexp: gpu.address(logsumexp),
         delta: gpu.address(&delta),
         dq_accumulator: gpu.address(&dq_accumulator),
     };
-    for PlannedLaunch { kernel, launch } in &plan.launches {
-        gpu.launch(*kernel, *launch, params)?;
+    let [pre, main, post] = plan.launches;
+    gpu.launch(pre.kernel, pre.launch, params)?;
+    match plan.algorithm {
+        BackwardAlgorithm::Fa2 => gpu.launch(main.kernel, main.launch, params)?,
+        BackwardAlgorithm::Fa2Tc => {
+            let main_params = Fa2TcBackwardParams {
+                base: params,
+                dq_semaphore: if plan.deterministic {
+                    gpu.address(&dq_flags)
+                } else {
+                    0
+                },
+            };
+            gpu.launch(main.kernel, main.launch, main_params)?
+        }
     }
+    gpu.launch(post.kernel, post.launch, params)?;
     Ok(plan)
 }

@@ -19,7 +19,10 @@ use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
-pub use backward_gpu::{BackwardPlan, attention_backward_into};
+pub use backward_gpu::{
+    BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews, attention_backward,
+    attention_backward_into,
+};
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use plan::{
     Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,

@@ -262,6 +262,37 @@ pub unsafe fn atomic_store_u32(pointer: *mut u32, value: u32) {
     }
 }
 
+/// `ld.acquire.gpu.global.u32`: reads a flag another block releases ([`release_add_u32`]);
+/// every write that block made before its release is visible to this thread after the read.
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at a u32 in global memory this thread may read.
+#[inline(always)]
+pub unsafe fn load_acquire_u32(pointer: *const u32) -> u32 {
+    let value: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) value,
+             p = in(reg64) pointer, options(nostack));
+    }
+    value
+}
+
+/// `fence.acq_rel.gpu` then `red.relaxed.gpu.global.add.u32`: adds `value` to a flag so that
+/// every write this thread has seen performed (the block's, after a barrier) is visible to a
+/// thread that acquires the new value ([`load_acquire_u32`]).
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at a u32 in global memory this thread may write.
+#[inline(always)]
+pub unsafe fn release_add_u32(pointer: *mut u32, value: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("fence.acq_rel.gpu;", "red.relaxed.gpu.global.add.u32 [{p}], {v};",
+             p = in(reg64) pointer, v = in(reg32) value, options(nostack));
+    }
+}
+
 /// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
 ///
 /// The host sizes the launch with the same arithmetic (each family's `config`), so a kernel that carves

@@ -80,6 +80,37 @@ pub unsafe fn copy_async_16(destination: SharedAddress, source: *const u8, valid
     }
 }
 
+/// `cp.async.ca.shared.global` of 4 bytes: one f32 (a row's L or D) copied without blocking;
+/// with `valid = false` nothing is read and the 4 bytes are zero-filled (tail rows).
+///
+/// # Safety
+/// With `valid`, `source` must point at 4 readable, 4-byte-aligned bytes; `destination` must be
+/// 4-byte aligned inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn copy_async_4(destination: SharedAddress, source: *const u8, valid: bool) {
+    let source_bytes: u32 = if valid { 4 } else { 0 };
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+             d = in(reg32) destination.0, s = in(reg64) source, n = in(reg32) source_bytes,
+             options(nostack));
+    }
+}
+
+/// `st.shared.b32`: stores one 32-bit word (two packed 16-bit elements) at a shared-window
+/// address, as the tiles that `ldmatrix` reads are addressed.
+///
+/// # Safety
+/// `destination` must be 4-byte aligned inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn store_shared_u32(destination: SharedAddress, value: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("st.shared.b32 [{d}], {v};", d = in(reg32) destination.0, v = in(reg32) value,
+             options(nostack));
+    }
+}
+
 /// `cp.async.commit_group`: closes the group of copies issued since the last commit.
 #[inline(always)]
 pub fn copy_async_commit() {

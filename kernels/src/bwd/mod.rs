@@ -4,5 +4,9 @@
 //! - [`fa2`]: FlashAttention-2's backward pass, scalar FP32: a pre-pass (D = rowsum(dO ∘ O)),
 //!   the main loop over key blocks (dK, dV on chip, dQ by atomic adds) and a post-pass (dQ in
 //!   the input dtype).
+//! - [`fa2_tc`]: the same main loop on tensor cores (`mma.sync`, `ldmatrix`, `cp.async`),
+//!   f16/bf16, between the same pre- and post-pass; dQ's adds optionally in a fixed order
+//!   (deterministic mode).
 
 pub mod fa2;
+pub mod fa2_tc;

@@ -138,3 +138,16 @@ pub struct Fa2BackwardParams {
     /// pre-pass, summed into by every key block of the main kernel (atomic adds).
     pub dq_accumulator: u64,
 }
+
+/// FlashAttention-2 backward on tensor cores: the main kernel's parameters (the pre- and
+/// post-pass take `base` alone, as the scalar backward's do).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fa2TcBackwardParams {
+    pub base: Fa2BackwardParams,
+    /// 0: every key block adds its dQ_i into the accumulator by atomic adds in whatever order
+    /// they land. Else the address of one zeroed u32 per (batch·head, row block of B_r),
+    /// (batch·heads, ⌈seqlen_q / B_r⌉) contiguous: key block j adds to row block i only after
+    /// key blocks 0..j have (deterministic mode: dQ is the same bits on every run).
+    pub dq_semaphore: u64,
+}

@@ -6,6 +6,7 @@ use core::fmt;
 use core::str::FromStr;
 
 use crate::bwd::fa2::config as fa2_backward;
+use crate::bwd::fa2_tc::config::Fa2TcBackwardTiling;
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
@@ -148,6 +149,10 @@ pub enum Family {
     Fa3 { head_dim: u32, tiling: Fa3Tiling },
     /// FlashAttention-2 backward, scalar FP32: one of its three kernels.
     Fa2Backward(BackwardStage),
+    /// FlashAttention-2 backward's main kernel on tensor cores, for head dims up to
+    /// `head_dim_capacity` (its tiling: `Fa2TcBackwardTiling::for_capacity`); the pre- and
+    /// post-pass are [`Family::Fa2Backward`]'s.
+    Fa2TcBackward { head_dim_capacity: u32 },
 }
 
 /// The PTX module a kernel is compiled into.
@@ -199,9 +204,8 @@ impl KernelId {
                 head_dim_capacity, ..
             } => Some(head_dim_capacity),
             Family::Fa2Tc { head_dim, .. } | Family::Fa3 { head_dim, .. } => Some(head_dim),
-            Family::Fa2Backward(BackwardStage::Main { head_dim_capacity }) => {
-                Some(head_dim_capacity)
-            }
+            Family::Fa2Backward(BackwardStage::Main { head_dim_capacity })
+            | Family::Fa2TcBackward { head_dim_capacity } => Some(head_dim_capacity),
             Family::Fa2Backward(_) => None,
         }
     }
@@ -217,7 +221,10 @@ impl KernelId {
     /// Whether the kernel multiplies on tensor cores (`xtask sass` requires HMMA, or HGMMA for
     /// the Hopper module's, in its loop).
     pub const fn uses_tensor_cores(&self) -> bool {
-        matches!(self.family, Family::Fa2Tc { .. } | Family::Fa3 { .. })
+        matches!(
+            self.family,
+            Family::Fa2Tc { .. } | Family::Fa3 { .. } | Family::Fa2TcBackward { .. }
+        )
     }
 
     /// The most threads a block of this kernel is launched with. `ptx-build` writes it into the
@@ -234,6 +241,9 @@ impl KernelId {
             Family::Fa3 { tiling, .. } => tiling.threads(),
             Family::Fa2Backward(BackwardStage::Main { .. }) => fa2_backward::main_threads(),
             Family::Fa2Backward(_) => fa2_backward::PASS_THREADS,
+            Family::Fa2TcBackward { head_dim_capacity } => {
+                Fa2TcBackwardTiling::for_capacity(head_dim_capacity).threads()
+            }
         }
     }
 
@@ -273,6 +283,14 @@ impl KernelId {
                 },
             ) => a == b && s.const_eq(t),
             (Family::Fa2Backward(a), Family::Fa2Backward(b)) => a.const_eq(b),
+            (
+                Family::Fa2TcBackward {
+                    head_dim_capacity: a,
+                },
+                Family::Fa2TcBackward {
+                    head_dim_capacity: b,
+                },
+            ) => a == b,
             _ => false,
         };
         same_family && self.dtype as u8 == other.dtype as u8
@@ -283,7 +301,7 @@ impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `fa1_forward_<dtype>`,
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `fa2_backward_<stage>_<dtype>` (pre- and
-    /// post-pass), `fa2_backward_main_<dtype>_d<capacity>`.
+    /// post-pass), `fa2_backward_main_<dtype>_d<capacity>`, `fa2tc_backward_<dtype>_d<capacity>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
         match self.family {
@@ -312,6 +330,9 @@ impl fmt::Display for KernelId {
                 write!(f, "fa2_backward_main_{dtype}_d{head_dim_capacity}")
             }
             Family::Fa2Backward(stage) => write!(f, "fa2_backward_{}_{dtype}", stage.name()),
+            Family::Fa2TcBackward { head_dim_capacity } => {
+                write!(f, "fa2tc_backward_{dtype}_d{head_dim_capacity}")
+            }
         }
     }
 }
@@ -326,7 +347,7 @@ impl fmt::Display for ParseKernelIdError {
             "not a kernel name (standard_<stage>_<dtype>, fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>, \
              fa3_forward_<dtype>_d<d>_w<W>c<C>, fa2_backward_<pre|post>process_<dtype>, \
-             fa2_backward_main_<dtype>_d<capacity>)",
+             fa2_backward_main_<dtype>_d<capacity>, fa2tc_backward_<dtype>_d<capacity>)",
         )
     }
 }
@@ -378,6 +399,13 @@ impl FromStr for KernelId {
             let family = Family::Fa2Tc {
                 head_dim: number(head_dim)?,
                 tiling,
+            };
+            (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
+            // <dtype>_d<capacity>
+            let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let family = Family::Fa2TcBackward {
+                head_dim_capacity: number(capacity)?,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {

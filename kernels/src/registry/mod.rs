@@ -23,7 +23,10 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 /// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores;
 /// - `fa2_backward preprocess <dtype>`, `fa2_backward main <dtype> <head-dim capacity> <B_r>`,
 ///   `fa2_backward postprocess <dtype>`: the faithful FA2 backward's three kernels (B_r is
-///   `bwd::fa2::config::block_rows` of the capacity, written out for the entry point's config).
+///   `bwd::fa2::config::block_rows` of the capacity, written out for the entry point's config);
+/// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>`: the
+///   backward's main kernel on tensor cores (the tiling is
+///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config).
 ///
 /// FA2-TC: every head dim up to 128 takes the full set of tilings; at d = 256 two row tiles would
 /// hold 2·256 f32 accumulators per lane, past the 255-register limit, so single row tiles only.
@@ -48,7 +51,14 @@ macro_rules! for_each_kernel {
             256 => (4 1 2 64) (8 1 2 64) (4 1 1 64) (8 1 1 64);
         });
         $crate::for_each_kernel!(@fa2_backward $emit [f32 f16 bf16]);
+        $crate::for_each_kernel!(@fa2_tc_backward $emit [f16 bf16]);
     };
+    (@fa2_tc_backward $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(fa2_tc_backward $dtype 64 8 1 64);
+        $emit!(fa2_tc_backward $dtype 128 8 1 32);
+        $emit!(fa2_tc_backward $dtype 192 8 2 32);
+        $emit!(fa2_tc_backward $dtype 256 8 2 16);
+    )*};
     (@fa2_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa2_backward preprocess $dtype);
         $emit!(fa2_backward main $dtype 32 64);
@@ -192,6 +202,15 @@ macro_rules! push_kernel {
             Family::Fa2Backward(BackwardStage::Main {
                 head_dim_capacity: $capacity,
             }),
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
+     $block_rows:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa2TcBackward {
+                head_dim_capacity: $capacity,
+            },
             ElementType::$dtype(),
         ));
     };

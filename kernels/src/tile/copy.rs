@@ -20,11 +20,43 @@ pub fn copy_rows_async(
     threads: u32,
     dst: SharedTile16,
 ) {
+    copy_rows_async_where(src, first_row, rows, row_len, threads, dst, |_| true);
+}
+
+/// As [`copy_rows_async`] into a tile whose rows are `row_len` wide while the tensor's rows hold
+/// only `cols` elements (a multiple of 8: a kernel compiled for a larger head dim): the
+/// 16-byte chunks from column `cols` on are zero-filled, so products over the padded columns
+/// add zeros.
+#[inline(always)]
+pub fn copy_rows_async_padded(
+    src: &HeadRows16,
+    first_row: u32,
+    (rows, row_len, cols): (u32, u32, u32),
+    threads: u32,
+    dst: SharedTile16,
+) {
+    copy_rows_async_where(src, first_row, rows, row_len, threads, dst, |col| {
+        col < cols
+    });
+}
+
+/// The copies of [`copy_rows_async`], with the chunks at columns where `column_exists` is false
+/// zero-filled.
+#[inline(always)]
+fn copy_rows_async_where(
+    src: &HeadRows16,
+    first_row: u32,
+    rows: u32,
+    row_len: u32,
+    threads: u32,
+    dst: SharedTile16,
+    column_exists: impl Fn(u32) -> bool,
+) {
     let chunks_per_row = row_len / COPY_ELEMENTS;
     let rows_per_pass = threads / chunks_per_row;
     let thread = arch::thread_idx_x();
     let copy_chunk = |r: u32, col: u32| {
-        let (source, valid) = src.copy_source(first_row + r, col);
+        let (source, valid) = src.copy_source(first_row + r, col, column_exists(col));
         // SAFETY: valid rows lie inside the tensor (the host checked shapes, and that strides and
         // addresses are multiples of 16 bytes); the destination is inside the carved tile.
         unsafe { arch::copy_async_16(dst.at(r, col), source, valid) };

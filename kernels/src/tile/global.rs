@@ -91,6 +91,15 @@ impl HeadVector {
         // SAFETY: as for `read`.
         unsafe { arch::store(arch::offset(self.base, row as usize), value) }
     }
+
+    /// Where a 4-byte copy of `row` reads from, and whether it reads at all (`row < rows`): rows
+    /// past the end read nothing (the copy zero-fills), from an address inside the vector.
+    #[inline(always)]
+    pub fn copy_source(&self, row: u32, rows: u32) -> (*const u8, bool) {
+        let valid = row < rows;
+        let row = if valid { row } else { 0 };
+        (self.base.wrapping_add(row as usize) as *const u8, valid)
+    }
 }
 
 /// One head's rows of an f32 accumulator in device memory, contiguous (batch·heads, rows,
@@ -156,9 +165,10 @@ impl HeadRows16 {
 
     /// Where a 16-byte copy of (row, col) reads from, and whether it reads at all: rows past the
     /// end read nothing (the copy zero-fills), from an address inside the tensor.
+    /// `column_exists`: false for a column past the tensor's row (read nothing either).
     #[inline(always)]
-    pub fn copy_source(&self, row: u32, col: u32) -> (*const u8, bool) {
-        let valid = row < self.rows;
+    pub fn copy_source(&self, row: u32, col: u32, column_exists: bool) -> (*const u8, bool) {
+        let valid = row < self.rows && column_exists;
         let source = if valid {
             self.element(row, col)
         } else {
@@ -221,6 +231,49 @@ impl TileCounters {
                 arch::atomic_store_u32(self.base, 0);
                 arch::atomic_store_u32(finished, 0);
             }
+        }
+    }
+}
+
+/// One u32 flag per (batch·head, row block) in device memory, zeroed by the host: the order in
+/// which the key blocks of a head add to a row block's dQ (the deterministic backward). Key
+/// block j waits until the flag of row block i reads j, adds, and releases j + 1, so the adds
+/// land in the order j = 0, 1, … on every run. Key block j − 1 has the lower block index and
+/// was started first, so a waiting block never waits on one that cannot run.
+#[derive(Clone, Copy)]
+pub struct RowBlockFlags {
+    base: *mut u32,
+}
+
+impl RowBlockFlags {
+    /// Head `batch_head`'s flags of `row_blocks` row blocks, at `addr`.
+    #[inline(always)]
+    pub fn new(addr: u64, batch_head: u32, row_blocks: u32) -> Self {
+        Self {
+            base: (addr as *mut u32).wrapping_add(batch_head as usize * row_blocks as usize),
+        }
+    }
+
+    /// Thread 0 waits until the flag of `row_block` reads `turn`; then the whole block
+    /// continues (a barrier), seeing every add made before that release.
+    #[inline(always)]
+    pub fn wait_for_turn(&self, row_block: u32, turn: u32) {
+        if arch::thread_idx_x() == 0 {
+            let flag = self.base.wrapping_add(row_block as usize);
+            // SAFETY: row_block < row_blocks: inside the flags the host allocated and zeroed.
+            while unsafe { arch::load_acquire_u32(flag) } != turn {}
+        }
+        arch::sync_threads();
+    }
+
+    /// After every thread of the block has made its adds (a barrier), thread 0 passes the turn
+    /// of `row_block` to the next key block.
+    #[inline(always)]
+    pub fn pass_turn(&self, row_block: u32) {
+        arch::sync_threads();
+        if arch::thread_idx_x() == 0 {
+            // SAFETY: as for `wait_for_turn`.
+            unsafe { arch::release_add_u32(self.base.wrapping_add(row_block as usize), 1) };
         }
     }
 }

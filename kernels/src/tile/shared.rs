@@ -137,6 +137,12 @@ impl SharedVector {
         // SAFETY: as for `get`.
         unsafe { arch::store(arch::offset(self.base, i as usize), value) }
     }
+
+    /// The shared-window address of element `i`, as `cp.async` writes it.
+    #[inline(always)]
+    pub fn address(&self, i: u32) -> SharedAddress {
+        SharedAddress::of(self.base).offset(4 * i)
+    }
 }
 
 /// Copies rows `[first_row, first_row + rows)` of `src` into `dst`, converting to f32; rows past
@@ -180,6 +186,16 @@ impl SharedTile16 {
     pub fn at_start(row_bytes: u32) -> Self {
         Self {
             base: SharedAddress::of(arch::dynamic_shared_f32()),
+            row_bytes,
+        }
+    }
+
+    /// Carves `rows` rows of `row_bytes` bytes (a multiple of 16, so the next tile stays 16-byte
+    /// aligned).
+    #[inline(always)]
+    pub fn carve(carver: &mut arch::SharedCarver, rows: u32, row_bytes: u32) -> Self {
+        Self {
+            base: SharedAddress::of(carver.take((rows * row_bytes / 4) as usize)),
             row_bytes,
         }
     }

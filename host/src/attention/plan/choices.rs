@@ -185,6 +185,12 @@ pub fn tensor_core_fallback(
 /// The first operand whose address or strides are not 16-byte aligned (16-bit elements), as the
 /// reason a 16-byte copy (cp.async, TMA) cannot read it.
 fn misaligned_operand(operands: Option<&Operands>) -> Option<String> {
+    operands.and_then(|o| misaligned_view(&[("q", &o.q), ("k", &o.k), ("v", &o.v), ("o", &o.o)]))
+}
+
+/// The first of `views` whose address or strides are not 16-byte aligned (16-bit elements), as
+/// the reason a 16-byte copy cannot read it.
+pub(crate) fn misaligned_view(views: &[(&str, &TensorView)]) -> Option<String> {
     let aligned = |view: &TensorView| {
         let step = COPY_ELEMENTS as u64;
         view.addr.is_multiple_of(16)
@@ -192,11 +198,7 @@ fn misaligned_operand(operands: Option<&Operands>) -> Option<String> {
                 .iter()
                 .all(|s| s.is_multiple_of(step))
     };
-    let misaligned = operands.and_then(|o| {
-        [("q", &o.q), ("k", &o.k), ("v", &o.v), ("o", &o.o)]
-            .into_iter()
-            .find(|(_, view)| !aligned(view))
-    });
+    let misaligned = views.iter().find(|(_, view)| !aligned(view));
     misaligned.map(|(name, _)| {
         format!(
             "{name}'s rows are not 16-byte aligned (address and strides must be multiples of \

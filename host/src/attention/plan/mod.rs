@@ -13,6 +13,7 @@
 mod choices;
 mod limits;
 
+pub(crate) use choices::misaligned_view;
 use choices::{FA2_PREFERENCE, fa2_kernel};
 pub use choices::{
     fa1_blocks, fa2_blocks, fa2_tc_head_dims, fa2_tc_tiling, fa2_tc_tilings, fa3_fallback,
@@ -366,24 +367,38 @@ impl Plan {
 
     /// Every kernel's name, in launch order, joined by `+`.
     pub fn kernel_names(&self) -> String {
-        let names: Vec<String> = self.launches.iter().map(|l| l.kernel.to_string()).collect();
-        names.join("+")
+        kernel_names(&self.launches)
     }
+}
+
+/// The names of `launches`' kernels, in launch order, joined by `+`.
+pub(crate) fn kernel_names(launches: &[PlannedLaunch]) -> String {
+    let names: Vec<String> = launches.iter().map(|l| l.kernel.to_string()).collect();
+    names.join("+")
+}
+
+/// `launches` as a plan's one-line summary lists them: kernel, grid, threads, shared memory.
+pub(crate) fn write_launches(
+    f: &mut fmt::Formatter<'_>,
+    launches: &[PlannedLaunch],
+) -> fmt::Result {
+    for (i, PlannedLaunch { kernel, launch }) in launches.iter().enumerate() {
+        let (x, y, z) = launch.grid;
+        let sep = if i == 0 { " " } else { "; " };
+        write!(
+            f,
+            "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
+            launch.threads, launch.shared_bytes
+        )?;
+    }
+    Ok(())
 }
 
 impl fmt::Display for Plan {
     /// One line: algorithm, kernel(s), grid, threads, shared memory, and a fallback's reason.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:", self.algorithm)?;
-        for (i, PlannedLaunch { kernel, launch }) in self.launches.iter().enumerate() {
-            let (x, y, z) = launch.grid;
-            let sep = if i == 0 { " " } else { "; " };
-            write!(
-                f,
-                "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
-                launch.threads, launch.shared_bytes
-            )?;
-        }
+        write_launches(f, &self.launches)?;
         match self.blocks {
             Blocks::Fa1 {
                 sram_floats,
