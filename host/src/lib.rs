@@ -23,8 +23,9 @@ pub mod tensor;
 pub mod tools;
 
 pub use attention::{
-    Algorithm, AttentionOptions, AttentionOutput, BackwardProblem, BorrowedArguments,
-    BorrowedTensor, Gradients, Problem, RowStatistics, StatisticsAddresses, Workspace, attention,
+    Algorithm, AttentionOptions, AttentionOutput, BackwardPlan, BackwardProblem, BorrowedArguments,
+    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, Gradients, Problem, RowStatistics,
+    StatisticsAddresses, Workspace, attention, attention_backward_borrowed,
     attention_backward_into, attention_borrowed, attention_into, attention_with_workspace,
     new_output,
 };

@@ -4,11 +4,13 @@
 //! pre-pass, the main kernel and the post-pass, and writes dQ, dK, dV into the caller's tensors.
 
 use flash_kernels::bwd::fa2::config as fa2_backward;
-use flash_kernels::common::params::{Fa2BackwardParams, Operands};
+use flash_kernels::common::params::{Fa2BackwardParams, Operands, TensorView};
 use flash_kernels::registry::{BackwardStage, ElementType, Family, KERNELS, KernelId};
 
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
-use super::plan::{Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads};
+use super::plan::{
+    Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, write_launches,
+};
 use super::problem::{AttentionOptions, MAX_HEAD_DIM, Problem};
 use super::{AttentionOutput, RowStatistics};
 use crate::device::Gpu;
@@ -91,6 +93,16 @@ impl BackwardPlan {
     }
 }
 
+impl std::fmt::Display for BackwardPlan {
+    /// One line, as [`Plan`](super::Plan)'s: each launch's kernel, grid, threads and shared memory,
+    /// then the main kernel's blocks.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fa2-backward:")?;
+        write_launches(f, &self.launches)?;
+        write!(f, " (B_r = {}, B_c = {})", self.block_rows, self.block_cols)
+    }
+}
+
 /// The compiled main kernel for `element` at head dim `d`: the smallest capacity that holds d.
 fn main_kernel(element: ElementType, d: u32) -> Option<KernelId> {
     KERNELS
@@ -148,23 +160,52 @@ pub fn attention_backward_into<T: Element>(
         dk: TensorSpec::of_device(&gradients.dk),
         dv: TensorSpec::of_device(&gradients.dv),
     })?;
-    let plan = BackwardPlan::new(gpu, T::DTYPE, &checked.problem)?;
-    // Dropped at the end of this call: freed in stream order, after the kernels that use them.
-    let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
-    let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
-    let params = Fa2BackwardParams {
+    let views = BackwardViews {
         operands: Operands {
             q: q.view(gpu),
             k: k.view(gpu),
             v: v.view(gpu),
             o: forward.o.view(gpu),
         },
-        shape: checked.problem.shape(),
         d_o: d_o.view(gpu),
-        dq: gradients.dq.view(gpu),
-        dk: gradients.dk.view(gpu),
-        dv: gradients.dv.view(gpu),
+        gradients: Gradients {
+            dq: gradients.dq.view(gpu),
+            dk: gradients.dk.view(gpu),
+            dv: gradients.dv.view(gpu),
+        },
         logsumexp: gpu.address(logsumexp),
+    };
+    launch_backward(gpu, &checked, views)
+}
+
+/// Where one backward call's tensors are on the device: Q, K, V, O, dO, dQ, dK, dV and L.
+pub(super) struct BackwardViews {
+    pub operands: Operands,
+    pub d_o: TensorView,
+    pub gradients: Gradients<TensorView>,
+    pub logsumexp: u64,
+}
+
+/// Plans a checked backward problem against the device, allocates its workspace (D and the dQ
+/// accumulator, freed in stream order after the kernels) and launches the pre-pass, the main
+/// kernel and the post-pass on `gpu`'s stream. Shared by [`attention_backward_into`] and the
+/// call on borrowed memory (`borrowed_backward`).
+pub(super) fn launch_backward(
+    gpu: &Gpu,
+    checked: &BackwardProblem,
+    views: BackwardViews,
+) -> Result<BackwardPlan> {
+    let plan = BackwardPlan::new(gpu, checked.dtype, &checked.problem)?;
+    let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
+    let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
+    let params = Fa2BackwardParams {
+        operands: views.operands,
+        shape: checked.problem.shape(),
+        d_o: views.d_o,
+        dq: views.gradients.dq,
+        dk: views.gradients.dk,
+        dv: views.gradients.dv,
+        logsumexp: views.logsumexp,
         delta: gpu.address(&delta),
         dq_accumulator: gpu.address(&dq_accumulator),
     };

@@ -364,19 +364,28 @@ impl Plan {
     }
 }
 
+/// Each launch as " kernel grid (x, y, z) × threads, shared", `;`-separated: a plan's line.
+pub(crate) fn write_launches(
+    f: &mut fmt::Formatter<'_>,
+    launches: &[PlannedLaunch],
+) -> fmt::Result {
+    for (i, PlannedLaunch { kernel, launch }) in launches.iter().enumerate() {
+        let (x, y, z) = launch.grid;
+        let sep = if i == 0 { " " } else { "; " };
+        write!(
+            f,
+            "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
+            launch.threads, launch.shared_bytes
+        )?;
+    }
+    Ok(())
+}
+
 impl fmt::Display for Plan {
     /// One line: algorithm, kernel(s), grid, threads, shared memory, and a fallback's reason.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:", self.algorithm)?;
-        for (i, PlannedLaunch { kernel, launch }) in self.launches.iter().enumerate() {
-            let (x, y, z) = launch.grid;
-            let sep = if i == 0 { " " } else { "; " };
-            write!(
-                f,
-                "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
-                launch.threads, launch.shared_bytes
-            )?;
-        }
+        write_launches(f, &self.launches)?;
         match self.blocks {
             Blocks::Fa1 {
                 sram_floats,
