@@ -14,6 +14,20 @@ def _operand(tensor, layout):
     return (tensor.data_ptr(), dims, strides)
 
 
+def _common(torch, q, k, v, o, layout, dtype):
+    """The arguments every native call takes: the dtype, the device and its current stream, and
+    Q, K, V, O as (address, dims, strides)."""
+    return dict(
+        dtype=dtype,
+        device=q.device.index,
+        stream=torch.cuda.current_stream(q.device).cuda_stream,
+        q=_operand(q, layout),
+        k=_operand(k, layout),
+        v=_operand(v, layout),
+        o=_operand(o, layout),
+    )
+
+
 def _refuse_graph_capture(torch):
     """Raises before anything is allocated or launched when the current stream is capturing a
     CUDA graph: the calls cannot be captured (the message says why)."""
@@ -40,13 +54,7 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm):
             torch.empty(rows, dtype=torch.float32, device=q.device) for _ in range(2 if fa1 else 1)
         ]
         plans["forward"] = _native.forward(
-            dtype=dtype,
-            device=q.device.index,
-            stream=torch.cuda.current_stream(q.device).cuda_stream,
-            q=_operand(q, layout),
-            k=_operand(k, layout),
-            v=_operand(v, layout),
-            o=_operand(o, layout),
+            **_common(torch, q, k, v, o, layout, dtype),
             stats=[s.data_ptr() for s in stats],
             algorithm=algorithm,
             softmax_scale=softmax_scale,
@@ -74,13 +82,7 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal):
         _refuse_graph_capture(torch)
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
         plans["backward"] = _native.backward(
-            dtype=dtype,
-            device=q.device.index,
-            stream=torch.cuda.current_stream(q.device).cuda_stream,
-            q=_operand(q, layout),
-            k=_operand(k, layout),
-            v=_operand(v, layout),
-            o=_operand(o, layout),
+            **_common(torch, q, k, v, o, layout, dtype),
             lse=(lse.data_ptr(), list(lse.shape), list(lse.stride())),
             d_o=_operand(d_o, layout),
             dq=_operand(dq, layout),

@@ -207,16 +207,15 @@ impl StreamHandle {
 
 /// Checks the arguments (raising before anything is launched), then runs attention on device
 /// `device` on stream `stream` (`torch.cuda.current_stream(device).cuda_stream`) and returns the
-/// plan as one line. `stats` is `[lse]`, or `[m, l]` for FA1. Private: `flash_attn_rs`'s
-/// functions derive every integer from live tensors; wrong integers here are undefined behaviour.
+/// plan as one line; without `device`, only checks (returns None; no GPU needed). `stats` is
+/// `[lse]`, or `[m, l]` for FA1. Private: `flash_attn_rs`'s functions derive every integer from
+/// live tensors; wrong integers here are undefined behaviour.
 #[pyfunction]
-#[pyo3(signature = (*, dtype, device, stream, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false))]
+#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, device=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     py: Python<'_>,
     dtype: &str,
-    device: usize,
-    stream: usize,
     q: TensorArgument,
     k: TensorArgument,
     v: TensorArgument,
@@ -225,35 +224,30 @@ fn forward(
     algorithm: Option<&str>,
     softmax_scale: Option<f64>,
     causal: bool,
-) -> PyResult<String> {
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
     let call = parse(dtype, q, k, v, o, &stats, algorithm, softmax_scale, causal).map_err(to_py)?;
-    let stream = StreamHandle(stream);
-    // The first call opens the device (loads and JIT-compiles the modules): without the GIL.
-    py.detach(|| {
-        // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
-        // device for all), which PyTorch keeps allocated until the work on their stream is done,
-        // and that device's current stream, a stream of its primary context.
-        unsafe {
-            on_device(device, stream.raw(), |gpu| {
-                attention_borrowed(gpu, call.algorithm, &call.arguments, &call.options)
-            })
-        }
-    })
-    .map(|plan| plan.to_string())
-    .map_err(to_py)
+    // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
+    // device for all), which PyTorch keeps allocated until the work on their stream is done, and
+    // that device's current stream, a stream of its primary context.
+    unsafe {
+        launch_on(py, device, StreamHandle(stream), |gpu| {
+            attention_borrowed(gpu, call.algorithm, &call.arguments, &call.options)
+        })
+    }
 }
 
 /// Checks the arguments (raising before anything is launched), then runs the backward on device
-/// `device` on stream `stream`, writing dq, dk, dv, and returns its plan as one line. `lse` is
-/// the forward's L (address, dims, strides). Private, like `forward`.
+/// `device` on stream `stream`, writing dq, dk, dv, and returns its plan as one line; without
+/// `device`, only checks. `lse` is the forward's L (address, dims, strides). Private, like
+/// `forward`.
 #[pyfunction]
-#[pyo3(signature = (*, dtype, device, stream, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false))]
+#[pyo3(signature = (*, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, device=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
     dtype: &str,
-    device: usize,
-    stream: usize,
     q: TensorArgument,
     k: TensorArgument,
     v: TensorArgument,
@@ -265,7 +259,9 @@ fn backward(
     dv: TensorArgument,
     softmax_scale: Option<f64>,
     causal: bool,
-) -> PyResult<String> {
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
     let gradients = [dq, dk, dv];
     let call = parse_backward(
         dtype,
@@ -280,72 +276,33 @@ fn backward(
         causal,
     )
     .map_err(to_py)?;
-    let stream = StreamHandle(stream);
-    py.detach(|| {
-        // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
-        unsafe {
-            on_device(device, stream.raw(), |gpu| {
-                attention_backward_borrowed(gpu, &call.arguments, &call.options)
-            })
-        }
-    })
-    .map(|plan| plan.to_string())
-    .map_err(to_py)
+    // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
+    unsafe {
+        launch_on(py, device, StreamHandle(stream), |gpu| {
+            attention_backward_borrowed(gpu, &call.arguments, &call.options)
+        })
+    }
 }
 
-/// The same checks as `forward`, without a device: `None`, or raises.
-#[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false))]
-#[allow(clippy::too_many_arguments)]
-fn check(
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    stats: Vec<u64>,
-    algorithm: Option<&str>,
-    softmax_scale: Option<f64>,
-    causal: bool,
-) -> PyResult<()> {
-    parse(dtype, q, k, v, o, &stats, algorithm, softmax_scale, causal)
-        .map(drop)
+/// Runs `work` on `device` (if given) without the GIL (the first call opens the device: loads and
+/// JIT-compiles the modules) and returns its plan's line.
+///
+/// # Safety
+///
+/// As [`on_device`].
+unsafe fn launch_on<P: std::fmt::Display + Send>(
+    py: Python<'_>,
+    device: Option<usize>,
+    stream: StreamHandle,
+    work: impl FnOnce(&Gpu) -> flash_attn::Result<P> + Send,
+) -> PyResult<Option<String>> {
+    let Some(device) = device else {
+        return Ok(None);
+    };
+    // SAFETY: the caller's contract.
+    py.detach(|| unsafe { on_device(device, stream.raw(), work) })
+        .map(|plan| Some(plan.to_string()))
         .map_err(to_py)
-}
-
-/// The same checks as `backward`, without a device: `None`, or raises.
-#[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false))]
-#[allow(clippy::too_many_arguments)]
-fn check_backward(
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    lse: RowsArgument,
-    d_o: TensorArgument,
-    dq: TensorArgument,
-    dk: TensorArgument,
-    dv: TensorArgument,
-    softmax_scale: Option<f64>,
-    causal: bool,
-) -> PyResult<()> {
-    let gradients = [dq, dk, dv];
-    parse_backward(
-        dtype,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        d_o,
-        gradients,
-        softmax_scale,
-        causal,
-    )
-    .map(drop)
-    .map_err(to_py)
 }
 
 /// The most device memory this library's own allocations (workspace: the backward's D and dQ
@@ -374,8 +331,6 @@ fn reset_workspace_peak(device: usize) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
-    m.add_function(wrap_pyfunction!(check, m)?)?;
-    m.add_function(wrap_pyfunction!(check_backward, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_peak_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reset_workspace_peak, m)?)?;
     m.add("DEFAULT_ALGORITHM", DEFAULT_ALGORITHM.name())?;

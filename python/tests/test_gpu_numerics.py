@@ -90,38 +90,28 @@ def leaves(shapes, dtype, test):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_flash_attn_layout(dtype, shape, causal):
-    """flash_attn_func on contiguous (batch, seqlen, heads, head_dim) tensors, default algorithm."""
+@pytest.mark.parametrize("layout", ["flash", "sdpa"])
+def test_both_layouts(layout, dtype, shape, causal):
+    """Contiguous inputs, default algorithm: flash_attn_func on (batch, seqlen, heads, head_dim)
+    (and its L), scaled_dot_product_attention on (batch, heads, seqlen, head_dim)."""
     b, h, sq, sk, d = shape
-    test = f"flash {dtype} {shape} causal={causal}"
-    q, k, v = leaves([(b, sq, h, d), (b, sk, h, d), (b, sk, h, d)], DTYPES[dtype], test)
+    test = f"{layout} {dtype} {shape} causal={causal}"
+    flash = layout == "flash"
+    q_shape, kv_shape = ((b, sq, h, d), (b, sk, h, d)) if flash else ((b, h, sq, d), (b, h, sk, d))
+    q, k, v = leaves([q_shape, kv_shape, kv_shape], DTYPES[dtype], test)
+    view = (lambda t: t.transpose(1, 2)) if flash else (lambda t: t)
 
     def run():
-        o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        if flash:
+            o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+            assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
+        else:
+            o, lse = flash_attn_rs.scaled_dot_product_attention(q, k, v, is_causal=causal), None
         assert o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
-        assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
-        return o.transpose(1, 2), lse
+        return view(o), lse
 
-    view = lambda t: t.transpose(1, 2)  # noqa: E731
     check(test, view(q), view(k), view(v), run, causal,
           lambda: [view(t.grad) for t in (q, k, v)])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sdpa_layout(dtype, shape, causal):
-    """scaled_dot_product_attention on contiguous (batch, heads, seqlen, head_dim) tensors."""
-    b, h, sq, sk, d = shape
-    test = f"sdpa {dtype} {shape} causal={causal}"
-    q, k, v = leaves([(b, h, sq, d), (b, h, sk, d), (b, h, sk, d)], DTYPES[dtype], test)
-
-    def run():
-        o = flash_attn_rs.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        assert o.shape == q.shape and o.is_contiguous()
-        return o, None
-
-    check(test, q, k, v, run, causal, lambda: [t.grad for t in (q, k, v)])
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])

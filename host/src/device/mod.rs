@@ -45,9 +45,7 @@ unsafe fn is_capturing(stream: RawStream) -> Result<bool> {
     match unsafe { sys::cuStreamIsCapturing(stream, &mut status) } {
         sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
         result => {
-            result
-                .result()
-                .context(|| "cuStreamIsCapturing".into())?;
+            result.result().context(|| "cuStreamIsCapturing".into())?;
             Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
         }
     }
