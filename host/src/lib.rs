@@ -24,9 +24,10 @@ pub mod tools;
 
 pub use attention::{
     Algorithm, AttentionOptions, AttentionOutput, BackwardAlgorithm, BackwardOptions, BackwardPlan,
-    BackwardProblem, BorrowedArguments, BorrowedTensor, Gradients, Problem, RowStatistics,
-    StatisticsAddresses, Workspace, attention, attention_backward, attention_backward_into,
-    attention_borrowed, attention_into, attention_with_workspace, new_output,
+    BackwardProblem, BorrowedArguments, BorrowedBackwardArguments, BorrowedRows, BorrowedTensor,
+    Gradients, Problem, RowStatistics, StatisticsAddresses, Workspace, attention,
+    attention_backward, attention_backward_borrowed, attention_backward_into, attention_borrowed,
+    attention_into, attention_with_workspace, new_output,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

@@ -5,83 +5,96 @@
 whose last one is 1, without copies, run on PyTorch's current CUDA stream in the device's primary
 context, and return outputs that PyTorch allocated. Importing needs neither PyTorch nor a GPU.
 
-How: this half checks the tensors (``_checks``), allocates the outputs with ``torch.empty`` and
+Both are differentiable: a ``torch.autograd.Function`` (``_autograd``) saves Q, K, V, O and L,
+and ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
+``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention here.
+
+How: this half checks the tensors (``_checks``), allocates outputs and gradients with PyTorch and
 passes addresses, dims, strides and the stream to the native half (``_native``, Rust) as plain
-integers; the native half checks them again with the host crate's checks, then launches.
+integers (``_launch``); the native half checks them again with the host crate's checks, then
+launches. CUDA graph capture is refused with a RuntimeError that says why.
 """
 
-from . import _native
-from ._checks import FLASH_ATTN, SDPA, check_inputs, dims_and_strides
+from . import _launch, _native
+from ._autograd import attention_function
+from ._checks import FLASH_ATTN, SDPA, check_inputs
 
-__all__ = ["ALGORITHMS", "flash_attn_func", "last_plan", "scaled_dot_product_attention"]
+__all__ = [
+    "ALGORITHMS",
+    "flash_attn_func",
+    "last_backward_plan",
+    "last_plan",
+    "reset_workspace_peak",
+    "scaled_dot_product_attention",
+    "workspace_peak_bytes",
+]
 
 #: The algorithms ``algorithm=`` takes; None is the fastest (FA3, falling back as the plan says).
 ALGORITHMS = tuple(_native.ALGORITHMS)
 
-_last_plan = None
-
 
 def last_plan():
-    """The plan of the last call on this process, one line: the kernels that ran and, for a
-    fallback, why (None before the first call)."""
-    return _last_plan
+    """The plan of the last forward call on this process, one line: the kernels that ran and, for
+    a fallback, why (None before the first call)."""
+    return _launch.plans["forward"]
 
 
-def _attention(q, k, v, layout, softmax_scale, causal, algorithm):
-    """Checks, allocates O (Q's shape, contiguous) and the statistics, launches; returns (O, L)."""
-    dtype = check_inputs(q, k, v, layout)
+def last_backward_plan():
+    """The plan of the last backward call on this process, one line (None before the first)."""
+    return _launch.plans["backward"]
+
+
+def workspace_peak_bytes(device=0):
+    """The most device memory the library's own workspace (the backward's D and f32 dQ
+    accumulator; standard attention's S and P; FA1's accumulator) held at once on CUDA device
+    ``device`` (an index) since ``reset_workspace_peak``, in bytes. It comes from the driver's
+    stream-ordered pool, not PyTorch's allocator, so ``torch.cuda.max_memory_allocated`` does not
+    include it."""
+    return _native.workspace_peak_bytes(int(device))
+
+
+def reset_workspace_peak(device=0):
+    """Starts a new ``workspace_peak_bytes`` measurement on CUDA device ``device``."""
+    _native.reset_workspace_peak(int(device))
+
+
+def _check_options(softmax_scale, causal, algorithm):
     if algorithm is not None and not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str or None, got {type(algorithm).__name__}")
-    if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm is {algorithm!r}; allowed: None (the fastest) or one of "
+                         f"{', '.join(ALGORITHMS)}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+    ):
         raise TypeError(
             f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
         )
-    import torch  # only here: importing flash_attn_rs needs no PyTorch
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return None if softmax_scale is None else float(softmax_scale)
 
-    batch, heads, seqlen_q, _ = dims_and_strides(q, layout)[0]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    rows = (batch, heads, seqlen_q)
-    fa1 = algorithm == "fa1"
-    stats = [torch.empty(rows, dtype=torch.float32, device=q.device) for _ in range(2 if fa1 else 1)]
 
-    def operand(tensor):
-        dims, strides = dims_and_strides(tensor, layout)
-        return (tensor.data_ptr(), dims, strides)
-
-    global _last_plan
-    # The device's primary context becomes current for the launch; torch.cuda.device restores
-    # PyTorch's current device afterwards.
-    with torch.cuda.device(q.device):
-        _last_plan = _native.forward(
-            dtype=dtype,
-            device=q.device.index,
-            stream=torch.cuda.current_stream(q.device).cuda_stream,
-            q=operand(q),
-            k=operand(k),
-            v=operand(v),
-            o=operand(o),
-            stats=[s.data_ptr() for s in stats],
-            algorithm=algorithm,
-            softmax_scale=None if softmax_scale is None else float(softmax_scale),
-            causal=bool(causal),
-        )
-    if fa1:
-        m, l = stats
-        lse = torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))
-    else:
-        (lse,) = stats
-    return o, lse
+def _attention(q, k, v, layout, softmax_scale, causal, algorithm):
+    """Checks every argument, then runs the autograd Function; returns (O, L)."""
+    dtype = check_inputs(q, k, v, layout)
+    softmax_scale = _check_options(softmax_scale, causal, algorithm)
+    return attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal, algorithm)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, algorithm=None, return_lse=False):
     """Attention on flash-attn's layout: q (batch, seqlen_q, heads, head_dim), k and v
     (batch, seqlen_k, heads, head_dim), CUDA, float16, bfloat16 or float32, any strides with a
-    contiguous last dim. ``softmax_scale`` defaults to 1/sqrt(head_dim); ``causal`` aligns the mask
-    to the bottom-right corner; ``algorithm`` is one of ``ALGORITHMS`` or None (the fastest).
+    contiguous last dim, read in place. ``softmax_scale`` defaults to 1/sqrt(head_dim);
+    ``causal`` aligns the mask to the bottom-right corner (query i sees key j iff
+    j <= i + seqlen_k - seqlen_q); ``algorithm`` is one of ``ALGORITHMS`` or None (the fastest
+    for the device: FA3, which falls back to FA2-TC and FA2 where it cannot run).
 
-    Returns O (q's shape), and with ``return_lse`` also L = logsumexp of the scaled scores,
-    float32 (batch, heads, seqlen_q). Raises TypeError or ValueError naming the argument before
-    anything is launched.
+    Returns O (q's shape, allocated by PyTorch), and with ``return_lse`` also
+    L = logsumexp of the scaled scores, float32 (batch, heads, seqlen_q), -inf for a row that sees
+    no key. Differentiable in q, k and v (``loss.backward()`` runs the FA2 backward on the GPU);
+    L is not. Raises TypeError or ValueError naming the argument before anything is launched,
+    RuntimeError inside a CUDA graph capture.
     """
     o, lse = _attention(q, k, v, FLASH_ATTN, softmax_scale, causal, algorithm)
     return (o, lse) if return_lse else o
@@ -89,7 +102,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, algorithm=None, r
 
 def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None):
     """Attention on SDPA's layout (batch, heads, seqlen, head_dim), like
-    ``torch.nn.functional.scaled_dot_product_attention`` without a mask or dropout; the fastest
-    algorithm for the device. Returns O (q's shape)."""
+    ``torch.nn.functional.scaled_dot_product_attention`` without a mask or dropout, with the
+    fastest algorithm for the device; differentiable in q, k and v. One difference: with
+    seqlen_q != seqlen_k, ``is_causal`` aligns the mask to the bottom-right corner as
+    FlashAttention does (PyTorch's aligns it to the top-left). Returns O (q's shape)."""
     o, _ = _attention(q, k, v, SDPA, scale, is_causal, None)
     return o

@@ -8,6 +8,9 @@ need no ``import torch``, so they run, and are tested, where PyTorch is not inst
 DTYPES = {"torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float32": "f32"}
 ALLOWED_DTYPES = "torch.float16, torch.bfloat16 or torch.float32"
 
+# The device types the kernels run on (a test of the wiring widens it, with the launches faked).
+DEVICE_TYPES = ("cuda",)
+
 # Each layout's axis order, and where batch, heads, seqlen and head_dim sit in it.
 FLASH_ATTN = "(batch, seqlen, heads, head_dim)"
 SDPA = "(batch, heads, seqlen, head_dim)"
@@ -18,7 +21,7 @@ def _check_one(name, tensor, layout):
     """One tensor alone: a CUDA tensor of a supported dtype, 4-D, last dim contiguous."""
     if not all(hasattr(tensor, a) for a in ("device", "dtype", "shape", "stride", "data_ptr")):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cuda":
+    if tensor.device.type not in DEVICE_TYPES:
         raise ValueError(
             f"{name} is on {tensor.device}; flash_attn_rs needs CUDA tensors "
             f"(move it with {name}.cuda())"

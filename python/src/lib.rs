@@ -7,10 +7,12 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use flash_attn::device::RawStream;
+use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
-    Algorithm, AttentionOptions, BorrowedArguments, BorrowedTensor, DType, Error, Gpu,
-    StatisticsAddresses, attention_borrowed,
+    Algorithm, AttentionOptions, BorrowedArguments, BorrowedBackwardArguments, BorrowedRows,
+    BackwardAlgorithm, BackwardOptions, BorrowedTensor, DType, Error, Gpu, Gradients,
+    StatisticsAddresses, attention_backward_borrowed,
+    attention_borrowed,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -19,6 +21,9 @@ use pyo3::prelude::*;
 /// (batch, heads, seqlen, head_dim) and its strides in elements.
 pub type TensorArgument = (u64, [usize; 4], [usize; 4]);
 
+/// L as the Python half passes it: address, dims (batch, heads, seqlen_q), strides in elements.
+pub type RowsArgument = (u64, [usize; 3], [usize; 3]);
+
 /// Which Python exception a host error raises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExceptionKind {
@@ -26,13 +31,15 @@ pub enum ExceptionKind {
     Type,
     /// Any other argument that is not allowed (the message names it).
     Value,
-    /// No driver, no device, a device too old, a CUDA error, out of memory.
+    /// No driver, no device, a device too old, a CUDA error, out of memory, or PyTorch's current
+    /// stream capturing a CUDA graph (a state, not an argument the caller passed).
     Runtime,
 }
 
 pub fn exception_kind(error: &Error) -> ExceptionKind {
     match error {
         Error::InvalidArgument { name: "dtype", .. } => ExceptionKind::Type,
+        Error::InvalidArgument { name: "stream", .. } => ExceptionKind::Runtime,
         Error::InvalidArgument { .. } => ExceptionKind::Value,
         _ => ExceptionKind::Runtime,
     }
@@ -47,7 +54,7 @@ fn to_py(error: Error) -> PyErr {
     }
 }
 
-/// One call's arguments, parsed and checked without a device.
+/// One forward call's arguments, parsed and checked without a device.
 #[derive(Debug)]
 pub struct Call {
     pub algorithm: Algorithm,
@@ -55,9 +62,33 @@ pub struct Call {
     pub options: AttentionOptions,
 }
 
+/// One backward call's arguments, parsed and checked without a device.
+#[derive(Debug)]
+pub struct BackwardCall {
+    pub arguments: BorrowedBackwardArguments,
+    pub options: AttentionOptions,
+}
+
 /// `algorithm = None` is FA3, the fastest: on a device that is not compute capability 9.0, or
 /// for f32, it falls back to FA2-TC and then FA2, and the plan says why.
 pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::Fa3;
+
+fn tensor((address, dims, strides): TensorArgument) -> BorrowedTensor {
+    BorrowedTensor {
+        address,
+        dims,
+        strides,
+    }
+}
+
+fn options(softmax_scale: Option<f64>, causal: bool) -> AttentionOptions {
+    AttentionOptions {
+        causal,
+        // An f64 scale that is not a finite f32 becomes ±∞ or NaN, which the check rejects.
+        softmax_scale: softmax_scale.map(|s| s as f32),
+        ..Default::default()
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 pub fn parse(
@@ -73,11 +104,6 @@ pub fn parse(
 ) -> flash_attn::Result<Call> {
     let dtype: DType = dtype.parse()?;
     let algorithm = algorithm.map_or(Ok(DEFAULT_ALGORITHM), str::parse)?;
-    let tensor = |(address, dims, strides): TensorArgument| BorrowedTensor {
-        address,
-        dims,
-        strides,
-    };
     let stats = match *stats {
         [lse] => StatisticsAddresses::LogSumExp(lse),
         [max, sum] => StatisticsAddresses::MaxAndSum { max, sum },
@@ -89,12 +115,6 @@ pub fn parse(
             });
         }
     };
-    let options = AttentionOptions {
-        causal,
-        // An f64 scale that is not a finite f32 becomes ±∞ or NaN, which the check rejects.
-        softmax_scale: softmax_scale.map(|s| s as f32),
-        ..Default::default()
-    };
     let call = Call {
         algorithm,
         arguments: BorrowedArguments {
@@ -105,45 +125,98 @@ pub fn parse(
             o: tensor(o),
             stats,
         },
-        options,
+        options: options(softmax_scale, causal),
     };
     call.arguments.check(call.algorithm, &call.options)?;
+    Ok(call)
+}
+
+/// The backward's arguments: the forward's Q, K, V, O and L, dO, and dQ, dK, dV to write.
+#[allow(clippy::too_many_arguments)]
+pub fn parse_backward(
+    dtype: &str,
+    q: TensorArgument,
+    k: TensorArgument,
+    v: TensorArgument,
+    o: TensorArgument,
+    lse: RowsArgument,
+    d_o: TensorArgument,
+    [dq, dk, dv]: [TensorArgument; 3],
+    softmax_scale: Option<f64>,
+    causal: bool,
+) -> flash_attn::Result<BackwardCall> {
+    let (address, dims, strides) = lse;
+    let call = BackwardCall {
+        arguments: BorrowedBackwardArguments {
+            dtype: dtype.parse()?,
+            q: tensor(q),
+            k: tensor(k),
+            v: tensor(v),
+            o: tensor(o),
+            logsumexp: BorrowedRows {
+                address,
+                dims,
+                strides,
+            },
+            d_o: tensor(d_o),
+            gradients: Gradients {
+                dq: tensor(dq),
+                dk: tensor(dk),
+                dv: tensor(dv),
+            },
+        },
+        options: options(softmax_scale, causal),
+    };
+    call.arguments.check(&call.options)?;
     Ok(call)
 }
 
 /// One open GPU per device ordinal, kept for the process: opening loads the kernel modules.
 static GPUS: LazyLock<Mutex<HashMap<usize, Gpu>>> = LazyLock::new(Default::default);
 
-/// Opens (once) device `ordinal`, points it at `stream` and launches; returns the plan's line.
+/// Opens (once) device `ordinal`, points it at `stream` and runs `work` on it.
 ///
 /// # Safety
 ///
-/// As [`attention_borrowed`], with `stream` a live stream of the device's primary context.
-unsafe fn launch(call: &Call, ordinal: usize, stream: RawStream) -> flash_attn::Result<String> {
+/// `stream` is a live stream of the device's primary context, and `work` launches only on
+/// memory that stays valid until the work sent to that stream has finished.
+unsafe fn on_device<R>(
+    ordinal: usize,
+    stream: RawStream,
+    work: impl FnOnce(&Gpu) -> flash_attn::Result<R>,
+) -> flash_attn::Result<R> {
     let mut gpus = GPUS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let gpu = match gpus.entry(ordinal) {
         std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
         std::collections::hash_map::Entry::Vacant(entry) => entry.insert(Gpu::open(ordinal)?),
     };
     // SAFETY: the caller's contract.
-    let plan = unsafe {
-        gpu.use_borrowed_stream(stream)?;
-        attention_borrowed(gpu, call.algorithm, &call.arguments, &call.options)?
-    };
-    Ok(plan.to_string())
+    unsafe { gpu.use_borrowed_stream(stream)? };
+    work(gpu)
+}
+
+/// A stream handle as Python passes it (`torch.cuda.Stream.cuda_stream`, an int), sendable
+/// across the GIL release.
+#[derive(Clone, Copy)]
+struct StreamHandle(usize);
+
+impl StreamHandle {
+    fn raw(self) -> RawStream {
+        self.0 as RawStream
+    }
 }
 
 /// Checks the arguments (raising before anything is launched), then runs attention on device
 /// `device` on stream `stream` (`torch.cuda.current_stream(device).cuda_stream`) and returns the
-/// plan as one line. `stats` is `[lse]`, or `[m, l]` for FA1. Private: `flash_attn_rs`'s
-/// functions derive every integer from live tensors; wrong integers here are undefined behaviour.
+/// plan as one line; without `device`, only checks (returns None; no GPU needed). `stats` is
+/// `[lse]`, or `[m, l]` for FA1. Private: `flash_attn_rs`'s functions derive every integer from
+/// live tensors; wrong integers here are undefined behaviour.
 #[pyfunction]
-#[pyo3(signature = (*, dtype, device, stream, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false))]
+#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, device=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
+    py: Python<'_>,
     dtype: &str,
-    device: usize,
-    stream: usize,
     q: TensorArgument,
     k: TensorArgument,
     v: TensorArgument,
@@ -152,40 +225,128 @@ fn forward(
     algorithm: Option<&str>,
     softmax_scale: Option<f64>,
     causal: bool,
-) -> PyResult<String> {
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
     let call = parse(dtype, q, k, v, o, &stats, algorithm, softmax_scale, causal).map_err(to_py)?;
     // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
     // device for all), which PyTorch keeps allocated until the work on their stream is done, and
     // that device's current stream, a stream of its primary context.
-    unsafe { launch(&call, device, stream as RawStream) }.map_err(to_py)
+    unsafe {
+        launch_on(py, device, StreamHandle(stream), |gpu| {
+            attention_borrowed(gpu, call.algorithm, &call.arguments, &call.options)
+        })
+    }
 }
 
-/// The same checks as `forward`, without a device: `None`, or raises.
+/// Checks the arguments (raising before anything is launched), then runs the backward on device
+/// `device` on stream `stream`, writing dq, dk, dv, and returns its plan as one line; without
+/// `device`, only checks. `lse` is the forward's L (address, dims, strides). `algorithm` is the
+/// backward's (`fa2` or `fa2-tc`; default: the fastest the problem allows), `deterministic` makes
+/// dQ bitwise reproducible. Private, like `forward`.
 #[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false))]
+#[pyo3(signature = (*, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, algorithm=None, deterministic=false, device=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
-fn check(
+fn backward(
+    py: Python<'_>,
     dtype: &str,
     q: TensorArgument,
     k: TensorArgument,
     v: TensorArgument,
     o: TensorArgument,
-    stats: Vec<u64>,
-    algorithm: Option<&str>,
+    lse: RowsArgument,
+    d_o: TensorArgument,
+    dq: TensorArgument,
+    dk: TensorArgument,
+    dv: TensorArgument,
     softmax_scale: Option<f64>,
     causal: bool,
-) -> PyResult<()> {
-    parse(dtype, q, k, v, o, &stats, algorithm, softmax_scale, causal)
-        .map(drop)
+    algorithm: Option<&str>,
+    deterministic: bool,
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
+    let backward_options = BackwardOptions {
+        algorithm: match algorithm {
+            Some(name) => name.parse::<BackwardAlgorithm>().map_err(to_py)?,
+            None => BackwardAlgorithm::default(),
+        },
+        deterministic,
+    };
+    let gradients = [dq, dk, dv];
+    let call = parse_backward(
+        dtype,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+        gradients,
+        softmax_scale,
+        causal,
+    )
+    .map_err(to_py)?;
+    // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
+    unsafe {
+        launch_on(py, device, StreamHandle(stream), |gpu| {
+            attention_backward_borrowed(gpu, &call.arguments, &call.options, &backward_options)
+        })
+    }
+}
+
+/// Runs `work` on `device` (if given) without the GIL (the first call opens the device: loads and
+/// JIT-compiles the modules) and returns its plan's line.
+///
+/// # Safety
+///
+/// As [`on_device`].
+unsafe fn launch_on<P: std::fmt::Display + Send>(
+    py: Python<'_>,
+    device: Option<usize>,
+    stream: StreamHandle,
+    work: impl FnOnce(&Gpu) -> flash_attn::Result<P> + Send,
+) -> PyResult<Option<String>> {
+    let Some(device) = device else {
+        return Ok(None);
+    };
+    // SAFETY: the caller's contract.
+    py.detach(|| unsafe { on_device(device, stream.raw(), work) })
+        .map(|plan| Some(plan.to_string()))
+        .map_err(to_py)
+}
+
+/// The most device memory this library's own allocations (workspace: the backward's D and dQ
+/// accumulator, standard attention's S and P, FA1's accumulator) held at once on device `device`
+/// since the last `reset_workspace_peak`, in bytes; 0 before the device was first used. PyTorch's
+/// `max_memory_allocated` does not see these.
+#[pyfunction]
+fn workspace_peak_bytes(device: usize) -> PyResult<u64> {
+    let gpus = GPUS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    gpus.get(&device)
+        .map_or(Ok(0), Gpu::peak_memory)
+        .map_err(to_py)
+}
+
+/// Starts a new `workspace_peak_bytes` measurement on device `device` (nothing before its first
+/// use).
+#[pyfunction]
+fn reset_workspace_peak(device: usize) -> PyResult<()> {
+    let gpus = GPUS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    gpus.get(&device)
+        .map_or(Ok(()), Gpu::reset_peak_memory)
         .map_err(to_py)
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
-    m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(workspace_peak_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_workspace_peak, m)?)?;
     m.add("DEFAULT_ALGORITHM", DEFAULT_ALGORITHM.name())?;
     m.add("ALGORITHMS", Algorithm::ALL.map(Algorithm::name).to_vec())?;
+    m.add("GRAPH_CAPTURE_UNSUPPORTED", GRAPH_CAPTURE_UNSUPPORTED)?;
     Ok(())
 }
 
@@ -233,7 +394,79 @@ mod tests {
     }
 
     #[test]
-    fn device_errors_are_runtime_errors() {
+    fn device_errors_and_a_capturing_stream_are_runtime_errors() {
         assert_eq!(exception_kind(&Error::NoDriver), ExceptionKind::Runtime);
+        let capturing = Error::InvalidArgument {
+            name: "stream",
+            value: "a stream capturing a CUDA graph".into(),
+            allowed: GRAPH_CAPTURE_UNSUPPORTED.into(),
+        };
+        assert_eq!(exception_kind(&capturing), ExceptionKind::Runtime);
+    }
+
+    /// Edits one argument of a backward call: its tensors (q, k, v, o, d_o, dq, dk, dv) or L.
+    type Edit = fn(&mut [TensorArgument; 8], &mut RowsArgument);
+
+    /// A backward call on (1, 2, 16, 64) Q and (1, 2, 24, 64) K, V; `edit` changes one argument.
+    fn parse_backward_with(
+        dtype: &str,
+        edit: impl FnOnce(&mut [TensorArgument; 8], &mut RowsArgument),
+    ) -> flash_attn::Result<BackwardCall> {
+        let (q_dims, kv_dims) = ([1, 2, 16, 64], [1, 2, 24, 64]);
+        let t = |i: u64, dims| sdpa(BASE + (i << 30), dims);
+        // q, k, v, o, d_o, dq, dk, dv
+        let mut tensors = [
+            t(0, q_dims),
+            t(1, kv_dims),
+            t(2, kv_dims),
+            t(3, q_dims),
+            t(4, q_dims),
+            t(5, q_dims),
+            t(6, kv_dims),
+            t(7, kv_dims),
+        ];
+        let mut lse = (BASE + (8 << 30), [1, 2, 16], [32, 16, 1]);
+        edit(&mut tensors, &mut lse);
+        let [q, k, v, o, d_o, dq, dk, dv] = tensors;
+        parse_backward(dtype, q, k, v, o, lse, d_o, [dq, dk, dv], None, true)
+    }
+
+    fn backward_rejected(
+        result: flash_attn::Result<BackwardCall>,
+    ) -> (&'static str, ExceptionKind) {
+        let error = result.expect_err("expected an error");
+        let kind = exception_kind(&error);
+        match error {
+            Error::InvalidArgument { name, .. } => (name, kind),
+            other => panic!("expected an invalid argument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn backward_accepts_a_valid_call() {
+        let call = parse_backward_with("f16", |_, _| {}).expect("valid");
+        assert!(call.options.causal);
+        assert_eq!(call.arguments.logsumexp.dims, [1, 2, 16]);
+    }
+
+    #[test]
+    fn backward_errors_name_the_argument() {
+        let cases: [(&str, Edit); 5] = [
+            ("d_o", |t, _| t[4].2[3] = 2),
+            ("dk", |t, _| t[6].1[2] = 16),
+            ("dq", |t, _| t[5].2 = [0, 0, 0, 1]),
+            ("logsumexp", |_, l| l.1 = [1, 2, 24]),
+            ("logsumexp", |_, l| l.2 = [16, 1, 2]),
+        ];
+        for (name, edit) in cases {
+            assert_eq!(
+                backward_rejected(parse_backward_with("bf16", edit)),
+                (name, ExceptionKind::Value)
+            );
+        }
+        assert_eq!(
+            backward_rejected(parse_backward_with("f64", |_, _| {})),
+            ("dtype", ExceptionKind::Type)
+        );
     }
 }

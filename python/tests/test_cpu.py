@@ -29,7 +29,7 @@ def sdpa(i, dims=(1, 2, 16, 64)):
 def native_check(dtype="bf16", dims=(1, 2, 16, 64), stats=None, **kwargs):
     stats = [BASE + (4 << 30)] if stats is None else stats
     t = [sdpa(i, dims) for i in range(4)]
-    _native.check(dtype=dtype, q=t[0], k=t[1], v=t[2], o=t[3], stats=stats, **kwargs)
+    _native.forward(dtype=dtype, q=t[0], k=t[1], v=t[2], o=t[3], stats=stats, **kwargs)
 
 
 def test_native_accepts_a_valid_call():
@@ -62,9 +62,9 @@ def test_native_names_the_tensor():
     q, k, v, o = (sdpa(i) for i in range(4))
     k_strided = (k[0], k[1], [*k[2][:3], 2])
     with pytest.raises(ValueError, match="`k`.*stride 1"):
-        _native.check(dtype="f16", q=q, k=k_strided, v=v, o=o, stats=[BASE])
+        _native.forward(dtype="f16", q=q, k=k_strided, v=v, o=o, stats=[BASE])
     with pytest.raises(ValueError, match="`o`"):
-        _native.check(dtype="f16", q=q, k=k, v=v, o=(o[0], [1, 2, 8, 64], o[2]), stats=[BASE])
+        _native.forward(dtype="f16", q=q, k=k, v=v, o=(o[0], [1, 2, 8, 64], o[2]), stats=[BASE])
 
 
 def test_native_forward_checks_before_it_opens_a_device():
@@ -194,3 +194,25 @@ def test_seqlen_k_may_differ_from_seqlen_q():
     q = FakeTensor((2, 128, 8, 64))
     k = v = FakeTensor((2, 300, 8, 64))
     assert check_inputs(q, k, v, FLASH_ATTN) == "bf16"
+
+
+def native_backward(dims_q=(1, 2, 16, 64), dims_kv=(1, 2, 24, 64), lse=None, **edits):
+    """The backward's native checks (no device): q, k, v, o, d_o, dq, dk, dv and L."""
+    names = ["q", "k", "v", "o", "d_o", "dq", "dk", "dv"]
+    dims = [dims_q, dims_kv, dims_kv, dims_q, dims_q, dims_q, dims_kv, dims_kv]
+    tensors = {n: sdpa(i, d) for i, (n, d) in enumerate(zip(names, dims))}
+    tensors.update(edits)
+    b, h, s, _ = dims_q
+    lse = lse or (BASE + (9 << 30), [b, h, s], [h * s, s, 1])
+    return _native.backward(dtype="bf16", lse=lse, causal=True, **tensors)
+
+
+def test_native_backward_checks_without_a_device():
+    assert native_backward() is None  # checked, nothing launched
+    with pytest.raises(ValueError, match="`dk`"):
+        native_backward(dk=sdpa(6, (1, 2, 16, 64)))
+    with pytest.raises(ValueError, match="`d_o`.*stride 1"):
+        d_o = sdpa(4)
+        native_backward(d_o=(d_o[0], d_o[1], [*d_o[2][:3], 2]))
+    with pytest.raises(ValueError, match="`logsumexp`"):
+        native_backward(lse=(BASE, [1, 2, 24], [48, 24, 1]))

@@ -23,6 +23,7 @@ def test_meta_tensors_are_not_cuda():
 
 
 def test_non_tensor_is_a_type_error():
-    q = torch.randn(1, 16, 2, 64)
-    with pytest.raises(TypeError, match="^k must be a torch.Tensor"):
-        flash_attn_func(q, "k", q)
+    # q is checked first, whole: a CPU q would be reported before a bad k.
+    k = torch.randn(1, 16, 2, 64)
+    with pytest.raises(TypeError, match="^q must be a torch.Tensor, got str"):
+        flash_attn_func("q", k, k)

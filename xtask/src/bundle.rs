@@ -5,7 +5,9 @@
 //! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
 //!   skipping); ends with "N passed, N failed";
 //! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table, and ncu's HBM traffic;
-//! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes.
+//! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes;
+//! - `run-python-tests.sh` (`bundle_python`): the `flash_attn_rs` wheel in `python/wheels/`,
+//!   installed without network, its GPU test suite and the training example.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,20 +68,31 @@ echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
 "#;
 
-const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
-# Runs every bundled binary on a machine with an NVIDIA GPU and reports pass/fail.
-# Usage: bundle/run.sh [--quick]   (--quick: skip the benchmarks)
-set -u
-cd "$(dirname "$0")"
-export FLASH_ATTN_REQUIRE_GPU=1
-passed=0; failed=0; failures=()
+/// The scripts' `step NAME COMMAND…`: runs one step, counts it passed or failed, never stops.
+macro_rules! step_function {
+    () => {
+        r#"passed=0; failed=0; failures=()
 step() {
   local name=$1; shift
   echo "=== $name: $* ==="
   if "$@"; then passed=$((passed + 1)); echo "=== $name: pass ==="
   else failed=$((failed + 1)); failures+=("$name"); echo "=== $name: FAIL ==="; fi
 }
-step info bin/flash-attn info
+"#
+    };
+}
+pub(crate) use step_function;
+
+const RUN_SCRIPT: &str = concat!(
+    r#"#!/usr/bin/env bash
+# Runs every bundled binary on a machine with an NVIDIA GPU and reports pass/fail.
+# Usage: bundle/run.sh [--quick]   (--quick: skip the benchmarks)
+set -u
+cd "$(dirname "$0")"
+export FLASH_ATTN_REQUIRE_GPU=1
+"#,
+    step_function!(),
+    r#"step info bin/flash-attn info
 step check bin/flash-attn check --require-gpu
 for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
 if [ "${1:-}" != "--quick" ]; then
@@ -88,7 +101,8 @@ fi
 [ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
-"#;
+"#
+);
 
 pub fn run(out: &Path) -> Result {
     let out = if out.is_absolute() {
@@ -139,10 +153,12 @@ pub fn run(out: &Path) -> Result {
     for (_, name) in &copies {
         println!("  bin/{name}");
     }
+    total += crate::bundle_python::bundle(&out)?;
     println!(
-        "bundle: {} binaries, {:.1} MiB, in {} (run: {}/run.sh)",
+        "bundle: {} binaries and the Python wheel, {:.1} MiB, in {} (run: {}/run.sh, {}/run-python-tests.sh)",
         copies.len(),
         total as f64 / 1048576.0,
+        out.display(),
         out.display(),
         out.display()
     );
@@ -190,13 +206,13 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 #[cfg(unix)]
-fn make_executable(path: &Path) -> Result {
+pub(crate) fn make_executable(path: &Path) -> Result {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
 }
 
 #[cfg(not(unix))]
-fn make_executable(_: &Path) -> Result {
+pub(crate) fn make_executable(_: &Path) -> Result {
     Ok(())
 }

@@ -6,9 +6,11 @@
 //! - `sass [--kernel NAME] [--blocks]`  SASS of the tensor-core kernels: HMMA, ldmatrix, MUFU,
 //!   spills in the main loop; `--blocks`: its basic blocks (paths) and their instruction mix
 //! - `test`                  PTX build, ptxas and SASS checks, and every test (the README's test command)
-//! - `bundle`                release binaries + PTX + a run script for a GPU machine without Rust
+//! - `bundle`                release binaries + PTX + run scripts, and the Python wheel with its GPU
+//!   tests, for a GPU machine without Rust
 
 mod bundle;
+mod bundle_python;
 mod ptx;
 mod sass;
 mod test;

@@ -416,15 +416,52 @@ pub fn attention_backward_into<T: Element>(
         dk: TensorSpec::of_device(&gradients.dk),
         dv: TensorSpec::of_device(&gradients.dv),
     })?;
-    let views = BackwardViews {
-        q: q.view(gpu),
-        k: k.view(gpu),
-        v: v.view(gpu),
+    let call = BackwardCall {
+        operands: Operands {
+            q: q.view(gpu),
+            k: k.view(gpu),
+            v: v.view(gpu),
+            o: forward.o.view(gpu),
+        },
         d_o: d_o.view(gpu),
-        dk: gradients.dk.view(gpu),
-        dv: gradients.dv.view(gpu),
+        gradients: Gradients {
+            dq: gradients.dq.view(gpu),
+            dk: gradients.dk.view(gpu),
+            dv: gradients.dv.view(gpu),
+        },
+        logsumexp: gpu.address(logsumexp),
     };
-    let plan = BackwardPlan::new(gpu, T::DTYPE, &checked.problem, backward, Some(&views))?;
+    launch_backward(gpu, &checked, call, backward)
+}
+
+/// Where one backward call's tensors are on the device: Q, K, V, O, dO, dQ, dK, dV and L.
+pub(super) struct BackwardCall {
+    pub operands: Operands,
+    pub d_o: TensorView,
+    pub gradients: Gradients<TensorView>,
+    pub logsumexp: u64,
+}
+
+/// Plans a checked backward problem against the device (`backward`'s algorithm and mode, the
+/// tensor-core kernel's alignment checked on `call`'s views), allocates its workspace (D, the dQ
+/// accumulator and deterministic mode's flags, freed in stream order after the kernels) and
+/// launches the pre-pass, the main kernel and the post-pass on `gpu`'s stream. Shared by
+/// [`attention_backward_into`] and the call on borrowed memory (`borrowed_backward`).
+pub(super) fn launch_backward(
+    gpu: &Gpu,
+    checked: &BackwardProblem,
+    call: BackwardCall,
+    backward: &BackwardOptions,
+) -> Result<BackwardPlan> {
+    let views = BackwardViews {
+        q: call.operands.q,
+        k: call.operands.k,
+        v: call.operands.v,
+        d_o: call.d_o,
+        dk: call.gradients.dk,
+        dv: call.gradients.dv,
+    };
+    let plan = BackwardPlan::new(gpu, checked.dtype, &checked.problem, backward, Some(&views))?;
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
     let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
@@ -434,18 +471,13 @@ pub fn attention_backward_into<T: Element>(
         gpu.fill(&mut dq_flags, 0.0)?;
     }
     let params = Fa2BackwardParams {
-        operands: Operands {
-            q: views.q,
-            k: views.k,
-            v: views.v,
-            o: forward.o.view(gpu),
-        },
+        operands: call.operands,
         shape: checked.problem.shape(),
-        d_o: views.d_o,
-        dq: gradients.dq.view(gpu),
-        dk: views.dk,
-        dv: views.dv,
-        logsumexp: gpu.address(logsumexp),
+        d_o: call.d_o,
+        dq: call.gradients.dq,
+        dk: call.gradients.dk,
+        dv: call.gradients.dv,
+        logsumexp: call.logsumexp,
         delta: gpu.address(&delta),
         dq_accumulator: gpu.address(&dq_accumulator),
     };

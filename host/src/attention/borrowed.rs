@@ -94,7 +94,7 @@ impl BorrowedArguments {
     }
 }
 
-fn check_address(name: &'static str, address: u64, align: u64) -> Result<()> {
+pub(super) fn check_address(name: &'static str, address: u64, align: u64) -> Result<()> {
     if address == 0 || !address.is_multiple_of(align) {
         return Err(Error::invalid(
             name,
@@ -106,7 +106,11 @@ fn check_address(name: &'static str, address: u64, align: u64) -> Result<()> {
 }
 
 /// Non-null, element-aligned, last stride 1, and every element's byte offset within a u64.
-fn check_tensor(name: &'static str, tensor: &BorrowedTensor, element_bytes: u64) -> Result<()> {
+pub(super) fn check_tensor(
+    name: &'static str,
+    tensor: &BorrowedTensor,
+    element_bytes: u64,
+) -> Result<()> {
     check_address(name, tensor.address, element_bytes)?;
     if tensor.strides[3] != 1 {
         return Err(Error::invalid(
@@ -138,7 +142,7 @@ fn check_tensor(name: &'static str, tensor: &BorrowedTensor, element_bytes: u64)
 
 /// O is written once per element: no two of its elements may share an address (a stride-0 or
 /// overlapping view would make the kernels race).
-fn check_no_overlap(name: &'static str, tensor: &BorrowedTensor) -> Result<()> {
+pub(super) fn check_no_overlap(name: &'static str, tensor: &BorrowedTensor) -> Result<()> {
     let mut axes: Vec<(usize, usize)> = tensor
         .strides
         .into_iter()
@@ -161,7 +165,7 @@ fn check_no_overlap(name: &'static str, tensor: &BorrowedTensor) -> Result<()> {
     Ok(())
 }
 
-fn view(tensor: &BorrowedTensor) -> TensorView {
+pub(super) fn view(tensor: &BorrowedTensor) -> TensorView {
     TensorView {
         addr: tensor.address,
         batch_stride: tensor.strides[0] as u64,

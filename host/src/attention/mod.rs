@@ -4,12 +4,14 @@
 //! - [`backward`]: the backward pass's arguments, checked, and its CPU emulation on host tensors;
 //! - [`backward_gpu`]: the FA2 backward on the GPU, its plan and its launches;
 //! - [`borrowed`]: the same call on device memory another library owns (PyTorch's tensors);
+//! - [`borrowed_backward`]: the backward on such memory (the Python bridge's autograd);
 //! - [`plan`]: which kernels run with which launches, checked against the device;
 //! - this file: the API (allocate outputs and workspace, build parameter blocks, launch the plan).
 
 pub mod backward;
 pub mod backward_gpu;
 pub mod borrowed;
+pub mod borrowed_backward;
 pub mod plan;
 pub mod problem;
 
@@ -24,6 +26,7 @@ pub use backward_gpu::{
     attention_backward_into,
 };
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
+pub use borrowed_backward::{BorrowedBackwardArguments, BorrowedRows, attention_backward_borrowed};
 pub use plan::{
     Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
     PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,

@@ -27,6 +27,31 @@ use crate::error::{CudaContextExt, Error, Result};
 /// A CUDA stream handle another library owns (for [`Gpu::use_borrowed_stream`]).
 pub type RawStream = sys::CUstream;
 
+/// Why a call cannot be captured into a CUDA graph (see [`Gpu::use_borrowed_stream`]).
+pub const GRAPH_CAPTURE_UNSUPPORTED: &str = "a stream that is not capturing a CUDA graph: \
+    calls cannot be captured, because moving to a new stream first waits for the previous one \
+    (not allowed during a capture), FA3 copies its tensor maps from host memory into a ring of \
+    device slots that later calls reuse (a replay would read another call's maps), and standard \
+    attention, FA1 and the backward allocate workspace per call; run the call outside the capture";
+
+/// Whether `stream` is capturing a CUDA graph, or is the legacy stream while another stream's
+/// capture forbids using it.
+///
+/// # Safety
+///
+/// `stream` is null or a valid stream.
+unsafe fn is_capturing(stream: RawStream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: writes one status for a valid stream (the caller's contract).
+    match unsafe { sys::cuStreamIsCapturing(stream, &mut status) } {
+        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
+        result => {
+            result.result().context(|| "cuStreamIsCapturing".into())?;
+            Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        }
+    }
+}
+
 /// What the host needs to know about the device.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DeviceInfo {
@@ -173,7 +198,18 @@ impl Gpu {
     /// [`Gpu::open`] uses and PyTorch uses), and its owner keeps it alive while work this `Gpu`
     /// sent to it may run. Buffers allocated through this `Gpu` before the switch are used only
     /// after the work that wrote them (the wait above gives that for work sent through it).
+    ///
+    /// A stream capturing a CUDA graph is refused ([`GRAPH_CAPTURE_UNSUPPORTED`] says why),
+    /// before anything is sent to it, so the capture stays valid.
     pub unsafe fn use_borrowed_stream(&mut self, stream: RawStream) -> Result<()> {
+        // SAFETY: the caller's contract: a valid stream (or null).
+        if unsafe { is_capturing(stream) }? {
+            return Err(Error::invalid(
+                "stream",
+                "a stream capturing a CUDA graph",
+                GRAPH_CAPTURE_UNSUPPORTED,
+            ));
+        }
         if self.stream.cu_stream() == stream {
             return Ok(());
         }

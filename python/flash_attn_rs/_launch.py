@@ -1,0 +1,94 @@
+"""The calls into the native half: outputs and gradients allocated by PyTorch, then one launch on
+PyTorch's current stream. The arguments have passed ``_checks`` already; the native half checks
+the integers again before it launches anything."""
+
+from . import _native
+from ._checks import dims_and_strides
+
+#: The plans of the last forward and backward calls on this process (one line each, or None).
+plans = {"forward": None, "backward": None}
+
+
+def _operand(tensor, layout):
+    dims, strides = dims_and_strides(tensor, layout)
+    return (tensor.data_ptr(), dims, strides)
+
+
+def _common(torch, q, k, v, o, layout, dtype):
+    """The arguments every native call takes: the dtype, the device and its current stream, and
+    Q, K, V, O as (address, dims, strides)."""
+    return dict(
+        dtype=dtype,
+        device=q.device.index,
+        stream=torch.cuda.current_stream(q.device).cuda_stream,
+        q=_operand(q, layout),
+        k=_operand(k, layout),
+        v=_operand(v, layout),
+        o=_operand(o, layout),
+    )
+
+
+def _refuse_graph_capture(torch):
+    """Raises before anything is allocated or launched when the current stream is capturing a
+    CUDA graph: the calls cannot be captured (the message says why)."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "flash_attn_rs was called while PyTorch's current stream is capturing a CUDA graph; "
+            f"it needs {_native.GRAPH_CAPTURE_UNSUPPORTED}"
+        )
+
+
+def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm):
+    """Allocates O (Q's shape, contiguous) and the row statistics with PyTorch and launches the
+    forward on the current stream of Q's device. Returns (O, L), L float32 (batch, heads,
+    seqlen_q) contiguous (FA1's m and l are turned into L = m + log l)."""
+    import torch  # only here: importing flash_attn_rs needs no PyTorch
+
+    with torch.cuda.device(q.device):
+        _refuse_graph_capture(torch)
+        batch, heads, seqlen_q, _ = dims_and_strides(q, layout)[0]
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        rows = (batch, heads, seqlen_q)
+        fa1 = algorithm == "fa1"
+        stats = [
+            torch.empty(rows, dtype=torch.float32, device=q.device) for _ in range(2 if fa1 else 1)
+        ]
+        plans["forward"] = _native.forward(
+            **_common(torch, q, k, v, o, layout, dtype),
+            stats=[s.data_ptr() for s in stats],
+            algorithm=algorithm,
+            softmax_scale=softmax_scale,
+            causal=causal,
+        )
+        if fa1:
+            m, l = stats
+            lse = torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))
+        else:
+            (lse,) = stats
+    return o, lse
+
+
+def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal):
+    """Allocates dQ, dK, dV with PyTorch (each its input's strides where those are dense, else
+    contiguous) and launches the backward on the current stream of Q's device. Returns
+    (dQ, dK, dV)."""
+    import torch
+
+    if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
+        # Upstream gradients may come broadcast (a sum's: stride 0) or transposed: the kernels
+        # need a contiguous head dim.
+        d_o = d_o.to(dtype=o.dtype).contiguous()
+    with torch.cuda.device(q.device):
+        _refuse_graph_capture(torch)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        plans["backward"] = _native.backward(
+            **_common(torch, q, k, v, o, layout, dtype),
+            lse=(lse.data_ptr(), list(lse.shape), list(lse.stride())),
+            d_o=_operand(d_o, layout),
+            dq=_operand(dq, layout),
+            dk=_operand(dk, layout),
+            dv=_operand(dv, layout),
+            softmax_scale=softmax_scale,
+            causal=causal,
+        )
+    return dq, dk, dv

@@ -1,0 +1,111 @@
+"""The f64 reference and the project's tolerance rule, in PyTorch, mirroring the Rust tests
+(`host/src/tools/check.rs`, `host/src/model/reference.rs`, `tests/gpu_backward.rs`,
+`host/src/model/reference_backward.rs`):
+
+- forward O: f32 within 1e-5 of max |O_ref|; f16/bf16 within 2 × (the error of standard
+  attention computed in that dtype: inputs in the dtype, P and O rounded to it) + 1e-5;
+- L within 1e-4 where the reference is finite, and -inf where it is -inf;
+- dQ, dK, dV: f32 within 1e-4 × max(max |ref|, 1); f16/bf16 within 2 × (the error of the
+  backward computed in that dtype: O rounded before D, P rounded before dV, dS rounded before dQ
+  and dK, the gradients rounded) + 1e-5.
+
+Tensors here are in SDPA's layout (batch, heads, seqlen, head_dim); the exact reference is
+float64 PyTorch math (its gradients by autograd), with FlashAttention's bottom-right causal mask.
+"""
+
+import math
+
+import torch
+
+F32_RELATIVE_TOLERANCE = 1e-5
+HALF_ABSOLUTE_SLACK = 1e-5
+LOGSUMEXP_TOLERANCE = 1e-4
+BACKWARD_F32_RELATIVE_TOLERANCE = 1e-4
+
+
+def causal_mask(seqlen_q, seqlen_k, device):
+    """Query i sees key j iff j <= i + seqlen_k - seqlen_q (bottom-right aligned)."""
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    return j <= i + (seqlen_k - seqlen_q)
+
+
+def _probabilities(q, k, causal, scale):
+    """P (exact softmax, 0 on rows that see no key), L (-inf there) and the visibility mask."""
+    s = scale * (q @ k.transpose(-1, -2))
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    if causal:
+        mask = causal_mask(seqlen_q, seqlen_k, q.device)
+    else:
+        mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    visible = mask.any(-1)[:, None]  # (seqlen_q, 1)
+    # Rows with no visible key get finite scores (discarded below), so nothing turns NaN.
+    s = torch.where(mask, s, torch.where(visible, -math.inf, 0.0))
+    p = torch.where(visible, torch.softmax(s, dim=-1), 0.0)
+    lse = torch.where(visible[:, 0], torch.logsumexp(s, dim=-1), -math.inf)
+    return p, lse
+
+
+def attention64(q, k, v, causal, scale):
+    """O and L in float64 (inputs: float64, SDPA layout); differentiable in q, k, v."""
+    p, lse = _probabilities(q, k, causal, scale)
+    return p @ v, lse
+
+
+def _round(x, dtype):
+    return x.to(dtype).to(torch.float64)
+
+
+def attention_in_dtype(q, k, v, causal, scale, dtype):
+    """Standard attention as it would run in `dtype`: P and O rounded (the forward baseline)."""
+    p, _ = _probabilities(q, k, causal, scale)
+    return _round(_round(p, dtype) @ v, dtype)
+
+
+def backward_in_dtype(q, k, v, d_o, causal, scale, dtype):
+    """The backward as a kernel in `dtype` rounds it (the backward baseline)."""
+    p, _ = _probabilities(q, k, causal, scale)
+    o = p @ v
+    delta = (_round(o, dtype) * d_o).sum(-1, keepdim=True)
+    d_p = d_o @ v.transpose(-1, -2)
+    d_s = _round(p * (d_p - delta), dtype)
+    dv = _round(_round(p, dtype).transpose(-1, -2) @ d_o, dtype)
+    dq = _round(scale * (d_s @ k), dtype)
+    dk = _round(scale * (d_s.transpose(-1, -2) @ q), dtype)
+    return dq, dk, dv
+
+
+def gradients64(q, k, v, d_o, causal, scale):
+    """dQ, dK, dV of float64 attention by autograd."""
+    with torch.enable_grad():  # also inside a custom Function's backward
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        o, _ = attention64(*leaves, causal, scale)
+        return torch.autograd.grad(o, leaves, d_o)
+
+
+def max_error(got, want):
+    """max |got - want| in float64, and whether every element of `got` is finite."""
+    got = got.to(torch.float64)
+    return (got - want).abs().max().item(), bool(torch.isfinite(got).all())
+
+
+def forward_bound(o_ref, o_in_dtype, dtype):
+    if dtype == torch.float32:
+        return F32_RELATIVE_TOLERANCE * max(o_ref.abs().max().item(), 1e-300)
+    return 2.0 * max_error(o_in_dtype, o_ref)[0] + HALF_ABSOLUTE_SLACK
+
+
+def backward_bound(g_ref, g_in_dtype, dtype):
+    if dtype == torch.float32:
+        return BACKWARD_F32_RELATIVE_TOLERANCE * max(g_ref.abs().max().item(), 1.0)
+    return 2.0 * max_error(g_in_dtype, g_ref)[0] + HALF_ABSOLUTE_SLACK
+
+
+def logsumexp_error(lse, lse_ref):
+    """The largest |L - L_ref| where L_ref is finite; inf where L_ref is -inf and L is not."""
+    lse = lse.to(torch.float64)
+    finite = torch.isfinite(lse_ref)
+    error = (lse - lse_ref).abs().where(finite, 0.0).max().item() if finite.any() else 0.0
+    if not torch.equal(lse[~finite], lse_ref[~finite]):
+        return math.inf
+    return error if not math.isnan(error) else math.inf

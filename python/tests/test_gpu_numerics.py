@@ -1,0 +1,216 @@
+"""Forward and backward through flash_attn_rs against float64 PyTorch math, with the project's
+tolerance rule (`reference.py`): odd head dims, seqlen_q != seqlen_k both ways, causal and not,
+both layouts (flash-attn's and SDPA's), every algorithm, and sliced (non-contiguous) inputs.
+Inputs are N(0, 1); gradients come from ``loss.backward()`` through the autograd Function.
+
+Set FLASH_ATTN_PY_RESULTS=path to append one tab-separated line per checked tensor (test, tensor,
+error, bound, error/bound, plan) to that file."""
+
+import os
+import zlib
+
+from gpu_support import generator, randn, torch
+
+import pytest
+import reference as ref
+
+import flash_attn_rs
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+# (batch, heads, seqlen_q, seqlen_k, head_dim): a single element, a single query, odd head dims
+# (1, 33, 97, 255), head dims FA3 does not compile (80: padded to 96), seqlen_q > seqlen_k with
+# causal (leading rows see no key), and block tails everywhere.
+SHAPES = [
+    (1, 1, 1, 1, 1),
+    (1, 2, 1, 17, 33),
+    (2, 3, 128, 128, 64),
+    (1, 2, 113, 203, 97),
+    (1, 2, 203, 113, 80),
+    (2, 1, 77, 300, 255),
+    (1, 2, 150, 150, 128),
+]
+
+
+def record(test, tensor, error, bound, plan):
+    path = os.environ.get("FLASH_ATTN_PY_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            ratio = error / bound if bound > 0 else float("inf")
+            f.write(f"{test}\t{tensor}\t{error:.3e}\t{bound:.3e}\t{ratio:.3f}\t{plan}\n")
+
+
+def assert_within(test, name, got, want, bound, plan):
+    error, finite = ref.max_error(got, want)
+    record(test, name, error, bound, plan)
+    assert finite, f"{test}: {name} has non-finite elements ({plan})"
+    assert error <= bound, f"{test}: {name} error {error:.3e} > bound {bound:.3e} ({plan})"
+
+
+def seed_of(test):
+    return zlib.crc32(test.encode())
+
+
+def check(test, q, k, v, run, causal, grads_of, scale=None):
+    """Runs ``run()`` -> (O, L) in SDPA-layout views, backpropagates a random dO, and checks O, L
+    and ``grads_of()`` -> (dQ, dK, dV) (SDPA-layout views) against the f64 reference computed on
+    q, k, v (SDPA-layout views of the inputs)."""
+    dtype = q.dtype
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else scale
+    o, lse = run()
+    forward_plan = flash_attn_rs.last_plan()
+    d_o = randn(o.shape, dtype, generator(seed_of(test) + 1))
+    o.backward(d_o)
+    backward_plan = flash_attn_rs.last_backward_plan()
+
+    q64, k64, v64, d_o64 = (t.detach().to(torch.float64) for t in (q, k, v, d_o))
+    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale)
+    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, dtype)
+    assert_within(test, "o", o.detach(), o_ref, ref.forward_bound(o_ref, o_dtype, dtype),
+                  forward_plan)
+    if lse is not None:
+        lse_error = ref.logsumexp_error(lse, lse_ref)
+        record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, forward_plan)
+        assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e}"
+
+    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale)
+    in_dtype = ref.backward_in_dtype(q64, k64, v64, d_o64, causal, scale, dtype)
+    for name, got, want, base in zip(("dq", "dk", "dv"), grads_of(), exact, in_dtype):
+        assert got is not None, f"{test}: no gradient for {name}"
+        assert_within(test, name, got, want, ref.backward_bound(want, base, dtype),
+                      backward_plan)
+
+
+def leaves(shapes, dtype, test):
+    g = generator(seed_of(test))
+    return [randn(s, dtype, g).requires_grad_(True) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["flash", "sdpa"])
+def test_both_layouts(layout, dtype, shape, causal):
+    """Contiguous inputs, default algorithm: flash_attn_func on (batch, seqlen, heads, head_dim)
+    (and its L), scaled_dot_product_attention on (batch, heads, seqlen, head_dim)."""
+    b, h, sq, sk, d = shape
+    test = f"{layout} {dtype} {shape} causal={causal}"
+    flash = layout == "flash"
+    q_shape, kv_shape = ((b, sq, h, d), (b, sk, h, d)) if flash else ((b, h, sq, d), (b, h, sk, d))
+    q, k, v = leaves([q_shape, kv_shape, kv_shape], DTYPES[dtype], test)
+    view = (lambda t: t.transpose(1, 2)) if flash else (lambda t: t)
+
+    def run():
+        if flash:
+            o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+            assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
+        else:
+            o, lse = flash_attn_rs.scaled_dot_product_attention(q, k, v, is_causal=causal), None
+        assert o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
+        return view(o), lse
+
+    check(test, view(q), view(k), view(v), run, causal,
+          lambda: [view(t.grad) for t in (q, k, v)])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("algorithm", flash_attn_rs.ALGORITHMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_algorithm(dtype, algorithm, causal):
+    """Each forward algorithm (FA1's m and l turned into L), then the backward from its O and L;
+    the plan names the algorithm asked for."""
+    b, h, sq, sk, d = 1, 2, 113, 203, 64
+    test = f"algorithm {algorithm} {dtype} causal={causal}"
+    q, k, v = leaves([(b, sq, h, d), (b, sk, h, d), (b, sk, h, d)], DTYPES[dtype], test)
+
+    def run():
+        o, lse = flash_attn_rs.flash_attn_func(
+            q, k, v, causal=causal, algorithm=algorithm, return_lse=True, softmax_scale=0.3
+        )
+        assert flash_attn_rs.last_plan().startswith(f"{algorithm}:"), flash_attn_rs.last_plan()
+        return o.transpose(1, 2), lse
+
+    view = lambda t: t.transpose(1, 2)  # noqa: E731
+    check(test, view(q), view(k), view(v), run, causal,
+          lambda: [view(t.grad) for t in (q, k, v)], scale=0.3)
+
+
+def test_default_is_fa3_on_hopper():
+    """algorithm=None runs FA3's kernels on compute capability 9.0 (bf16, d = 128)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("not a compute capability 9.0 device")
+    q = randn((1, 256, 2, 128), torch.bfloat16, generator(7))
+    flash_attn_rs.flash_attn_func(q, q, q)
+    plan = flash_attn_rs.last_plan()
+    assert plan.startswith("fa3:") and "fa3_forward_bf16_d128" in plan, plan
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sliced_packed_qkv(dtype, causal):
+    """Q, K, V sliced from one packed (batch, seqlen, 3, heads, head_dim + 8) tensor: every stride
+    but the last is not the contiguous one; read in place, gradients flow into the packed
+    tensor (its padding columns get none)."""
+    b, s, h, d = 2, 130, 3, 72
+    test = f"sliced packed {dtype} causal={causal}"
+    (packed,) = leaves([(b, s, 3, h, d + 8)], DTYPES[dtype], test)
+    q, k, v = (packed[:, :, i, :, :d] for i in range(3))
+    assert not q.is_contiguous() and q.stride(-1) == 1
+
+    def run():
+        o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        return o.transpose(1, 2), lse
+
+    def grads():
+        g = packed.grad
+        assert torch.count_nonzero(g[..., d:]) == 0, "gradient in the padding columns"
+        return [g[:, :, i, :, :d].transpose(1, 2) for i in range(3)]
+
+    view = lambda t: t.transpose(1, 2)  # noqa: E731
+    check(test, view(q), view(k), view(v), run, causal, grads)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sliced_sdpa_views(causal):
+    """SDPA-layout views: Q a window of a longer sequence, K and V transposed views of
+    flash-attn-layout storage."""
+    b, h, sq, sk, d = 2, 4, 100, 160, 64
+    test = f"sliced sdpa causal={causal}"
+    long_q, k_storage, v_storage = leaves(
+        [(b, h, sq + 40, d), (b, sk, h, d), (b, sk, h, d)], torch.bfloat16, test
+    )
+    q = long_q[:, :, 25 : 25 + sq]
+    k, v = k_storage.transpose(1, 2), v_storage.transpose(1, 2)
+
+    def run():
+        return flash_attn_rs.scaled_dot_product_attention(q, k, v, is_causal=causal), None
+
+    def grads():
+        assert torch.count_nonzero(long_q.grad[:, :, :25]) == 0
+        return [long_q.grad[:, :, 25 : 25 + sq], k_storage.grad.transpose(1, 2),
+                v_storage.grad.transpose(1, 2)]
+
+    check(test, q, k, v, run, causal, grads)
+
+
+def test_broadcast_upstream_gradient():
+    """loss = O.sum(): dO reaches the backward broadcast (stride 0), which it must accept."""
+    test = "broadcast dO"
+    q, k, v = leaves([(1, 64, 2, 32)] * 3, torch.float32, test)
+    flash_attn_rs.flash_attn_func(q, k, v, causal=True).sum().backward()
+    q64, k64, v64 = (t.detach().to(torch.float64).transpose(1, 2) for t in (q, k, v))
+    ones = torch.ones_like(q64)
+    exact = ref.gradients64(q64, k64, v64, ones, True, 32**-0.5)
+    for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), exact):
+        bound = ref.BACKWARD_F32_RELATIVE_TOLERANCE * max(want.abs().max().item(), 1.0)
+        assert_within(test, name, t.grad.transpose(1, 2), want, bound,
+                      flash_attn_rs.last_backward_plan())
+
+
+def test_no_grad_saves_nothing_and_matches():
+    """Under torch.no_grad the forward runs without recording a graph."""
+    q = randn((1, 40, 2, 64), torch.bfloat16, generator(3))
+    with torch.no_grad():
+        o = flash_attn_rs.flash_attn_func(q, q, q)
+    assert o.grad_fn is None and not o.requires_grad
