@@ -10,13 +10,15 @@
 
 use crate::common::element::{Bf16, F16};
 #[cfg(not(feature = "hopper"))]
-use crate::common::params::{Fa1Params, Fa2Params, StandardParams};
+use crate::common::params::{DecodeParams, Fa1Params, Fa2Params, StandardParams};
+#[cfg(not(feature = "hopper"))]
+use crate::decode::{append, combine, split_kv};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
 #[cfg(feature = "hopper")]
 use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
 #[cfg(not(feature = "hopper"))]
-use crate::{fa2_config, fa2_tc_config, for_each_kernel};
+use crate::{decode_config, fa2_config, fa2_tc_config, for_each_kernel};
 
 /// The kernels' element type for a name of the list.
 macro_rules! element {
@@ -31,6 +33,16 @@ macro_rules! element {
     };
 }
 
+/// Whether a cache layout of the list is paged.
+macro_rules! paged {
+    (contiguous) => {
+        false
+    };
+    (paged) => {
+        true
+    };
+}
+
 /// One entry point, from one line of a list.
 macro_rules! entry_point {
     (fa3 $dtype:ident $d:literal $consumers:literal $cols:literal) => {
@@ -40,6 +52,33 @@ macro_rules! entry_point {
                 $consumers, "c", $cols))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa3Params) {
                 fa3::kernel::forward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (decode $dtype:ident $d:literal $cache:ident) => {
+        const _: () = {
+            decode_config!(Config, $d, paged!($cache));
+            #[unsafe(export_name = concat!("decode_splitkv_", stringify!($dtype), "_d", $d, "_",
+                stringify!($cache)))]
+            unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
+                split_kv::split_kv::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (decode_combine $dtype:ident $d:literal) => {
+        const _: () = {
+            decode_config!(Config, $d, false);
+            #[unsafe(export_name = concat!("decode_combine_", stringify!($dtype), "_d", $d))]
+            unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
+                combine::combine::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (kv_append $dtype:ident $cache:ident) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("kv_append_", stringify!($dtype), "_", stringify!($cache)))]
+            unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
+                append::append::<{ paged!($cache) }>(&params)
             }
         };
     };

@@ -5,7 +5,7 @@
 //!   compiled into one PTX module;
 //! - for the host, where only the plain parts exist: the kernel list and ids ([`registry`]),
 //!   parameter blocks, block coordinates, the causal mask and the online softmax ([`common`]),
-//!   tile geometry ([`tile`]) and each family's config ([`fwd`]), so the host launches exactly
+//!   tile geometry ([`tile`]) and each family's config ([`fwd`], [`decode`]), so the host launches exactly
 //!   what the kernels expect and tests the arithmetic on the CPU.
 //!
 //! ```text
@@ -13,6 +13,7 @@
 //! common/    params, block coordinates, mask, softmax, limits, element types
 //! tile/      global rows, shared tiles, copies, fragments, register blocks, warp reductions
 //! fwd/       one folder per forward family: config.rs (host and GPU) and kernel.rs (GPU)
+//! decode/    decoding against a KV cache: append, split-KV, combine (config.rs: host and GPU)
 //! registry/  the list of every compiled kernel, and `KernelId`
 //! entry.rs   the PTX entry points, generated from the list
 //! ```
@@ -43,6 +44,7 @@
 extern crate std;
 
 pub mod common;
+pub mod decode;
 pub mod fwd;
 pub mod registry;
 pub mod tile;

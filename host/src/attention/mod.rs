@@ -2,12 +2,14 @@
 //!
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
 //! - [`backward`]: the backward pass's arguments, checked, and its CPU emulation on host tensors;
+//! - [`decode`]: decoding against a KV cache (split-KV, GQA, paged caches), its own API;
 //! - [`borrowed`]: the same call on device memory another library owns (PyTorch's tensors);
 //! - [`plan`]: which kernels run with which launches, checked against the device;
 //! - this file: the API (allocate outputs and workspace, build parameter blocks, launch the plan).
 
 pub mod backward;
 pub mod borrowed;
+pub mod decode;
 pub mod plan;
 pub mod problem;
 
@@ -19,9 +21,10 @@ use ndarray::Array3;
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use plan::{
-    Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
-    PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,
-    fa2_tc_tiling, fa2_tc_tilings, fa3_fallback, fa3_tiling, tensor_core_fallback,
+    Blocks, CompiledLimits, H200_MULTIPROCESSORS, H200_SHARED_MEMORY_PER_BLOCK, Launch,
+    LaunchLimits, Plan, PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks,
+    fa2_tc_head_dims, fa2_tc_tiling, fa2_tc_tilings, fa3_fallback, fa3_tiling,
+    tensor_core_fallback,
 };
 pub use problem::{
     Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem, parse_fa2_tc_tiling, parse_fa3_tiling,

@@ -18,6 +18,7 @@ impl ParamBlock for flash_kernels::common::params::StandardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa1Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2Params {}
 impl ParamBlock for flash_kernels::common::params::Fa3Params {}
+impl ParamBlock for flash_kernels::common::params::DecodeParams {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]
@@ -100,6 +101,10 @@ impl LaunchLimits for Gpu {
 
     fn runs_hopper_module(&self) -> bool {
         self.has_hopper_module()
+    }
+
+    fn multiprocessors(&self) -> u32 {
+        self.info().multiprocessors
     }
 
     /// `cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)`: the kernel's `.maxntid`, lowered where its

@@ -9,7 +9,9 @@
 
 mod id;
 
-pub use id::{ElementType, Family, KernelId, Module, ParseKernelIdError, StandardStage};
+pub use id::{
+    CacheLayout, ElementType, Family, KernelId, Module, ParseKernelIdError, StandardStage,
+};
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
@@ -19,7 +21,9 @@ use crate::fwd::fa3::config::Fa3Tiling;
 /// - `standard <stage> <dtype>`: the three kernels of standard attention;
 /// - `fa1 <dtype>`: FlashAttention-1's forward;
 /// - `fa2 <dtype> <head-dim capacity> <B_c>`: the faithful FA2 forward;
-/// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores.
+/// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores;
+/// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
+///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
 ///
 /// FA2-TC: every head dim up to 128 takes the full set of tilings; at d = 256 two row tiles would
 /// hold 2·256 f32 accumulators per lane, past the 255-register limit, so single row tiles only.
@@ -43,7 +47,18 @@ macro_rules! for_each_kernel {
                    (4 2 2 32) (4 2 1 32) (4 2 2 48);
             256 => (4 1 2 64) (8 1 2 64) (4 1 1 64) (8 1 1 64);
         });
+        $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
     };
+    (@decode $emit:ident [$($dtype:ident)*] $head_dims:tt) => {$(
+        $emit!(kv_append $dtype contiguous);
+        $emit!(kv_append $dtype paged);
+        $crate::for_each_kernel!(@decode_dtype $emit $dtype $head_dims);
+    )*};
+    (@decode_dtype $emit:ident $dtype:ident [$($d:literal)*]) => {$(
+        $emit!(decode $dtype $d contiguous);
+        $emit!(decode $dtype $d paged);
+        $emit!(decode_combine $dtype $d);
+    )*};
     (@standard $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(standard scores $dtype);
         $emit!(standard softmax $dtype);
@@ -174,6 +189,31 @@ macro_rules! push_kernel {
             Family::Fa3 {
                 head_dim: $head_dim,
                 tiling: Fa3Tiling::new($consumers, $cols),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; decode $dtype:ident $head_dim:literal $cache:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::Decode {
+                head_dim: $head_dim,
+                cache: CacheLayout::$cache(),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; decode_combine $dtype:ident $head_dim:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::DecodeCombine {
+                head_dim: $head_dim,
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; kv_append $dtype:ident $cache:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::KvAppend {
+                cache: CacheLayout::$cache(),
             },
             ElementType::$dtype(),
         ));

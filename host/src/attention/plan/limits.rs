@@ -8,6 +8,9 @@ use flash_kernels::registry::KernelId;
 
 use crate::error::{Error, Result};
 
+/// SMs of the H200, for plans made without a GPU.
+pub const H200_MULTIPROCESSORS: u32 = 132;
+
 /// Shared memory per block (opt-in) of the H200 the project measures on, for plans made without
 /// a GPU ([`CompiledLimits`]).
 pub const H200_SHARED_MEMORY_PER_BLOCK: u32 = 232_448;
@@ -22,6 +25,10 @@ pub trait LaunchLimits {
     fn max_threads(&self, kernel: KernelId) -> Result<u32>;
     /// Whether the device runs the Hopper module (FA3): compute capability 9.0.
     fn runs_hopper_module(&self) -> bool;
+    /// The device's SMs (the decode plan sizes its splits by them); the H200's by default.
+    fn multiprocessors(&self) -> u32 {
+        H200_MULTIPROCESSORS
+    }
 }
 
 /// Limits known without a GPU: a device's shared memory, and each kernel's compiled thread bound

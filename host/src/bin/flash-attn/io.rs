@@ -172,6 +172,9 @@ fn read_ncu_csv(path: &PathBuf) -> flash_attn::Result<BTreeMap<&'static str, (f6
             Family::Fa2 { .. } => "fa2",
             Family::Fa2Tc { .. } => "fa2-tc",
             Family::Fa3 { .. } => "fa3",
+            Family::Decode { .. } | Family::DecodeCombine { .. } | Family::KvAppend { .. } => {
+                "decode"
+            }
         };
         let Ok(bytes) = value.replace(',', "").parse::<f64>() else {
             continue;
