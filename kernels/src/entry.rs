@@ -34,6 +34,7 @@ macro_rules! element {
 }
 
 /// Whether a cache layout of the list is paged.
+#[cfg(not(feature = "hopper"))]
 macro_rules! paged {
     (contiguous) => {
         false

@@ -198,7 +198,11 @@ pub fn value_row(i: u32) -> u32 {
 pub fn value_fragment(rows: &[[u32; 4]; 4], j: usize) -> [u32; 2] {
     const LOW_HALVES: u32 = 0x5410;
     const HIGH_HALVES: u32 = 0x7632;
-    let selector = if j % 2 == 0 { LOW_HALVES } else { HIGH_HALVES };
+    let selector = if j.is_multiple_of(2) {
+        LOW_HALVES
+    } else {
+        HIGH_HALVES
+    };
     let word = j / 2;
     [
         arch::permute_bytes(rows[0][word], rows[1][word], selector),

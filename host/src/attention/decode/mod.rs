@@ -29,7 +29,7 @@ pub use plan::DecodePlan;
 pub use problem::{CacheGeometry, DecodeOptions, DecodeProblem, DecodeShapes};
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::common::params::{DecodeParams, TensorView};
+use flash_kernels::common::params::DecodeParams;
 use flash_kernels::tile::layout::COPY_ELEMENTS;
 use ndarray::Array3;
 
@@ -220,37 +220,18 @@ pub fn decode_with_workspace<T: Element>(
     }
     check_rows_aligned("output.o", output.o.strides())?;
     let [partial_o, partial_max, partial_sum] = workspace.addresses(gpu, plan)?;
-    let zero_view = TensorView::default();
-    let (k_new, v_new) = args
-        .new_kv
-        .map_or((zero_view, zero_view), |(k, v)| (k.view(gpu), v.view(gpu)));
-    let (block_table, table_stride, page_size) = table_params(gpu, args, &problem);
     let params = DecodeParams {
         q: args.q.view(gpu),
-        k_cache: args.k_cache.view(gpu),
-        v_cache: args.v_cache.view(gpu),
         o: output.o.view(gpu),
-        k_new,
-        v_new,
         logsumexp: gpu.address(&output.logsumexp),
         partial_o,
         partial_max,
         partial_sum,
-        cache_seqlens: gpu.address(&args.cache_seqlens.device),
-        block_table,
-        table_stride,
-        page_size,
-        batch: problem.batch as u32,
-        heads_q: problem.heads_q as u32,
-        heads_kv: problem.heads_kv as u32,
-        q_tokens: problem.q_tokens as u32,
-        new_tokens: problem.new_tokens as u32,
-        head_dim: problem.head_dim as u32,
         splits: plan.splits.splits,
         split_keys: plan.splits.split_keys,
         causal: problem.causal as u32,
         softmax_scale: problem.softmax_scale,
-        _pad: 0,
+        ..cache_params(gpu, args, &problem)
     };
     for PlannedLaunch { kernel, launch } in &plan.launches {
         gpu.launch(*kernel, *launch, params)?;
@@ -263,49 +244,31 @@ pub fn decode_with_workspace<T: Element>(
 /// `cache_seqlens` position, as a call of its own; the caller then passes the longer lengths to
 /// the next decode. Returns the one-launch plan.
 pub fn append_kv<T: Element>(gpu: &Gpu, args: &DecodeArguments<T>) -> Result<DecodePlan> {
-    let Some((k_new, v_new)) = args.new_kv else {
+    if args.new_kv.is_none() {
         return Err(Error::invalid(
             "new_kv",
             "None",
             "the keys and values to append",
         ));
-    };
+    }
     let mut plan = plan_decode(gpu, args, &DecodeOptions::default())?;
     plan.launches.truncate(1);
     plan.workspace_o = 0;
     plan.workspace_stats = 0;
-    let (block_table, table_stride, page_size) = table_params(gpu, args, &plan.problem);
-    let problem = &plan.problem;
-    let params = DecodeParams {
-        k_cache: args.k_cache.view(gpu),
-        v_cache: args.v_cache.view(gpu),
-        k_new: k_new.view(gpu),
-        v_new: v_new.view(gpu),
-        cache_seqlens: gpu.address(&args.cache_seqlens.device),
-        block_table,
-        table_stride,
-        page_size,
-        batch: problem.batch as u32,
-        heads_q: problem.heads_q as u32,
-        heads_kv: problem.heads_kv as u32,
-        q_tokens: problem.q_tokens as u32,
-        new_tokens: problem.new_tokens as u32,
-        head_dim: problem.head_dim as u32,
-        ..Default::default()
-    };
+    let params = cache_params(gpu, args, &plan.problem);
     let PlannedLaunch { kernel, launch } = plan.launches[0];
     gpu.launch(kernel, launch, params)?;
     Ok(plan)
 }
 
-/// The block table's address, row stride and page size for the parameter block (zeros for a
-/// contiguous cache).
-fn table_params<T: Element>(
+/// The parameter block's cache part, which the append and the attention share: the cache, the
+/// new keys, the lengths, the block table (zeros for a contiguous cache) and the shapes.
+fn cache_params<T: Element>(
     gpu: &Gpu,
     args: &DecodeArguments<T>,
     problem: &DecodeProblem,
-) -> (u64, u32, u32) {
-    match (args.block_table, problem.cache) {
+) -> DecodeParams {
+    let (block_table, table_stride, page_size) = match (args.block_table, problem.cache) {
         (
             Some(table),
             CacheGeometry::Paged {
@@ -319,6 +282,26 @@ fn table_params<T: Element>(
             page_size as u32,
         ),
         _ => (0, 0, 0),
+    };
+    let (k_new, v_new) = args
+        .new_kv
+        .map_or_else(Default::default, |(k, v)| (k.view(gpu), v.view(gpu)));
+    DecodeParams {
+        k_cache: args.k_cache.view(gpu),
+        v_cache: args.v_cache.view(gpu),
+        k_new,
+        v_new,
+        cache_seqlens: gpu.address(&args.cache_seqlens.device),
+        block_table,
+        table_stride,
+        page_size,
+        batch: problem.batch as u32,
+        heads_q: problem.heads_q as u32,
+        heads_kv: problem.heads_kv as u32,
+        q_tokens: problem.q_tokens as u32,
+        new_tokens: problem.new_tokens as u32,
+        head_dim: problem.head_dim as u32,
+        ..Default::default()
     }
 }
 

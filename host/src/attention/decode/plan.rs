@@ -10,7 +10,9 @@ use flash_kernels::decode::config::{
 use flash_kernels::registry::{CacheLayout, ElementType, Family, KernelId};
 
 use super::problem::{CacheGeometry, DecodeOptions, DecodeProblem};
-use crate::attention::plan::{Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads};
+use crate::attention::plan::{
+    Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, write_launches,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -134,15 +136,7 @@ impl fmt::Display for DecodePlan {
     /// One line: the kernels with their launches, and the split.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "decode:")?;
-        for (i, PlannedLaunch { kernel, launch }) in self.launches.iter().enumerate() {
-            let (x, y, z) = launch.grid;
-            let sep = if i == 0 { " " } else { "; " };
-            write!(
-                f,
-                "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
-                launch.threads, launch.shared_bytes
-            )?;
-        }
+        write_launches(f, &self.launches)?;
         write!(
             f,
             " ({} split{} of {} keys)",

@@ -4,7 +4,7 @@
 use flash_kernels::decode::config::{HEAD_DIMS, MAX_QUERY_TOKENS, PAGE_KEYS_MULTIPLE};
 
 use super::cache::TablePages;
-use crate::attention::problem::MAX_HEAD_DIM;
+use crate::attention::problem::{MAX_HEAD_DIM, checked_softmax_scale};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -251,16 +251,7 @@ impl DecodeProblem {
             }
             seqlens.push(seqlen);
         }
-        let softmax_scale = options
-            .softmax_scale
-            .unwrap_or(1.0 / (head_dim as f32).sqrt());
-        if !softmax_scale.is_finite() || softmax_scale <= 0.0 {
-            return Err(Error::invalid(
-                "softmax_scale",
-                softmax_scale,
-                "must be finite and > 0",
-            ));
-        }
+        let softmax_scale = checked_softmax_scale(options.softmax_scale, head_dim)?;
         if capacity
             .checked_mul(MAX_HEAD_DIM)
             .is_none_or(|n| n > u32::MAX as usize)

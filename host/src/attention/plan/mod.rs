@@ -370,15 +370,7 @@ impl fmt::Display for Plan {
     /// One line: algorithm, kernel(s), grid, threads, shared memory, and a fallback's reason.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:", self.algorithm)?;
-        for (i, PlannedLaunch { kernel, launch }) in self.launches.iter().enumerate() {
-            let (x, y, z) = launch.grid;
-            let sep = if i == 0 { " " } else { "; " };
-            write!(
-                f,
-                "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
-                launch.threads, launch.shared_bytes
-            )?;
-        }
+        write_launches(f, &self.launches)?;
         match self.blocks {
             Blocks::Fa1 {
                 sram_floats,
@@ -403,6 +395,23 @@ impl fmt::Display for Plan {
         }
         Ok(())
     }
+}
+
+/// Each launch as ` kernel grid (x, y, z) × threads, shared`, `; `-separated.
+pub(crate) fn write_launches(
+    f: &mut fmt::Formatter<'_>,
+    launches: &[PlannedLaunch],
+) -> fmt::Result {
+    for (i, PlannedLaunch { kernel, launch }) in launches.iter().enumerate() {
+        let (x, y, z) = launch.grid;
+        let sep = if i == 0 { " " } else { "; " };
+        write!(
+            f,
+            "{sep}{kernel} grid ({x}, {y}, {z}) × {} threads, {} B shared",
+            launch.threads, launch.shared_bytes
+        )?;
+    }
+    Ok(())
 }
 
 /// `kernel` on the FA2 grid (⌈seqlen_q/B_r⌉, batch·heads).
