@@ -13,15 +13,18 @@ use crate::bwd::{fa2 as fa2_backward, fa2_tc as fa2_tc_backward};
 use crate::common::element::{Bf16, F16};
 #[cfg(not(feature = "hopper"))]
 use crate::common::params::{
-    Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams, StandardParams,
+    DecodeParams, Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams, StandardParams,
 };
+#[cfg(not(feature = "hopper"))]
+use crate::decode::{append, combine, split_kv};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
 #[cfg(feature = "hopper")]
 use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
 #[cfg(not(feature = "hopper"))]
 use crate::{
-    fa2_backward_config, fa2_config, fa2_tc_backward_config, fa2_tc_config, for_each_kernel,
+    decode_config, fa2_backward_config, fa2_config, fa2_tc_backward_config, fa2_tc_config,
+    for_each_kernel,
 };
 
 /// The kernels' element type for a name of the list.
@@ -37,6 +40,17 @@ macro_rules! element {
     };
 }
 
+/// Whether a cache layout of the list is paged.
+#[cfg(not(feature = "hopper"))]
+macro_rules! paged {
+    (contiguous) => {
+        false
+    };
+    (paged) => {
+        true
+    };
+}
+
 /// One entry point, from one line of a list.
 macro_rules! entry_point {
     (fa3 $dtype:ident $d:literal $consumers:literal $cols:literal $($grid:ident)?) => {
@@ -46,6 +60,33 @@ macro_rules! entry_point {
                 $consumers, "c", $cols, $crate::fa3_grid_suffix!($($grid)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa3Params) {
                 fa3::kernel::forward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (decode $dtype:ident $d:literal $cache:ident) => {
+        const _: () = {
+            decode_config!(Config, $d, paged!($cache));
+            #[unsafe(export_name = concat!("decode_splitkv_", stringify!($dtype), "_d", $d, "_",
+                stringify!($cache)))]
+            unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
+                split_kv::split_kv::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (decode_combine $dtype:ident $d:literal) => {
+        const _: () = {
+            decode_config!(Config, $d, false);
+            #[unsafe(export_name = concat!("decode_combine_", stringify!($dtype), "_d", $d))]
+            unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
+                combine::combine::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (kv_append $dtype:ident $cache:ident) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("kv_append_", stringify!($dtype), "_", stringify!($cache)))]
+            unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
+                append::append::<{ paged!($cache) }>(&params)
             }
         };
     };

@@ -5,7 +5,8 @@
 //!   compiled into one PTX module;
 //! - for the host, where only the plain parts exist: the kernel list and ids ([`registry`]),
 //!   parameter blocks, block coordinates, the causal mask and the online softmax ([`common`]),
-//!   tile geometry ([`tile`]) and each family's config ([`fwd`], [`bwd`]), so the host launches exactly
+//!   tile geometry ([`tile`]) and each family's config ([`fwd`], [`bwd`], [`decode`]), so the host
+//!   launches exactly
 //!   what the kernels expect and tests the arithmetic on the CPU.
 //!
 //! ```text
@@ -14,6 +15,7 @@
 //! tile/      global rows, shared tiles, copies, fragments, register blocks, warp reductions
 //! fwd/       one folder per forward family: config.rs (host and GPU) and kernel.rs (GPU)
 //! bwd/       one folder per backward family, laid out as fwd/
+//! decode/    decoding against a KV cache: append, split-KV, combine (config.rs: host and GPU)
 //! registry/  the list of every compiled kernel, and `KernelId`
 //! entry.rs   the PTX entry points, generated from the list
 //! ```
@@ -45,6 +47,7 @@ extern crate std;
 
 pub mod bwd;
 pub mod common;
+pub mod decode;
 pub mod fwd;
 pub mod registry;
 pub mod tile;

@@ -424,12 +424,15 @@ impl LlvmTools {
                 .map(|n| n.trim_matches('"').to_string());
             match (name, line.strip_suffix(" {")) {
                 (Some(name), Some(head)) => {
-                    let threads = listed_kernel(&name, module)?.max_threads();
-                    // `.minnctapersm 1` too: without it ptxas, given only `.maxntid`, caps
-                    // registers to fit several blocks per SM and spills; these kernels' occupancy
-                    // is set by their shared memory, not their registers.
+                    let kernel = listed_kernel(&name, module)?;
+                    let threads = kernel.max_threads();
+                    // `.minnctapersm` too (1 for most): without it ptxas, given only `.maxntid`,
+                    // caps registers to fit several blocks per SM and spills; these kernels'
+                    // occupancy is set by their shared memory, not their registers. The split-KV
+                    // kernels ask for the residency their split plan counts on.
+                    let blocks = kernel.min_blocks_per_sm();
                     annotated.push_str(&format!(
-                        "{head} \"nvvm.maxntid\"=\"{threads}\" \"nvvm.minctasm\"=\"1\" {{"
+                        "{head} \"nvvm.maxntid\"=\"{threads}\" \"nvvm.minctasm\"=\"{blocks}\" {{"
                     ));
                     kernels.push(name);
                 }

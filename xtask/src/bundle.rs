@@ -4,7 +4,8 @@
 //! embedded in each). Scripts:
 //! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
 //!   skipping); ends with "N passed, N failed";
-//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table, and ncu's HBM traffic;
+//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, then decode),
+//!   and ncu's HBM traffic;
 //! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes;
 //! - `run-python-tests.sh` (`bundle_python`): the `flash_attn_rs` wheel in `python/wheels/`,
 //!   installed without network, its GPU test suite and the training example.
@@ -29,6 +30,9 @@ out=${1:-results}
 mkdir -p "$out"
 python3 scripts/torch_sdpa_bench.py $quick --out "$out/torch.json"
 bin/flash-attn bench $quick --torch "$out/torch.json" --out-dir "$out"
+# Decode (split-KV) at ANCHORS.md's shapes: PyTorch's backends, then ours, one table.
+python3 scripts/torch_decode_bench.py $quick --out "$out/torch-decode.json"
+bin/flash-attn bench --decode $quick --torch "$out/torch-decode.json" --out-dir "$out"
 if command -v ncu >/dev/null; then
   ncu --csv --print-units base --clock-control none \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum bin/flash-attn io > "$out/ncu.csv"
@@ -147,9 +151,11 @@ pub fn run(out: &Path) -> Result {
     let scripts = out.join("scripts");
     std::fs::create_dir_all(&scripts)
         .map_err(|e| format!("cannot create {}: {e}", scripts.display()))?;
-    let torch_script = root().join("scripts/torch_sdpa_bench.py");
-    std::fs::copy(&torch_script, scripts.join("torch_sdpa_bench.py"))
-        .map_err(|e| format!("cannot copy {}: {e}", torch_script.display()))?;
+    for name in ["torch_sdpa_bench.py", "torch_decode_bench.py"] {
+        let torch_script = root().join("scripts").join(name);
+        std::fs::copy(&torch_script, scripts.join(name))
+            .map_err(|e| format!("cannot copy {}: {e}", torch_script.display()))?;
+    }
     for (_, name) in &copies {
         println!("  bin/{name}");
     }

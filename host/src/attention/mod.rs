@@ -3,6 +3,7 @@
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
 //! - [`backward`]: the backward pass's arguments, checked, and its CPU emulation on host tensors;
 //! - [`backward_gpu`]: the FA2 backward on the GPU, its plan and its launches;
+//! - [`decode`]: decoding against a KV cache (split-KV, GQA, paged caches), its own API;
 //! - [`borrowed`]: the same call on device memory another library owns (PyTorch's tensors);
 //! - [`borrowed_backward`]: the backward on such memory (the Python bridge's autograd);
 //! - [`plan`]: which kernels run with which launches, checked against the device;
@@ -12,6 +13,7 @@ pub mod backward;
 pub mod backward_gpu;
 pub mod borrowed;
 pub mod borrowed_backward;
+pub mod decode;
 pub mod plan;
 pub mod problem;
 
@@ -28,9 +30,10 @@ pub use backward_gpu::{
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use borrowed_backward::{BorrowedBackwardArguments, BorrowedRows, attention_backward_borrowed};
 pub use plan::{
-    Blocks, CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, Launch, LaunchLimits, Plan,
-    PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks, fa2_tc_head_dims,
-    fa2_tc_tiling, fa2_tc_tilings, fa3_fallback, fa3_tiling, tensor_core_fallback,
+    Blocks, CompiledLimits, H200_MULTIPROCESSORS, H200_SHARED_MEMORY_PER_BLOCK, Launch,
+    LaunchLimits, Plan, PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks,
+    fa2_tc_head_dims, fa2_tc_tiling, fa2_tc_tilings, fa3_fallback, fa3_tiling,
+    tensor_core_fallback,
 };
 pub use problem::{
     Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem, parse_fa2_tc_tiling, parse_fa3_tiling,

@@ -152,16 +152,7 @@ impl Problem {
                 format!("allowed: 1 to {MAX_HEAD_DIM}"),
             ));
         }
-        let softmax_scale = options
-            .softmax_scale
-            .unwrap_or(1.0 / (head_dim as f32).sqrt());
-        if !softmax_scale.is_finite() || softmax_scale <= 0.0 {
-            return Err(Error::invalid(
-                "softmax_scale",
-                softmax_scale,
-                "must be finite and > 0",
-            ));
-        }
+        let softmax_scale = checked_softmax_scale(options.softmax_scale, head_dim)?;
         let problem = Self {
             batch: q[0],
             heads: q[1],
@@ -232,6 +223,19 @@ impl Problem {
     pub(crate) fn rows(&self) -> usize {
         self.batch_heads() * self.seqlen_q
     }
+}
+
+/// The softmax scale a call asked for, or 1/√head_dim; an error unless finite and positive.
+pub(crate) fn checked_softmax_scale(requested: Option<f32>, head_dim: usize) -> Result<f32> {
+    let softmax_scale = requested.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    if !softmax_scale.is_finite() || softmax_scale <= 0.0 {
+        return Err(Error::invalid(
+            "softmax_scale",
+            softmax_scale,
+            "must be finite and > 0",
+        ));
+    }
+    Ok(softmax_scale)
 }
 
 /// Parses an FA2-TC tiling: `WxR`, optionally followed by `sS` and `cC` (warps, row tiles per

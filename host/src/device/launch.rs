@@ -20,6 +20,7 @@ impl ParamBlock for flash_kernels::common::params::Fa2Params {}
 impl ParamBlock for flash_kernels::common::params::Fa3Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2BackwardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa2TcBackwardParams {}
+impl ParamBlock for flash_kernels::common::params::DecodeParams {}
 
 #[repr(transparent)]
 #[derive(Clone, Copy)]

@@ -18,7 +18,9 @@ pub use module::{
 };
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemPool_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
 use cudarc::nvrtc::Ptx;
 
 use crate::dtype::Element;
@@ -226,7 +228,11 @@ impl Gpu {
 
     /// Allocates `len` elements of device memory; an out-of-memory failure says how much was asked
     /// and how much is free, and leaves the context usable.
-    pub fn alloc<T: Element>(&self, len: usize, what: &'static str) -> Result<CudaSlice<T>> {
+    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        what: &'static str,
+    ) -> Result<CudaSlice<T>> {
         let requested = len.saturating_mul(std::mem::size_of::<T>());
         let (mut free, total) = self.memory()?;
         if requested > free {
@@ -338,7 +344,11 @@ impl Gpu {
     }
 
     /// Copies host data to a new device buffer.
-    pub fn upload<T: Element>(&self, data: &[T], what: &'static str) -> Result<CudaSlice<T>> {
+    pub fn upload<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        data: &[T],
+        what: &'static str,
+    ) -> Result<CudaSlice<T>> {
         let mut slice = self.alloc::<T>(data.len(), what)?;
         if !data.is_empty() {
             self.stream
@@ -349,7 +359,10 @@ impl Gpu {
     }
 
     /// Copies a device buffer back.
-    pub fn download<T: Element>(&self, slice: &CudaSlice<T>) -> Result<Vec<T>> {
+    pub fn download<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(
+        &self,
+        slice: &CudaSlice<T>,
+    ) -> Result<Vec<T>> {
         self.stream
             .clone_dtoh(slice)
             .context(|| "downloading a result".into())

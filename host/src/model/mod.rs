@@ -1,4 +1,5 @@
-//! CPU models of the kernels: the f64 reference they are checked against (forward and gradients),
+//! CPU models of the kernels: the f64 reference they are checked against (forward, gradients,
+//! and decoding against a KV cache),
 //! emulators of FA1, FA2 and FA2's backward that count every HBM read and write, and the HBM-traffic
 //! formulas the emulators are checked against.
 //!
@@ -8,6 +9,7 @@
 //! device memory. Like the kernels' `HeadRows`, they count only rows that exist: a tail block's
 //! missing rows are zeros made on chip, not reads.
 
+pub mod decode_reference;
 mod emulation;
 pub mod fa1;
 pub mod fa2;

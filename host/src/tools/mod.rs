@@ -2,3 +2,4 @@
 
 pub mod bench;
 pub mod check;
+pub mod check_decode;

@@ -351,3 +351,66 @@ pub unsafe fn offset<T>(pointer: *mut T, count: usize) -> *mut T {
     // SAFETY: the caller's contract.
     unsafe { pointer.add(count) }
 }
+
+/// 16 bytes from global memory that no thread writes during the kernel, bypassing L1
+/// (`ld.global.nc.L1::no_allocate.v4.u32`): the streaming read of a K/V cache row, which no
+/// other warp of the SM reads again.
+///
+/// # Safety
+/// `pointer` must be 16-byte aligned and point at 16 readable bytes that stay unchanged while the
+/// kernel runs.
+#[inline(always)]
+pub unsafe fn load_streaming_16(pointer: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("ld.global.nc.L1::no_allocate.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg64) pointer, options(nostack, readonly, preserves_flags));
+    }
+    [a, b, c, d]
+}
+
+/// 16 bytes from global memory (`ld.global.v4.u32`).
+///
+/// # Safety
+/// `pointer` must be 16-byte aligned and point at 16 readable bytes.
+#[inline(always)]
+pub unsafe fn load_global_16(pointer: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg64) pointer, options(nostack, readonly, preserves_flags));
+    }
+    [a, b, c, d]
+}
+
+/// Writes 16 bytes to global memory (`st.global.v4.u32`).
+///
+/// # Safety
+/// `pointer` must be 16-byte aligned and point at 16 writable bytes.
+#[inline(always)]
+pub unsafe fn store_global_16(pointer: *mut u8, value: [u32; 4]) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("st.global.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             p = in(reg64) pointer, a = in(reg32) value[0], b = in(reg32) value[1],
+             c = in(reg32) value[2], d = in(reg32) value[3], options(nostack, preserves_flags));
+    }
+}
+
+/// `prmt.b32`: four bytes picked from the eight of `low` (bytes 0–3) and `high` (4–7), result
+/// byte i being the byte the i-th nibble of `selector` names. `0x5410` pairs the low 16-bit
+/// halves (`low`'s first), `0x7632` the high halves.
+#[inline(always)]
+pub fn permute_bytes(low: u32, high: u32, selector: u32) -> u32 {
+    let out: u32;
+    // SAFETY: a pure register instruction.
+    unsafe {
+        asm!("prmt.b32 {d}, {a}, {b}, {c};", d = out(reg32) out, a = in(reg32) low,
+             b = in(reg32) high, c = in(reg32) selector, options(pure, nomem, nostack));
+    }
+    out
+}

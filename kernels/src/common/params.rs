@@ -151,3 +151,57 @@ pub struct Fa2TcBackwardParams {
     /// key blocks 0..j have (deterministic mode: dQ is the same bits on every run).
     pub dq_semaphore: u64,
 }
+
+/// Decoding against a KV cache (`decode`): a few query tokens per sequence against a long cache,
+/// the keys split across blocks (split-KV), then merged. One block for the three kernels of a call
+/// (append, split-KV, combine), so the host builds it once.
+///
+/// Rows: a query row is (batch, query head, token); `row_id = (batch·heads_q + head)·q_tokens +
+/// token` indexes the statistics and the workspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeParams {
+    /// Q, (batch, heads_q, q_tokens, d) as a view (any strides, last one 1).
+    pub q: TensorView,
+    /// K cache. Contiguous cache: (batch, capacity, heads_kv, d) as a view (`batch_stride` per
+    /// sequence). Paged: (pages, page_size, heads_kv, d), `batch_stride` per page.
+    pub k_cache: TensorView,
+    pub v_cache: TensorView,
+    /// O, (batch, heads_q, q_tokens, d).
+    pub o: TensorView,
+    /// New keys and values to append before attending, (batch, new_tokens, heads_kv, d); unused
+    /// when `new_tokens` is 0.
+    pub k_new: TensorView,
+    pub v_new: TensorView,
+    /// L, f32, (batch, heads_q, q_tokens) contiguous, natural-log units; −∞ for a row that sees
+    /// no key.
+    pub logsumexp: u64,
+    /// Workspace, used when `splits` > 1: each split's unnormalised Õ, f32 (splits, rows, d), and
+    /// its m (log2 units) and ℓ, f32 (splits, rows).
+    pub partial_o: u64,
+    pub partial_max: u64,
+    pub partial_sum: u64,
+    /// u32 (batch): keys in each sequence's cache before this call's append.
+    pub cache_seqlens: u64,
+    /// u32 (batch, table_stride): page of each `page_size` keys of each sequence; 0 for a
+    /// contiguous cache.
+    pub block_table: u64,
+    pub table_stride: u32,
+    pub page_size: u32,
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    /// Query tokens per sequence (1 to `decode::config::MAX_QUERY_TOKENS`), the last positions of
+    /// each sequence.
+    pub q_tokens: u32,
+    /// Keys appended by this call (added to every `cache_seqlens` entry).
+    pub new_tokens: u32,
+    pub head_dim: u32,
+    /// Splits of the keys; split s covers keys [s·split_keys, (s + 1)·split_keys).
+    pub splits: u32,
+    pub split_keys: u32,
+    /// 1: query token t sees key k iff k ≤ t + seqlen − q_tokens (bottom-right aligned).
+    pub causal: u32,
+    pub softmax_scale: f32,
+    pub _pad: u32,
+}

@@ -7,6 +7,7 @@ use core::str::FromStr;
 
 use crate::bwd::fa2::config as fa2_backward;
 use crate::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use crate::decode::config as decode;
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
@@ -153,6 +154,45 @@ pub enum Family {
     /// `head_dim_capacity` (its tiling: `Fa2TcBackwardTiling::for_capacity`); the pre- and
     /// post-pass are [`Family::Fa2Backward`]'s.
     Fa2TcBackward { head_dim_capacity: u32 },
+    /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache.
+    Decode { head_dim: u32, cache: CacheLayout },
+    /// The split-KV combine for exactly `head_dim`.
+    DecodeCombine { head_dim: u32 },
+    /// Appending new keys and values to a contiguous or paged cache (any head dim).
+    KvAppend { cache: CacheLayout },
+}
+
+/// How a KV cache is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CacheLayout {
+    /// (batch, capacity, heads_kv, d): one range of rows per sequence.
+    Contiguous,
+    /// (pages, page_size, heads_kv, d) with a block table naming each sequence's pages.
+    Paged,
+}
+
+impl CacheLayout {
+    pub const ALL: [CacheLayout; 2] = [CacheLayout::Contiguous, CacheLayout::Paged];
+
+    /// The name in kernel names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CacheLayout::Contiguous => "contiguous",
+            CacheLayout::Paged => "paged",
+        }
+    }
+
+    pub const fn is_paged(self) -> bool {
+        matches!(self, CacheLayout::Paged)
+    }
+
+    // Constructors named as the kernel list spells the layouts (`for_each_kernel!`).
+    pub const fn contiguous() -> Self {
+        CacheLayout::Contiguous
+    }
+    pub const fn paged() -> Self {
+        CacheLayout::Paged
+    }
 }
 
 /// The PTX module a kernel is compiled into.
@@ -203,10 +243,13 @@ impl KernelId {
             Family::Fa2 {
                 head_dim_capacity, ..
             } => Some(head_dim_capacity),
-            Family::Fa2Tc { head_dim, .. } | Family::Fa3 { head_dim, .. } => Some(head_dim),
+            Family::Fa2Tc { head_dim, .. }
+            | Family::Fa3 { head_dim, .. }
+            | Family::Decode { head_dim, .. }
+            | Family::DecodeCombine { head_dim } => Some(head_dim),
             Family::Fa2Backward(BackwardStage::Main { head_dim_capacity })
             | Family::Fa2TcBackward { head_dim_capacity } => Some(head_dim_capacity),
-            Family::Fa2Backward(_) => None,
+            Family::Fa2Backward(_) | Family::KvAppend { .. } => None,
         }
     }
 
@@ -223,7 +266,10 @@ impl KernelId {
     pub const fn uses_tensor_cores(&self) -> bool {
         matches!(
             self.family,
-            Family::Fa2Tc { .. } | Family::Fa3 { .. } | Family::Fa2TcBackward { .. }
+            Family::Fa2Tc { .. }
+                | Family::Fa3 { .. }
+                | Family::Fa2TcBackward { .. }
+                | Family::Decode { .. }
         )
     }
 
@@ -244,6 +290,18 @@ impl KernelId {
             Family::Fa2TcBackward { head_dim_capacity } => {
                 Fa2TcBackwardTiling::for_capacity(head_dim_capacity).threads()
             }
+            Family::Decode { .. } => decode::THREADS,
+            Family::DecodeCombine { .. } => decode::COMBINE_THREADS,
+            Family::KvAppend { .. } => decode::APPEND_THREADS,
+        }
+    }
+
+    /// The blocks per SM `ptx-build` asks ptxas to fit (`.minnctapersm`): 1, except the split-KV
+    /// kernels, whose split plan counts on [`decode::BLOCKS_PER_SM`] resident blocks.
+    pub const fn min_blocks_per_sm(&self) -> u32 {
+        match self.family {
+            Family::Decode { .. } => decode::BLOCKS_PER_SM,
+            _ => 1,
         }
     }
 
@@ -291,6 +349,20 @@ impl KernelId {
                     head_dim_capacity: b,
                 },
             ) => a == b,
+            (
+                Family::Decode {
+                    head_dim: a,
+                    cache: s,
+                },
+                Family::Decode {
+                    head_dim: b,
+                    cache: t,
+                },
+            ) => a == b && s as u8 == t as u8,
+            (Family::DecodeCombine { head_dim: a }, Family::DecodeCombine { head_dim: b }) => {
+                a == b
+            }
+            (Family::KvAppend { cache: s }, Family::KvAppend { cache: t }) => s as u8 == t as u8,
             _ => false,
         };
         same_family && self.dtype as u8 == other.dtype as u8
@@ -300,7 +372,8 @@ impl KernelId {
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `fa1_forward_<dtype>`,
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
-    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `fa2_backward_<stage>_<dtype>` (pre- and
+    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `decode_splitkv_<dtype>_d<d>_<cache>`,
+    /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>`, `fa2tc_backward_<dtype>_d<capacity>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
@@ -333,6 +406,11 @@ impl fmt::Display for KernelId {
             Family::Fa2TcBackward { head_dim_capacity } => {
                 write!(f, "fa2tc_backward_{dtype}_d{head_dim_capacity}")
             }
+            Family::Decode { head_dim, cache } => {
+                write!(f, "decode_splitkv_{dtype}_d{head_dim}_{}", cache.name())
+            }
+            Family::DecodeCombine { head_dim } => write!(f, "decode_combine_{dtype}_d{head_dim}"),
+            Family::KvAppend { cache } => write!(f, "kv_append_{dtype}_{}", cache.name()),
         }
     }
 }
@@ -347,7 +425,9 @@ impl fmt::Display for ParseKernelIdError {
             "not a kernel name (standard_<stage>_<dtype>, fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>, \
              fa3_forward_<dtype>_d<d>_w<W>c<C>, fa2_backward_<pre|post>process_<dtype>, \
-             fa2_backward_main_<dtype>_d<capacity>, fa2tc_backward_<dtype>_d<capacity>)",
+             fa2_backward_main_<dtype>_d<capacity>, fa2tc_backward_<dtype>_d<capacity>, \
+             decode_splitkv_<dtype>_d<d>_<cache>, decode_combine_<dtype>_d<d>, \
+             kv_append_<dtype>_<cache>)",
         )
     }
 }
@@ -363,6 +443,12 @@ impl FromStr for KernelId {
             ElementType::ALL
                 .into_iter()
                 .find(|t| t.name() == s)
+                .ok_or(ParseKernelIdError)
+        };
+        let cache_of = |s: &str| {
+            CacheLayout::ALL
+                .into_iter()
+                .find(|c| c.name() == s)
                 .ok_or(ParseKernelIdError)
         };
         let (family, dtype) = if let Some(rest) = name.strip_prefix("standard_") {
@@ -442,6 +528,31 @@ impl FromStr for KernelId {
                 },
             };
             (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("decode_splitkv_") {
+            // <dtype>_d<d>_<cache>
+            let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (head_dim, cache) = rest.split_once('_').ok_or(ParseKernelIdError)?;
+            let family = Family::Decode {
+                head_dim: number(head_dim)?,
+                cache: cache_of(cache)?,
+            };
+            (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("decode_combine_") {
+            // <dtype>_d<d>
+            let (dtype, head_dim) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let family = Family::DecodeCombine {
+                head_dim: number(head_dim)?,
+            };
+            (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("kv_append_") {
+            // <dtype>_<cache>
+            let (dtype, cache) = rest.split_once('_').ok_or(ParseKernelIdError)?;
+            (
+                Family::KvAppend {
+                    cache: cache_of(cache)?,
+                },
+                dtype,
+            )
         } else {
             return Err(ParseKernelIdError);
         };

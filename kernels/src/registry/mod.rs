@@ -10,7 +10,8 @@
 mod id;
 
 pub use id::{
-    BackwardStage, ElementType, Family, KernelId, Module, ParseKernelIdError, StandardStage,
+    BackwardStage, CacheLayout, ElementType, Family, KernelId, Module, ParseKernelIdError,
+    StandardStage,
 };
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
@@ -27,6 +28,8 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 /// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>`: the
 ///   backward's main kernel on tensor cores (the tiling is
 ///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config).
+/// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
+///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
 ///
 /// FA2-TC: every head dim up to 128 takes the full set of tilings; at d = 256 two row tiles would
 /// hold 2·256 f32 accumulators per lane, past the 255-register limit, so single row tiles only.
@@ -52,6 +55,7 @@ macro_rules! for_each_kernel {
         });
         $crate::for_each_kernel!(@fa2_backward $emit [f32 f16 bf16]);
         $crate::for_each_kernel!(@fa2_tc_backward $emit [f16 bf16]);
+        $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
     };
     (@fa2_tc_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa2_tc_backward $dtype 64 8 1 64);
@@ -66,6 +70,16 @@ macro_rules! for_each_kernel {
         $emit!(fa2_backward main $dtype 128 64);
         $emit!(fa2_backward main $dtype 256 32);
         $emit!(fa2_backward postprocess $dtype);
+    )*};
+    (@decode $emit:ident [$($dtype:ident)*] $head_dims:tt) => {$(
+        $emit!(kv_append $dtype contiguous);
+        $emit!(kv_append $dtype paged);
+        $crate::for_each_kernel!(@decode_dtype $emit $dtype $head_dims);
+    )*};
+    (@decode_dtype $emit:ident $dtype:ident [$($d:literal)*]) => {$(
+        $emit!(decode $dtype $d contiguous);
+        $emit!(decode $dtype $d paged);
+        $emit!(decode_combine $dtype $d);
     )*};
     (@standard $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(standard scores $dtype);
@@ -226,6 +240,31 @@ macro_rules! push_kernel {
             Family::Fa3 {
                 head_dim: $head_dim,
                 tiling: $crate::fa3_tiling!($consumers, $cols $(, $grid)?),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; decode $dtype:ident $head_dim:literal $cache:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::Decode {
+                head_dim: $head_dim,
+                cache: CacheLayout::$cache(),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; decode_combine $dtype:ident $head_dim:literal) => {
+        $list = $list.with(KernelId::new(
+            Family::DecodeCombine {
+                head_dim: $head_dim,
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; kv_append $dtype:ident $cache:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::KvAppend {
+                cache: CacheLayout::$cache(),
             },
             ElementType::$dtype(),
         ));

@@ -10,6 +10,9 @@
 //! - `warp`: reductions across a warp;
 //! - `accumulator`: a warp's rows of an f32 accumulator in the mma.m16n8 layout (mask, row
 //!   reductions, the online-softmax update, the output store), shared by FA2-TC and FA3;
+//! - `kv_cache`: a KV cache's rows (contiguous or paged) and the decode kernels' mma fragments
+//!   loaded straight from them;
+//! - `partials`: the split-KV workspace (each split's Õ, m and ℓ);
 //! - `swizzled` (Hopper): 128-byte-swizzled shared tiles as TMA writes and wgmma reads them.
 
 pub mod fragment;
@@ -21,6 +24,10 @@ pub mod accumulator;
 pub mod copy;
 #[cfg(target_arch = "nvptx64")]
 pub mod global;
+#[cfg(target_arch = "nvptx64")]
+pub mod kv_cache;
+#[cfg(target_arch = "nvptx64")]
+pub mod partials;
 #[cfg(target_arch = "nvptx64")]
 pub mod register;
 #[cfg(target_arch = "nvptx64")]

@@ -8,6 +8,9 @@ use flash_kernels::registry::KernelId;
 
 use crate::error::{Error, Result};
 
+/// SMs of the H200, for plans made without a GPU.
+pub const H200_MULTIPROCESSORS: u32 = 132;
+
 /// Shared memory per block (opt-in) of the H200 the project measures on, for plans made without
 /// a GPU ([`CompiledLimits`]).
 pub const H200_SHARED_MEMORY_PER_BLOCK: u32 = 232_448;
@@ -22,7 +25,8 @@ pub trait LaunchLimits {
     fn max_threads(&self, kernel: KernelId) -> Result<u32>;
     /// Whether the device runs the Hopper module (FA3): compute capability 9.0.
     fn runs_hopper_module(&self) -> bool;
-    /// Streaming multiprocessors: a persistent grid has one block per SM.
+    /// Streaming multiprocessors: FA3's persistent grid has one block per SM, and the decode
+    /// plan sizes its splits by them.
     fn multiprocessors(&self) -> u32;
 }
 
@@ -41,7 +45,7 @@ impl CompiledLimits {
     pub const H200: Self = Self {
         shared_memory_per_block: H200_SHARED_MEMORY_PER_BLOCK,
         hopper: true,
-        multiprocessors: 132,
+        multiprocessors: H200_MULTIPROCESSORS,
     };
 }
 

@@ -19,7 +19,9 @@ pub use choices::{
     fa1_blocks, fa2_blocks, fa2_tc_head_dims, fa2_tc_tiling, fa2_tc_tilings, fa3_fallback,
     fa3_tiling, tensor_core_fallback,
 };
-pub use limits::{CompiledLimits, H200_SHARED_MEMORY_PER_BLOCK, LaunchLimits};
+pub use limits::{
+    CompiledLimits, H200_MULTIPROCESSORS, H200_SHARED_MEMORY_PER_BLOCK, LaunchLimits,
+};
 pub(crate) use limits::{check_shared, check_threads};
 
 use std::fmt;

@@ -54,6 +54,11 @@ pub struct BenchArgs {
     /// e.g. w3c128p (default: the library's per head dim; the compiled ones: `flash-attn info`).
     #[arg(long)]
     fa3_tiling: Option<String>,
+    /// The decode benchmark instead of the sweep: one query token against a KV cache at
+    /// ANCHORS.md's shapes (bf16, d = 128, 32 query heads on 8 KV heads, 4k–128k keys, batch
+    /// 1–64), µs and K+V bytes/s; `--torch` then names scripts/torch_decode_bench.py's JSON.
+    #[arg(long)]
+    decode: bool,
 }
 
 impl BenchArgs {
@@ -95,6 +100,9 @@ impl BenchArgs {
 }
 
 pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
+    if args.decode {
+        return decode_main(device, args);
+    }
     let config = args.config()?;
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
@@ -206,5 +214,75 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    })
+}
+
+/// `bench --decode`: our decode at ANCHORS.md's shapes, merged with PyTorch's.
+fn decode_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
+    use flash_attn::tools::bench::decode::{
+        anchor_shapes, decode_table, read_decode_records, time_decode,
+    };
+    let dtype: DType = args.dtype.parse()?;
+    let shapes = anchor_shapes(args.quick);
+    let gpu = match Gpu::open(device) {
+        Ok(gpu) => gpu,
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
+            println!(
+                "no GPU, nothing timed ({e}); the K+V bytes each shape reads, and the time at 4.5 TB/s:"
+            );
+            for s in &shapes {
+                let bytes = s.kv_bytes(dtype.size_bytes()) as f64;
+                println!(
+                    "  {} keys × batch {}: {:.1} MB, {:.1} µs",
+                    s.kv_len,
+                    s.batch,
+                    bytes / 1e6,
+                    bytes / 4.5e6
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut records: Vec<_> = shapes
+        .iter()
+        .map(|&shape| time_decode(&gpu, dtype, shape, if args.quick { 20 } else { 100 }))
+        .collect();
+    let ours = records.clone();
+    if let Some(path) = &args.torch {
+        records.extend(read_decode_records(path)?);
+    }
+    std::fs::create_dir_all(&args.out_dir)
+        .map_err(|e| Error::File(format!("cannot create {}: {e}", args.out_dir.display())))?;
+    let mut markdown = format!(
+        "## Decode on {}: {dtype}, one query token, K+V bytes read per second\n\n",
+        gpu.info().name
+    );
+    markdown.push_str(&decode_table(&records));
+    markdown.push_str("\nPlans:\n");
+    for r in &ours {
+        markdown.push_str(&format!(
+            "- {} keys × batch {}: {}\n",
+            r.shape.kv_len,
+            r.shape.batch,
+            r.plan.as_deref().or(r.error.as_deref()).unwrap_or_default()
+        ));
+    }
+    let write = |name: &str, text: &str| {
+        let path = args.out_dir.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
+    };
+    write("decode.md", &markdown)?;
+    write(
+        "decode.json",
+        &serde_json::to_string_pretty(&ours).map_err(|e| Error::File(e.to_string()))?,
+    )?;
+    println!("{markdown}");
+    println!("results: {}/decode.md, decode.json", args.out_dir.display());
+    Ok(if ours.iter().any(|r| r.error.is_some()) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     })
 }

@@ -5,10 +5,12 @@
 //! backends on the same shapes, so [`report::merged_table`] can put ours and theirs side by side as
 //! ratios measured in the same run.
 //!
+//! [`decode`] is the decode benchmark (µs and K+V bytes/s at ANCHORS.md's decode shapes).
 //! [`runner`] measures, [`report`] writes the markdown tables a person reads, [`chart`] draws the
 //! SVG; the record types they share are here.
 
 pub mod chart;
+pub mod decode;
 pub mod report;
 pub mod runner;
 #[cfg(test)]

@@ -1,0 +1,177 @@
+//! GPU tests of decoding against a KV cache: the split-KV kernels against the f64 reference
+//! (`tools::check_decode`), over batch, cache lengths (0, 1, non-multiples of the split and of
+//! the step, 128k), heads_q/heads_kv ratios 1, 4, 8 and 32 (MQA), contiguous and paged caches,
+//! 1, 4 and 16 query tokens, with and without appending in the same call. Skipped without a GPU
+//! (unless FLASH_ATTN_REQUIRE_GPU is set).
+
+mod common;
+
+use flash_attn::tools::check_decode::{DecodeCheckCase, check_decode, describe_decode};
+use flash_attn::{DType, Gpu};
+
+fn run_all(gpu: &Gpu, test: &str, cases: &[DecodeCheckCase]) {
+    let mut rng = common::seeded_rng(test);
+    let mut failures = Vec::new();
+    let mut worst: Option<(f64, String)> = None;
+    for case in cases {
+        let result = check_decode(gpu, case, &mut rng).expect("the decode call failed");
+        let line = describe_decode(&result);
+        if !result.passed {
+            failures.push(line.clone());
+        }
+        if worst.as_ref().is_none_or(|(r, _)| result.ratio() > *r) {
+            worst = Some((result.ratio(), line));
+        }
+    }
+    if let Some((ratio, line)) = worst {
+        println!(
+            "{test}: {} cases, worst error/bound {ratio:.3}: {line}",
+            cases.len()
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(
+    heads: (usize, usize),
+    q_tokens: usize,
+    head_dim: usize,
+    cache_seqlens: &[usize],
+    new_tokens: usize,
+    page_size: Option<usize>,
+    causal: bool,
+    dtype: DType,
+) -> DecodeCheckCase {
+    DecodeCheckCase {
+        heads_q: heads.0,
+        heads_kv: heads.1,
+        q_tokens,
+        head_dim,
+        cache_seqlens: cache_seqlens.to_vec(),
+        new_tokens,
+        page_size,
+        causal,
+        dtype,
+        splits: None,
+    }
+}
+
+/// The grid: GQA ratios × tokens × head dims × dtypes × cache layouts, at mixed lengths in one
+/// batch (0, 1, 17, a non-multiple of the split, a few thousand).
+#[test]
+fn decode_passes_the_grid() {
+    let Some(gpu) = common::gpu_or_skip("decode_passes_the_grid") else {
+        return;
+    };
+    let lengths = [0, 1, 17, 1000, 3001];
+    let mut cases = Vec::new();
+    for dtype in [DType::Bf16, DType::F16] {
+        for heads in [(4, 4), (8, 2), (16, 2), (32, 1)] {
+            for q_tokens in [1, 4, 16] {
+                for head_dim in [64, 128] {
+                    for page_size in [None, Some(16), Some(256)] {
+                        cases.push(case(
+                            heads, q_tokens, head_dim, &lengths, 0, page_size, true, dtype,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    run_all(&gpu, "decode_grid", &cases);
+}
+
+/// Causal off and on with several tokens against short caches (tokens that see no key when
+/// causal), and appending in the same call (contiguous and paged), then attending.
+#[test]
+fn decode_appends_and_masks_the_new_tokens() {
+    let Some(gpu) = common::gpu_or_skip("decode_appends_and_masks_the_new_tokens") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for causal in [false, true] {
+        for page_size in [None, Some(32)] {
+            for (q_tokens, new_tokens) in [(1, 1), (4, 4), (16, 16), (3, 0), (16, 5)] {
+                cases.push(case(
+                    (8, 2),
+                    q_tokens,
+                    128,
+                    &[0, 2, 63, 64, 65, 700],
+                    new_tokens,
+                    page_size,
+                    causal,
+                    DType::Bf16,
+                ));
+            }
+        }
+    }
+    run_all(&gpu, "decode_append", &cases);
+}
+
+/// Forced split counts (1: the direct path; many: splits of one step per warp and empty splits
+/// for the shorter sequences) give the same result.
+#[test]
+fn decode_split_counts_agree_with_the_reference() {
+    let Some(gpu) = common::gpu_or_skip("decode_split_counts_agree_with_the_reference") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for splits in [1, 2, 7, 64, 128] {
+        for page_size in [None, Some(64)] {
+            let mut c = case(
+                (32, 8),
+                2,
+                128,
+                &[5000, 64, 1, 0],
+                0,
+                page_size,
+                true,
+                DType::Bf16,
+            );
+            c.splits = Some(splits);
+            cases.push(c);
+        }
+    }
+    run_all(&gpu, "decode_splits", &cases);
+}
+
+/// The long end: one sequence of 128k keys (32 query heads on 8 KV heads), contiguous and
+/// paged, and a batch of 64 at 4k.
+#[test]
+fn decode_long_caches_match_the_reference() {
+    let Some(gpu) = common::gpu_or_skip("decode_long_caches_match_the_reference") else {
+        return;
+    };
+    let cases = [
+        case((32, 8), 1, 128, &[131_072], 0, None, true, DType::Bf16),
+        case(
+            (32, 8),
+            1,
+            128,
+            &[131_072 - 9],
+            1,
+            Some(256),
+            true,
+            DType::Bf16,
+        ),
+        case((32, 8), 1, 128, &[4096; 64], 0, None, true, DType::Bf16),
+        case(
+            (32, 8),
+            4,
+            64,
+            &[65_537, 30_000],
+            0,
+            Some(16),
+            true,
+            DType::F16,
+        ),
+    ];
+    run_all(&gpu, "decode_long", &cases);
+}
