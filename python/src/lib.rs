@@ -9,10 +9,9 @@ use std::sync::{LazyLock, Mutex};
 
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
-    Algorithm, AttentionOptions, BorrowedArguments, BorrowedBackwardArguments, BorrowedRows,
-    BackwardAlgorithm, BackwardOptions, BorrowedTensor, DType, Error, Gpu, Gradients,
-    StatisticsAddresses, attention_backward_borrowed,
-    attention_borrowed,
+    Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BorrowedArguments,
+    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, DType, Error, Gpu, Gradients,
+    StatisticsAddresses, attention_backward_borrowed, attention_borrowed,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;

@@ -45,6 +45,37 @@ impl ScoreBlock {
         }
     }
 
+    /// The same mask as [`apply_mask`](Self::apply_mask), as one end per row: each of the lane's
+    /// two rows sees the keys below `visible_key_end` (the causal diagonal clipped to seqlen_k),
+    /// so each element is one compare of its constant column within the block against that end
+    /// counted from the lane's first column: two live values, not a key index per element.
+    ///
+    /// FA3 uses this form, FA2-TC the element-wise one: each is the faster in its kernel, timed
+    /// against the other in one call (FA3 +3–6% where blocks are masked, call 11; FA2-TC −3–4%,
+    /// call 9; PERF.md).
+    #[inline(always)]
+    pub fn apply_mask_by_row_ends<const TILES: usize>(
+        &self,
+        scores: &mut [[f32; 4]; TILES],
+        first_row: u32,
+    ) {
+        let lane = arch::lane_idx();
+        let lane_row = first_row + accumulator_row(lane);
+        let lane_key = (self.key_start + accumulator_col(lane)) as i32;
+        let visible_cols: [i32; 2] = core::array::from_fn(|h| {
+            let row = lane_row + h as u32 * LDMATRIX_SIDE;
+            self.mask.visible_key_end(row, self.seqlen_k) as i32 - lane_key
+        });
+        for (tile, values) in scores.iter_mut().enumerate() {
+            for (e, value) in values.iter_mut().enumerate() {
+                let col = (tile as u32 * MMA_N + e as u32 % 2) as i32;
+                if col >= visible_cols[e / 2] {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
     /// max_k S[row, k] · scale · log2 e for the lane's row `h`, complete across the quad (lanes
     /// 4g..4g+3 hold the row's keys between them).
     #[inline(always)]

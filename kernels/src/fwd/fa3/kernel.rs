@@ -584,7 +584,7 @@ impl Consumer<'_> {
     ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
         let mut probabilities = *scores;
         if MASK {
-            block.apply_mask(&mut probabilities, self.warp_row);
+            block.apply_mask_by_row_ends(&mut probabilities, self.warp_row);
         }
         let scores = &mut probabilities;
         let block_max = [block.row_max(scores, 0), block.row_max(scores, 1)];
