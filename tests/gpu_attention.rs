@@ -53,6 +53,7 @@ fn problem(
     CheckProblem {
         batch: 2,
         heads: 3,
+        heads_kv: 3,
         seqlen_q,
         seqlen_k,
         head_dim,

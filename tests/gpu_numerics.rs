@@ -253,6 +253,7 @@ fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
     let problem = CheckProblem {
         batch: 1,
         heads: 2,
+        heads_kv: 2,
         seqlen_q: 100,
         seqlen_k: 100,
         head_dim: 64,
@@ -283,9 +284,11 @@ fn two_hundred_random_cases_pass_the_tolerance_rule() {
     const HEAD_DIMS: [usize; 12] = [1, 8, 16, 32, 40, 59, 64, 80, 96, 111, 128, 256];
     let mut worst: Option<flash_attn::tools::check::CheckResult> = None;
     for case in 0..200 {
+        let (batch, heads) = (rng.random_range(1..=4), rng.random_range(1..=4));
         let problem = CheckProblem {
-            batch: rng.random_range(1..=4),
-            heads: rng.random_range(1..=4),
+            batch,
+            heads,
+            heads_kv: heads,
             seqlen_q: rng.random_range(1..=5000),
             seqlen_k: rng.random_range(1..=5000),
             head_dim: HEAD_DIMS[rng.random_range(0..HEAD_DIMS.len())],

@@ -389,18 +389,43 @@ fn cli_reports_file_and_shape_errors_before_looking_for_a_gpu() {
             TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 64]),
         ],
     );
+    // 4 query heads: 3 K/V heads do not divide them; 2 do, but `--kv-heads 1` asks for MQA.
+    let groups = write_file(
+        &dir,
+        "groups.safetensors",
+        &[
+            TestTensor::patterned("q", Dtype::F32, &[1, 4, 3, 64]),
+            TestTensor::patterned("k", Dtype::F32, &[1, 3, 3, 64]),
+            TestTensor::patterned("v", Dtype::F32, &[1, 3, 3, 64]),
+        ],
+    );
+    let grouped = write_file(
+        &dir,
+        "grouped.safetensors",
+        &[
+            TestTensor::patterned("q", Dtype::F32, &[1, 4, 3, 64]),
+            TestTensor::patterned("k", Dtype::F32, &[1, 2, 3, 64]),
+            TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 64]),
+        ],
+    );
     let output = dir.path().join("out.safetensors");
-    for (input, expected) in [
-        (&garbage, "not a valid safetensors file"),
-        (&shapes, "invalid argument `k`"),
+    for (input, extra, expected) in [
+        (&garbage, None, "not a valid safetensors file"),
+        (&shapes, None, "invalid argument `k`"),
+        (&groups, None, "must divide q's"),
+        (&grouped, Some("1"), "invalid argument `kv-heads`"),
     ] {
-        let result = run_cli(&[
+        let mut args = vec![
             "run",
             "--input",
             path_str(input),
             "--output",
             path_str(&output),
-        ]);
+        ];
+        if let Some(heads) = extra {
+            args.extend(["--kv-heads", heads]);
+        }
+        let result = run_cli(&args);
         let stderr = String::from_utf8_lossy(&result.stderr);
         assert!(!result.status.success(), "{stderr}");
         assert!(stderr.contains(expected), "{stderr}");
@@ -423,7 +448,23 @@ fn relative_error(got: &[f64], want: &[f64]) -> f64 {
 /// mask, so the first rows see no key (O = 0, L = −∞).
 #[test]
 fn run_command_matches_the_reference_on_a_gpu() {
-    let test = "run_command_matches_the_reference_on_a_gpu";
+    check_run_command("run_command_matches_the_reference_on_a_gpu", 3, 3, &[]);
+}
+
+/// The same with grouped K/V heads: 6 query heads on 2 K/V heads, `--kv-heads 2`.
+#[test]
+fn run_command_takes_grouped_kv_heads_on_a_gpu() {
+    check_run_command(
+        "run_command_takes_grouped_kv_heads_on_a_gpu",
+        6,
+        2,
+        &["--kv-heads", "2"],
+    );
+}
+
+/// One `flash-attn run` check of [`run_command_matches_the_reference_on_a_gpu`]: `heads_q` query
+/// heads on `heads_kv` K/V heads, with `extra` arguments.
+fn check_run_command(test: &str, heads_q: usize, heads_kv: usize, extra: &[&str]) {
     let Some(gpu) = common::gpu_or_skip(test) else {
         return;
     };
@@ -431,7 +472,7 @@ fn run_command_matches_the_reference_on_a_gpu() {
     let seed: u64 = rand::random();
     println!("{test}: seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (q_dims, kv_dims) = ([2, 3, 53, 64], [2, 3, 37, 64]);
+    let (q_dims, kv_dims) = ([2, heads_q, 53, 64], [2, heads_kv, 37, 64]);
     let q = flash_attn::tools::check::random_tensor::<f32>(q_dims, &mut rng);
     let k = flash_attn::tools::check::random_tensor::<f32>(kv_dims, &mut rng);
     let v = flash_attn::tools::check::random_tensor::<f32>(kv_dims, &mut rng);
@@ -465,7 +506,7 @@ fn run_command_matches_the_reference_on_a_gpu() {
         ),
     ] {
         let output = dir.path().join(format!("{algorithm}.safetensors"));
-        let result = run_cli(&[
+        let mut args = vec![
             "run",
             "--input",
             path_str(&input),
@@ -474,7 +515,9 @@ fn run_command_matches_the_reference_on_a_gpu() {
             "--algorithm",
             algorithm,
             "--causal",
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let result = run_cli(&args);
         let stdout = String::from_utf8_lossy(&result.stdout);
         let stderr = String::from_utf8_lossy(&result.stderr);
         assert!(result.status.success(), "{algorithm}: {stderr}");
@@ -491,7 +534,7 @@ fn run_command_matches_the_reference_on_a_gpu() {
         assert!(error <= 1e-4, "{algorithm}: O relative error {error:.2e}");
 
         let (dtype, shape, lse) = tensor_values(&file, LOGSUMEXP_NAME);
-        assert_eq!((dtype, shape), (Dtype::F32, vec![2, 3, 53]));
+        assert_eq!((dtype, shape), (Dtype::F32, vec![2, heads_q, 53]));
         for (got, want) in lse.iter().zip(&reference.logsumexp) {
             let close = if want.is_finite() {
                 (got - want).abs() <= flash_attn::tools::check::LOGSUMEXP_TOLERANCE

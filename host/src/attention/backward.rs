@@ -99,6 +99,16 @@ impl BackwardProblem {
             q, k, v, o, d_o, ..
         } = *arguments;
         let problem = Problem::new(q.dims, k.dims, v.dims, options)?;
+        if problem.is_grouped() {
+            // Each K/V head's dK and dV would be the sum over its group's query heads; the
+            // backward kernels write one per query head (no cross-head accumulation yet).
+            return Err(Error::invalid(
+                "k",
+                format!("shape {:?} ({} K/V heads for {} query heads)", k.dims, problem.heads_kv, problem.heads),
+                "the backward pass needs as many K/V heads as query heads (grouped K/V heads, \
+                 GQA/MQA, run forward only)",
+            ));
+        }
         let tensors = [("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o)];
         for (name, tensor) in tensors {
             check_tensor(name, &tensor, q.dtype)?;
@@ -133,7 +143,7 @@ impl BackwardProblem {
     pub fn check_gradients(&self, gradients: &Gradients<TensorSpec>) -> Result<()> {
         let p = &self.problem;
         let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
-        let kv_dims = [p.batch, p.heads, p.seqlen_k, p.head_dim];
+        let kv_dims = p.kv_dims();
         let expected = [
             ("dq", gradients.dq, "q", q_dims),
             ("dk", gradients.dk, "k", kv_dims),

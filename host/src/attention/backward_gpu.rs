@@ -343,12 +343,7 @@ pub fn attention_backward<T: Element>(
         problem.seqlen_q,
         problem.head_dim,
     ];
-    let kv_dims = [
-        problem.batch,
-        problem.heads,
-        problem.seqlen_k,
-        problem.head_dim,
-    ];
+    let kv_dims = problem.kv_dims();
     let zeros = |dims| DeviceTensor::filled(gpu, dims, layout, T::from_f64(0.0));
     let mut gradients = Gradients {
         dq: zeros(q_dims)?,

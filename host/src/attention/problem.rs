@@ -96,7 +96,11 @@ pub struct AttentionOptions {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {
     pub batch: usize,
+    /// Query heads (Q's, O's and the statistics').
     pub heads: usize,
+    /// K/V heads: `heads` itself, or a divisor of it (GQA; 1 is MQA). Query head h reads K/V
+    /// head h / (heads / heads_kv), as [`Problem::kv_head`] says.
+    pub heads_kv: usize,
     pub seqlen_q: usize,
     pub seqlen_k: usize,
     pub head_dim: usize,
@@ -105,8 +109,9 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// Checks that Q (batch, heads, seqlen_q, d), K and V (batch, heads, seqlen_k, d) agree and
-    /// that the options are valid.
+    /// Checks that Q (batch, heads, seqlen_q, d), K and V (batch, heads_kv, seqlen_k, d) agree and
+    /// that the options are valid: K and V have one head count, which divides Q's (grouped-query
+    /// attention; without a copy of K and V, each K/V head serves heads / heads_kv query heads).
     pub fn new(
         q: [usize; 4],
         k: [usize; 4],
@@ -123,7 +128,7 @@ impl Problem {
             }
         }
         let names = ["batch", "heads", "seqlen", "head_dim"];
-        for axis in [0, 1, 3] {
+        for axis in [0, 3] {
             for (name, dims) in [("k", k), ("v", v)] {
                 if dims[axis] != q[axis] {
                     return Err(Error::invalid(
@@ -137,11 +142,24 @@ impl Problem {
                 }
             }
         }
-        if v[2] != k[2] {
+        for (axis, name) in [(1, "heads"), (2, "seqlen")] {
+            if v[axis] != k[axis] {
+                return Err(Error::invalid(
+                    "v",
+                    format!("shape {v:?}"),
+                    format!("its {name} must equal k's ({}; k is {k:?})", k[axis]),
+                ));
+            }
+        }
+        if q[1] % k[1] != 0 {
             return Err(Error::invalid(
-                "v",
-                format!("shape {v:?}"),
-                format!("its seqlen must equal k's ({}; k is {k:?})", k[2]),
+                "k",
+                format!("shape {k:?}"),
+                format!(
+                    "its heads ({}) must divide q's ({}; q is {q:?}): q's heads must be a \
+                     multiple of the K/V heads",
+                    k[1], q[1]
+                ),
             ));
         }
         let head_dim = q[3];
@@ -156,6 +174,7 @@ impl Problem {
         let problem = Self {
             batch: q[0],
             heads: q[1],
+            heads_kv: k[1],
             seqlen_q: q[2],
             seqlen_k: k[2],
             head_dim,
@@ -206,6 +225,26 @@ impl Problem {
         self.batch * self.heads
     }
 
+    /// Query heads per K/V head (1 without GQA).
+    pub fn kv_group(&self) -> usize {
+        self.heads / self.heads_kv
+    }
+
+    /// Whether K and V have fewer heads than Q (GQA or MQA).
+    pub fn is_grouped(&self) -> bool {
+        self.heads_kv != self.heads
+    }
+
+    /// The K/V head query head `head` reads (as `BlockInfo::kv_head` in the kernels).
+    pub fn kv_head(&self, head: usize) -> usize {
+        head / self.kv_group()
+    }
+
+    /// K's and V's dims: (batch, heads_kv, seqlen_k, head_dim).
+    pub fn kv_dims(&self) -> [usize; 4] {
+        [self.batch, self.heads_kv, self.seqlen_k, self.head_dim]
+    }
+
     pub(crate) fn shape(&self) -> AttentionShape {
         AttentionShape {
             batch: self.batch as u32,
@@ -215,7 +254,7 @@ impl Problem {
             head_dim: self.head_dim as u32,
             softmax_scale: self.softmax_scale,
             causal: self.causal as u32,
-            _pad: 0,
+            kv_group: self.kv_group() as u32,
         }
     }
 

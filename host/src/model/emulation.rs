@@ -63,7 +63,8 @@ impl HeadInputs<'_> {
     }
 }
 
-/// Runs `f(batch, head, inputs)` for every (batch, head): the grid dimension every kernel shares.
+/// Runs `f(batch, head, inputs)` for every (batch, query head): the grid dimension every kernel
+/// shares.
 pub(super) fn for_each_head(
     q: ArrayView4<f32>,
     k: ArrayView4<f32>,
@@ -74,13 +75,15 @@ pub(super) fn for_each_head(
 ) {
     let (batch, heads, seqlen_q, _) = q.dim();
     let seqlen_k = k.dim().2;
+    // Grouped K/V heads (GQA): query head h reads K/V head h / group, as `BlockInfo` maps it.
+    let group = heads / k.dim().1.max(1);
     let mask = CausalMask::new(causal, seqlen_q as u32, seqlen_k as u32);
     for b in 0..batch {
         for h in 0..heads {
             let head = HeadInputs {
                 q: q.slice(s![b, h, .., ..]),
-                k: k.slice(s![b, h, .., ..]),
-                v: v.slice(s![b, h, .., ..]),
+                k: k.slice(s![b, h / group, .., ..]),
+                v: v.slice(s![b, h / group, .., ..]),
                 mask,
                 score_scale: scale * LOG2_E,
             };

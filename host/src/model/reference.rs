@@ -15,7 +15,11 @@ pub struct Reference {
 
 /// softmax(scale·Q·Kᵀ \[causal\])·V in f64, with the causal mask aligned to the bottom-right
 /// (query q sees key k iff k ≤ q + seqlen_k − seqlen_q). Rows with no visible key give O = 0 and
-/// L = −∞.
+/// L = −∞. K and V may have fewer heads than Q (GQA/MQA): query head h reads K/V head
+/// h / (heads_q / heads_kv).
+///
+/// # Panics
+/// If K's heads do not divide Q's ([`crate::Problem::new`] refuses such shapes first).
 pub fn attention_reference(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
@@ -66,7 +70,12 @@ fn attention_with_rounding(
     round_out: impl Fn(f64) -> f64 + Sync,
 ) -> Reference {
     let (batch, heads, seqlen_q, head_dim) = q.dim();
-    let seqlen_k = k.dim().2;
+    let (heads_kv, seqlen_k) = (k.dim().1, k.dim().2);
+    assert!(
+        heads_kv > 0 && heads % heads_kv == 0,
+        "K's heads ({heads_kv}) must divide Q's ({heads})"
+    );
+    let group = heads / heads_kv;
     let n_rows = query_rows.len();
     let offset = seqlen_k as i64 - seqlen_q as i64;
     // One task per query row, spread over the machine's cores.
@@ -87,15 +96,16 @@ fn attention_with_rounding(
                 return (vec![round_out(0.0); head_dim], f64::NEG_INFINITY);
             }
             let qi = q.slice(s![b, h, i, ..]);
+            let kv_head = h / group;
             let scores: Vec<f64> = (0..visible)
-                .map(|j| scale * qi.dot(&k.slice(s![b, h, j, ..])))
+                .map(|j| scale * qi.dot(&k.slice(s![b, kv_head, j, ..])))
                 .collect();
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
             let mut acc = vec![0.0f64; head_dim];
             for (j, s) in scores.iter().enumerate() {
                 let p = round_prob((s - max).exp() / sum);
-                for (a, x) in acc.iter_mut().zip(v.slice(s![b, h, j, ..])) {
+                for (a, x) in acc.iter_mut().zip(v.slice(s![b, kv_head, j, ..])) {
                     *a += p * x;
                 }
             }

@@ -34,7 +34,10 @@ pub const LOGSUMEXP_TOLERANCE: f64 = 1e-4;
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct CheckProblem {
     pub batch: usize,
+    /// Query heads.
     pub heads: usize,
+    /// K/V heads: `heads`, or a divisor of it (GQA; 1 is MQA).
+    pub heads_kv: usize,
     pub seqlen_q: usize,
     pub seqlen_k: usize,
     pub head_dim: usize,
@@ -158,7 +161,7 @@ fn check_typed<T: Element>(
     rng: &mut impl Rng,
 ) -> Result<Vec<CheckResult>> {
     let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
-    let kv_dims = [p.batch, p.heads, p.seqlen_k, p.head_dim];
+    let kv_dims = [p.batch, p.heads_kv, p.seqlen_k, p.head_dim];
     let (q, k, v) = (
         random_tensor::<T>(q_dims, rng),
         random_tensor::<T>(kv_dims, rng),
@@ -279,12 +282,13 @@ fn max_abs_difference(a: ArrayView4<f64>, b: ArrayView4<f64>) -> (f64, usize) {
 pub fn describe(r: &CheckResult) -> String {
     let p = &r.problem;
     format!(
-        "{:<8} {:<4} {:<4} b={} h={} sq={:<5} sk={:<5} d={:<3} causal={:<5} max_abs={:.3e} rel={:.3e} bound={:.3e} L_err={:.2e}{} {}",
+        "{:<8} {:<4} {:<4} b={} h={} h_kv={} sq={:<5} sk={:<5} d={:<3} causal={:<5} max_abs={:.3e} rel={:.3e} bound={:.3e} L_err={:.2e}{} {}",
         r.algorithm.name(),
         p.dtype.name(),
         r.layout.name(),
         p.batch,
         p.heads,
+        p.heads_kv,
         p.seqlen_q,
         p.seqlen_k,
         p.head_dim,

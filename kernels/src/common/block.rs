@@ -12,8 +12,8 @@ pub struct BlockInfo {
     pub batch: u32,
     /// The query head (and O's, and the statistics').
     pub head: u32,
-    /// The K/V head this query head reads: the same head today (as many K/V heads as query
-    /// heads); with grouped K/V heads, `head / (heads / kv_heads)`.
+    /// The K/V head this query head reads: `head / kv_group` (grouped K/V heads, GQA/MQA; the
+    /// query head itself when K and V have as many heads as Q).
     pub kv_head: u32,
     /// batch·heads + head: the index of this head's rows in the (batch·heads, seqlen_q)
     /// statistics vectors and workspaces.
@@ -34,7 +34,9 @@ impl BlockInfo {
         Self {
             batch,
             head,
-            kv_head: head,
+            // A zero group (a parameter block built without it) reads as 1, so the division has
+            // no panic path; kernels that never read `kv_head` then compile without it.
+            kv_head: head / shape.kv_group.max(1),
             batch_head,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
@@ -270,7 +272,7 @@ mod tests {
             head_dim: 64,
             softmax_scale: 0.125,
             causal: causal as u32,
-            _pad: 0,
+            kv_group: 1,
         }
     }
 
@@ -278,6 +280,24 @@ mod tests {
     fn batch_and_head_are_batch_major() {
         let block = BlockInfo::new(&shape(3, 10, 10, false), 5);
         assert_eq!((block.batch, block.head, block.kv_head), (1, 2, 2));
+    }
+
+    #[test]
+    fn grouped_query_heads_read_their_group_s_kv_head() {
+        // 8 query heads on 2 K/V heads (groups of 4): batch 1's head 6 reads K/V head 1.
+        let grouped = AttentionShape {
+            kv_group: 4,
+            ..shape(8, 10, 10, false)
+        };
+        let block = BlockInfo::new(&grouped, 8 + 6);
+        assert_eq!((block.batch, block.head, block.kv_head), (1, 6, 1));
+        assert_eq!(block.batch_head, 14);
+        // MQA: every query head reads K/V head 0.
+        let mqa = AttentionShape {
+            kv_group: 8,
+            ..shape(8, 10, 10, false)
+        };
+        assert_eq!(BlockInfo::new(&mqa, 7).kv_head, 0);
     }
 
     #[test]

@@ -23,7 +23,7 @@ impl TensorView {
 }
 
 /// The problem every attention kernel solves: O = softmax(scale·Q·Kᵀ [+ causal mask])·V for each of
-/// `batch × heads` heads.
+/// `batch × heads` query heads, each against its K/V head (`kv_group` query heads share one).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttentionShape {
@@ -36,7 +36,9 @@ pub struct AttentionShape {
     pub softmax_scale: f32,
     /// 1: key k is visible to query q only if k ≤ q + seqlen_k − seqlen_q (bottom-right aligned).
     pub causal: u32,
-    pub _pad: u32,
+    /// Query heads per K/V head (GQA/MQA; 1 when K and V have as many heads as Q): query head h
+    /// reads K/V head h / kv_group, and K and V have heads / kv_group heads. At least 1.
+    pub kv_group: u32,
 }
 
 /// Q, K, V in, O out: the four operands of every algorithm.

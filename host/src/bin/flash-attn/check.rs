@@ -44,33 +44,39 @@ pub struct CheckArgs {
     fa3_tiling: Option<String>,
 }
 
-/// (batch, heads, seqlen_q, seqlen_k, head_dim).
-type Shape = (usize, usize, usize, usize, usize);
+/// (batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim).
+type Shape = (usize, usize, usize, usize, usize, usize);
 
 /// Lengths that are not multiples of any block
 /// size (1, 17, 1000, 113, 203), seqlen_q < seqlen_k and >, odd head dims, and every head dim the
-/// tensor-core FA2 is compiled for (32, 64, 96, 128, 256).
-const STANDARD_SHAPES: [Shape; 11] = [
-    (1, 1, 1, 1, 64),
-    (2, 3, 17, 17, 40),
-    (1, 2, 1000, 1000, 64),
-    (2, 3, 113, 203, 59),
-    (1, 2, 256, 128, 128),
-    (1, 1, 300, 300, 256),
-    (2, 2, 77, 33, 1),
-    (2, 2, 129, 250, 32),
-    (1, 3, 333, 200, 96),
+/// tensor-core FA2 is compiled for (32, 64, 96, 128, 256), and grouped K/V heads (GQA 2, 4, 8 and
+/// MQA).
+const STANDARD_SHAPES: [Shape; 15] = [
+    (1, 1, 1, 1, 1, 64),
+    (2, 3, 3, 17, 17, 40),
+    (1, 2, 2, 1000, 1000, 64),
+    (2, 3, 3, 113, 203, 59),
+    (1, 2, 2, 256, 128, 128),
+    (1, 1, 1, 300, 300, 256),
+    (2, 2, 2, 77, 33, 1),
+    (2, 2, 2, 129, 250, 32),
+    (1, 3, 3, 333, 200, 96),
     // Between the compiled capacities 128 and 256 (24 heads: the shape of issue 13's bug).
-    (1, 24, 333, 333, 160),
-    (2, 3, 200, 257, 192),
+    (1, 24, 24, 333, 333, 160),
+    (2, 3, 3, 200, 257, 192),
+    // Grouped K/V heads: groups of 2, 4 and 8, and one K/V head for all (MQA).
+    (2, 6, 3, 113, 203, 64),
+    (1, 8, 2, 256, 128, 128),
+    (2, 8, 1, 300, 300, 96),
+    (1, 16, 2, 129, 250, 256),
 ];
 
 /// The shapes of `set` whose head dim is in `head_dims` and whose seqlen_q is in `seqlens` (an
 /// empty filter keeps every shape); an error names what the set has when a filter leaves nothing.
 fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Result<Vec<Shape>> {
     let mut kept = shapes_of_set(set)?;
-    let head_dim_of: fn(&Shape) -> usize = |s| s.4;
-    let seqlen_q_of: fn(&Shape) -> usize = |s| s.2;
+    let head_dim_of: fn(&Shape) -> usize = |s| s.5;
+    let seqlen_q_of: fn(&Shape) -> usize = |s| s.3;
     for (name, filter, value_of) in [
         ("head-dims", head_dims, head_dim_of),
         ("seqlens", seqlens, seqlen_q_of),
@@ -98,7 +104,7 @@ fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Shape>> {
         "standard" => Ok(STANDARD_SHAPES.to_vec()),
         "sanitizer" => Ok([1, 17, 1000]
             .into_iter()
-            .flat_map(|n| [8, 40, 64, 128, 256].map(|d| (1, 1, n, n, d)))
+            .flat_map(|n| [8, 40, 64, 128, 256].map(|d| (1, 1, 1, n, n, d)))
             .collect()),
         other => Err(flash_attn::Error::InvalidArgument {
             name: "shapes",
@@ -153,11 +159,12 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (mut passed, mut failed) = (0, 0);
     for &dtype in &dtypes {
-        for &(batch, heads, seqlen_q, seqlen_k, head_dim) in &shapes {
+        for &(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim) in &shapes {
             for &causal in &causal_settings {
                 let problem = CheckProblem {
                     batch,
                     heads,
+                    heads_kv,
                     seqlen_q,
                     seqlen_k,
                     head_dim,

@@ -20,7 +20,8 @@ use ndarray::Array3;
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// safetensors file holding Q, K and V, each (batch, heads, seqlen, head_dim) (PyTorch SDPA's
-    /// layout), all three F32, F16 or BF16.
+    /// layout), all three F32, F16 or BF16. K and V may have fewer heads than Q, a divisor of Q's
+    /// (grouped-query attention: query head h reads K/V head h / (heads_q / heads_kv)).
     #[arg(long, value_name = "FILE")]
     input: PathBuf,
     /// safetensors file to write: `o` (q's dtype and shape), `lse` (F32, (batch, heads,
@@ -42,6 +43,10 @@ pub struct RunArgs {
     /// FA2's block sizes B_r,B_c, each 64 or 128 (default: the largest that fit).
     #[arg(long, value_name = "R,C", value_parser = parse_fa2_blocks)]
     fa2_blocks: Option<(u32, u32)>,
+    /// The K/V heads the file must hold (grouped-query attention: a divisor of Q's heads; 1 is
+    /// MQA). Checked before the GPU is opened; default: whatever the file has.
+    #[arg(long, value_name = "H")]
+    kv_heads: Option<usize>,
     /// Names of the Q, K and V tensors in the input file.
     #[arg(long, value_name = "Q,K,V", default_value = "q,k,v", value_parser = parse_names)]
     names: [String; 3],
@@ -101,11 +106,28 @@ fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
     Ok((parse(&rows)?, parse(&cols)?))
 }
 
+/// `--kv-heads`: the file's K/V heads must be the ones asked for (the problem already checked
+/// that they divide Q's).
+fn check_kv_heads(expected: Option<usize>, problem: &Problem) -> flash_attn::Result<()> {
+    match expected {
+        Some(heads_kv) if heads_kv != problem.heads_kv => Err(Error::InvalidArgument {
+            name: "kv-heads",
+            value: heads_kv.to_string(),
+            allowed: format!(
+                "the K/V heads of the input file: {} (for {} query heads)",
+                problem.heads_kv, problem.heads
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
     let options = args.options()?;
     let qkv = safetensors_io::read_qkv(&args.input, args.names.each_ref().map(String::as_str))?;
     let [q_dims, k_dims, v_dims] = qkv.dims();
     let problem = Problem::new(q_dims, k_dims, v_dims, &options)?;
+    check_kv_heads(args.kv_heads, &problem)?;
     let dtype = qkv.dtype();
     let gpu = Gpu::open(device)?;
     let run = Run {
@@ -198,6 +220,7 @@ impl Run<'_> {
             ),
             ("input".into(), self.args.input.display().to_string()),
             ("input_tensors".into(), inputs),
+            ("kv_heads".into(), self.problem.heads_kv.to_string()),
             ("kernel".into(), plan.kernel_names()),
             ("plan".into(), plan.to_string()),
         ])
