@@ -6,9 +6,7 @@
 
 mod common;
 
-use flash_attn::attention::{
-    BackwardArguments, BackwardProblem, CompiledLimits, Plan, TensorSpec,
-};
+use flash_attn::attention::{BackwardArguments, BackwardProblem, CompiledLimits, Plan, TensorSpec};
 use flash_attn::model::reference::attention_reference;
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::{Algorithm, AttentionOptions, DType, Error, Layout, Problem};
@@ -36,7 +34,10 @@ fn k_and_v_heads_must_divide_q_heads_and_agree() {
             &o,
         )
         .unwrap();
-        assert_eq!((p.heads, p.heads_kv, p.kv_group()), (heads, heads_kv, heads / heads_kv));
+        assert_eq!(
+            (p.heads, p.heads_kv, p.kv_group()),
+            (heads, heads_kv, heads / heads_kv)
+        );
         assert_eq!(p.is_grouped(), heads != heads_kv);
         assert_eq!(p.kv_dims(), [2, heads_kv, 70, 64]);
         // Query head h reads K/V head h / group: the last query head the last K/V head.
@@ -51,12 +52,22 @@ fn k_and_v_heads_must_divide_q_heads_and_agree() {
         "{error}"
     );
     assert_eq!(
-        invalid_name(Problem::new([1, 2, 4, 64], [1, 4, 4, 64], [1, 4, 4, 64], &o)),
+        invalid_name(Problem::new(
+            [1, 2, 4, 64],
+            [1, 4, 4, 64],
+            [1, 4, 4, 64],
+            &o
+        )),
         "k"
     );
     // K and V must have one head count.
     assert_eq!(
-        invalid_name(Problem::new([1, 8, 4, 64], [1, 2, 4, 64], [1, 4, 4, 64], &o)),
+        invalid_name(Problem::new(
+            [1, 8, 4, 64],
+            [1, 2, 4, 64],
+            [1, 4, 4, 64],
+            &o
+        )),
         "v"
     );
 }
@@ -67,7 +78,15 @@ fn the_kernels_parameter_block_carries_the_group() {
     // `BlockInfo` divides the query head by (the kernels crate's unit test checks that side).
     let o = AttentionOptions::default();
     let p = Problem::new([2, 8, 64, 64], [2, 2, 64, 64], [2, 2, 64, 64], &o).unwrap();
-    let plan = Plan::new(&CompiledLimits::H200, Algorithm::Fa3, DType::Bf16, &p, &o, None).unwrap();
+    let plan = Plan::new(
+        &CompiledLimits::H200,
+        Algorithm::Fa3,
+        DType::Bf16,
+        &p,
+        &o,
+        None,
+    )
+    .unwrap();
     assert_eq!(plan.problem.kv_group(), 4);
 }
 
@@ -113,7 +132,11 @@ fn the_reference_reads_each_query_head_s_kv_head() {
 #[test]
 fn the_emulators_match_the_reference_with_grouped_heads() {
     let ([q, k, v], _) = grouped_and_repeated(8, 2, 7);
-    let (q32, k32, v32) = (q.mapv(|x| x as f32), k.mapv(|x| x as f32), v.mapv(|x| x as f32));
+    let (q32, k32, v32) = (
+        q.mapv(|x| x as f32),
+        k.mapv(|x| x as f32),
+        v.mapv(|x| x as f32),
+    );
     let reference = attention_reference(q.view(), k.view(), v.view(), true, 0.25);
     let (o, _, _) = flash_attn::model::fa2::emulate_fa2(
         q32.view(),
@@ -152,7 +175,11 @@ fn every_forward_plan_runs_its_own_kernel_with_grouped_heads() {
                 let plan =
                     Plan::new(&CompiledLimits::H200, algorithm, DType::Bf16, &p, &o, None).unwrap();
                 assert_eq!(plan.fallback, None, "{algorithm} {heads}/{heads_kv} d {d}");
-                assert!(plan.kernel_names().starts_with(family), "{}", plan.kernel_names());
+                assert!(
+                    plan.kernel_names().starts_with(family),
+                    "{}",
+                    plan.kernel_names()
+                );
             }
         }
     }
@@ -280,7 +307,11 @@ fn every_fa3_tiling_takes_grouped_kv_heads() {
             fa3_tiling: Some(tiling),
             ..Default::default()
         };
-        for ((sq, sk), causal) in [((1024, 1023), false), ((113, 203), true), ((300, 300), true)] {
+        for ((sq, sk), causal) in [
+            ((1024, 1023), false),
+            ((113, 203), true),
+            ((300, 300), true),
+        ] {
             let problem = CheckProblem {
                 batch: 2,
                 heads: 8,

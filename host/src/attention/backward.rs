@@ -104,7 +104,10 @@ impl BackwardProblem {
             // backward kernels write one per query head (no cross-head accumulation yet).
             return Err(Error::invalid(
                 "k",
-                format!("shape {:?} ({} K/V heads for {} query heads)", k.dims, problem.heads_kv, problem.heads),
+                format!(
+                    "shape {:?} ({} K/V heads for {} query heads)",
+                    k.dims, problem.heads_kv, problem.heads
+                ),
                 "the backward pass needs as many K/V heads as query heads (grouped K/V heads, \
                  GQA/MQA, run forward only)",
             ));

@@ -142,15 +142,6 @@ impl Problem {
                 }
             }
         }
-        for (axis, name) in [(1, "heads"), (2, "seqlen")] {
-            if v[axis] != k[axis] {
-                return Err(Error::invalid(
-                    "v",
-                    format!("shape {v:?}"),
-                    format!("its {name} must equal k's ({}; k is {k:?})", k[axis]),
-                ));
-            }
-        }
         if q[1] % k[1] != 0 {
             return Err(Error::invalid(
                 "k",
@@ -161,6 +152,15 @@ impl Problem {
                     k[1], q[1]
                 ),
             ));
+        }
+        for (axis, name) in [(1, "heads"), (2, "seqlen")] {
+            if v[axis] != k[axis] {
+                return Err(Error::invalid(
+                    "v",
+                    format!("shape {v:?}"),
+                    format!("its {name} must equal k's ({}; k is {k:?})", k[axis]),
+                ));
+            }
         }
         let head_dim = q[3];
         if head_dim > MAX_HEAD_DIM {
