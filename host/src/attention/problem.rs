@@ -142,7 +142,7 @@ impl Problem {
                 }
             }
         }
-        if q[1] % k[1] != 0 {
+        if !q[1].is_multiple_of(k[1]) {
             return Err(Error::invalid(
                 "k",
                 format!("shape {k:?}"),

@@ -72,7 +72,7 @@ fn attention_with_rounding(
     let (batch, heads, seqlen_q, head_dim) = q.dim();
     let (heads_kv, seqlen_k) = (k.dim().1, k.dim().2);
     assert!(
-        heads_kv > 0 && heads % heads_kv == 0,
+        heads_kv > 0 && heads.is_multiple_of(heads_kv),
         "K's heads ({heads_kv}) must divide Q's ({heads})"
     );
     let group = heads / heads_kv;
