@@ -380,33 +380,24 @@ fn cli_reports_file_and_shape_errors_before_looking_for_a_gpu() {
     let dir = temp_dir();
     let garbage = dir.path().join("garbage.safetensors");
     std::fs::write(&garbage, b"not a safetensors file").expect("writing a test file");
-    let shapes = write_file(
-        &dir,
+    // F32 Q, K, V of the given shapes.
+    let qkv = |file, [q, k, v]: [&[usize]; 3]| {
+        let tensors = [("q", q), ("k", k), ("v", v)]
+            .map(|(name, shape)| TestTensor::patterned(name, Dtype::F32, shape));
+        write_file(&dir, file, &tensors)
+    };
+    let shapes = qkv(
         "shapes.safetensors",
-        &[
-            TestTensor::patterned("q", Dtype::F32, &[1, 2, 3, 64]),
-            TestTensor::patterned("k", Dtype::F32, &[1, 2, 3, 32]),
-            TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 64]),
-        ],
+        [&[1, 2, 3, 64], &[1, 2, 3, 32], &[1, 2, 3, 64]],
     );
     // 4 query heads: 3 K/V heads do not divide them; 2 do, but `--kv-heads 1` asks for MQA.
-    let groups = write_file(
-        &dir,
+    let groups = qkv(
         "groups.safetensors",
-        &[
-            TestTensor::patterned("q", Dtype::F32, &[1, 4, 3, 64]),
-            TestTensor::patterned("k", Dtype::F32, &[1, 3, 3, 64]),
-            TestTensor::patterned("v", Dtype::F32, &[1, 3, 3, 64]),
-        ],
+        [&[1, 4, 3, 64], &[1, 3, 3, 64], &[1, 3, 3, 64]],
     );
-    let grouped = write_file(
-        &dir,
+    let grouped = qkv(
         "grouped.safetensors",
-        &[
-            TestTensor::patterned("q", Dtype::F32, &[1, 4, 3, 64]),
-            TestTensor::patterned("k", Dtype::F32, &[1, 2, 3, 64]),
-            TestTensor::patterned("v", Dtype::F32, &[1, 2, 3, 64]),
-        ],
+        [&[1, 4, 3, 64], &[1, 2, 3, 64], &[1, 2, 3, 64]],
     );
     let output = dir.path().join("out.safetensors");
     for (input, extra, expected) in [
