@@ -34,9 +34,14 @@ impl BlockInfo {
         Self {
             batch,
             head,
-            // A zero group (a parameter block built without it) reads as 1, so the division has
-            // no panic path; kernels that never read `kv_head` then compile without it.
-            kv_head: head / shape.kv_group.max(1),
+            // Divided only for grouped heads (a zero group, from a parameter block built without
+            // it, reads as 1): no panic path, and kernels that never read `kv_head` compile
+            // without it.
+            kv_head: if shape.kv_group > 1 {
+                head / shape.kv_group
+            } else {
+                head
+            },
             batch_head,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
@@ -298,6 +303,12 @@ mod tests {
             ..shape(8, 10, 10, false)
         };
         assert_eq!(BlockInfo::new(&mqa, 7).kv_head, 0);
+        // A zero group (a block built without it) is no group: each head reads its own.
+        let ungrouped = AttentionShape {
+            kv_group: 0,
+            ..shape(8, 10, 10, false)
+        };
+        assert_eq!(BlockInfo::new(&ungrouped, 7).kv_head, 7);
     }
 
     #[test]
