@@ -19,6 +19,9 @@ pub struct PlanArgs {
     /// K's and V's sequence length (default: seqlen_q).
     #[arg(long, value_name = "N")]
     seqlen_k: Option<usize>,
+    /// K's and V's heads (grouped-query attention: a divisor of Q's heads; default: Q's).
+    #[arg(long, value_name = "H")]
+    kv_heads: Option<usize>,
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Algorithms to plan, comma-separated (default: all).
@@ -38,7 +41,12 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
         ..Default::default()
     };
     let q = args.shape;
-    let kv = [q[0], q[1], args.seqlen_k.unwrap_or(q[2]), q[3]];
+    let kv = [
+        q[0],
+        args.kv_heads.unwrap_or(q[1]),
+        args.seqlen_k.unwrap_or(q[2]),
+        q[3],
+    ];
     let problem = Problem::new(q, kv, kv, &options)?;
     let gpu = match Gpu::open(device) {
         Ok(gpu) => Some(gpu),
@@ -55,6 +63,14 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
             &CompiledLimits::H200
         }
     };
+    if problem.is_grouped() {
+        println!(
+            "grouped K/V heads: {} for {} query heads ({} each, read in place)",
+            problem.heads_kv,
+            problem.heads,
+            problem.kv_group()
+        );
+    }
     let algorithms = args.algorithms.clone().unwrap_or(Algorithm::ALL.to_vec());
     for algorithm in algorithms {
         let plan = Plan::new(limits, algorithm, args.dtype, &problem, &options, None)?;
