@@ -72,24 +72,6 @@ fn k_and_v_heads_must_divide_q_heads_and_agree() {
     );
 }
 
-#[test]
-fn the_kernels_parameter_block_carries_the_group() {
-    // The plan's problem is what the parameter blocks are built from: its group is what
-    // `BlockInfo` divides the query head by (the kernels crate's unit test checks that side).
-    let o = AttentionOptions::default();
-    let p = Problem::new([2, 8, 64, 64], [2, 2, 64, 64], [2, 2, 64, 64], &o).unwrap();
-    let plan = Plan::new(
-        &CompiledLimits::H200,
-        Algorithm::Fa3,
-        DType::Bf16,
-        &p,
-        &o,
-        None,
-    )
-    .unwrap();
-    assert_eq!(plan.problem.kv_group(), 4);
-}
-
 /// Q, K, V of `heads` and `heads_kv` heads, and K, V with each K/V head repeated `heads /
 /// heads_kv` times (what a copy-based GQA would build).
 fn grouped_and_repeated(
@@ -223,11 +205,18 @@ fn grouped_kv_heads_match_the_reference() {
     if !hopper {
         println!("fa3 cases skipped: FA3 needs compute capability 9.0");
     }
-    let lengths = [(113, 203), (300, 300), (1024, 1023), (1, 17)];
+    // (1024, 1023) at d = 128 only: the f64 reference of the long case dominates the test's time.
+    let lengths = |d| {
+        let mut lengths = vec![(113, 203), (300, 300), (1, 17), (203, 113)];
+        if d == 128 {
+            lengths.push((1024, 1023));
+        }
+        lengths
+    };
     let (mut cases, mut failures) = (0, Vec::new());
     for (heads, heads_kv) in HEADS {
         for d in [64, 96, 128, 256] {
-            for (sq, sk) in lengths {
+            for (sq, sk) in lengths(d) {
                 for causal in [false, true] {
                     for dtype in DType::ALL {
                         let problem = CheckProblem {
