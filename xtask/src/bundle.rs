@@ -43,8 +43,9 @@ fi
 "#;
 
 const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel at odd shapes:
-# seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and algorithm.
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
+# shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and
+# algorithm; then memcheck and synccheck over the backward's and decode's GPU tests.
 # Usage: bundle/run-sanitizer.sh [log-dir]
 # racecheck is the slow tool: it instruments every shared-memory access. On the H200, FA1's 90
 # cases took about 400 s (one process per dtype); all 360 cases take longer than one 10-minute
@@ -68,6 +69,21 @@ for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
     failed=$((failed + 1)); echo "$tool: FAIL"; tail -30 "$logs/$tool.log"
   fi
 done
+# The backward and decode kernels, which `check` does not run: their GPU tests under memcheck and
+# synccheck (SANITIZER_TESTS=0 skips them; the tests' f64 references make these runs CPU-bound).
+if [ "${SANITIZER_TESTS:-1}" != 0 ]; then
+  for test in gpu_backward gpu_decode; do
+    for tool in memcheck synccheck; do
+      if FLASH_ATTN_REQUIRE_GPU=1 timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" \
+          --error-exitcode 99 --print-limit 20 "bin/test-$test" --test-threads=1 \
+          > "$logs/$test-$tool.log" 2>&1; then
+        passed=$((passed + 1)); echo "$test $tool: pass ($(grep -E 'ERROR SUMMARY' "$logs/$test-$tool.log" | tail -1))"
+      else
+        failed=$((failed + 1)); echo "$test $tool: FAIL"; tail -30 "$logs/$test-$tool.log"
+      fi
+    done
+  done
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
 "#;
