@@ -7,20 +7,19 @@
 //! and gradients sit in different layouts. Without a GPU each test says it was skipped;
 //! `FLASH_ATTN_REQUIRE_GPU=1` turns that into a failure.
 //!
-//! Tolerances, per gradient, on the largest absolute error: f32 within 1e-4 of the reference's
-//! largest magnitude; f16 and bf16 within twice the error of the reference computed in the
-//! dtype (`attention_backward_in_dtype`) plus 1e-5.
+//! Tolerances (`tools::check_backward`, the rule `flash-attn check --backward` uses too), per
+//! gradient, on the largest absolute error: f32 within 1e-4 of the reference's largest
+//! magnitude; f16 and bf16 within twice the error of the reference computed in the dtype
+//! (`attention_backward_in_dtype`) plus 1e-5.
 
 mod common;
 
 use flash_attn::attention::{
     BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, attention, attention_backward_into,
 };
-use flash_attn::model::reference_backward::{
-    attention_backward_in_dtype, attention_backward_reference,
-};
 use flash_attn::tools::check::{random_tensor, to_f64};
-use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Element, Gpu, Layout};
+use flash_attn::tools::check_backward::{BackwardInputs, GradientCheck, check_gradients};
+use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
 use half::{bf16, f16};
 use ndarray::Array4;
 use rand::Rng;
@@ -36,20 +35,6 @@ const SHAPES: [(usize, usize, usize, usize, usize); 8] = [
     (1, 2, 113, 203, 128),
     (1, 1, 113, 203, 256),
 ];
-
-/// The largest |a − b|, and whether every element of `a` is finite.
-fn max_error(a: &Array4<f64>, b: &Array4<f64>) -> (f64, bool) {
-    let finite = a.iter().all(|x| x.is_finite());
-    let error = a
-        .iter()
-        .zip(b)
-        .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-    (error, finite)
-}
-
-fn max_abs(a: &Array4<f64>) -> f64 {
-    a.iter().fold(0.0f64, |m, x| m.max(x.abs()))
-}
 
 /// How one case lays out its tensors: the inputs' layout (the gradients take the other one),
 /// and whether Q has padded rows (a row stride of d + 8).
@@ -155,37 +140,30 @@ fn check_shape<T: Element>(
     let got = [got(&gradients.dq), got(&gradients.dk), got(&gradients.dv)];
 
     let scale = 1.0 / (head_dim as f64).sqrt();
-    let (q, k, v, d_o) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_o));
-    let exact =
-        attention_backward_reference(q.view(), k.view(), v.view(), d_o.view(), causal, scale);
-    let in_dtype =
-        attention_backward_in_dtype::<T>(q.view(), k.view(), v.view(), d_o.view(), causal, scale);
-    let exact = [
-        &exact.gradients.dq,
-        &exact.gradients.dk,
-        &exact.gradients.dv,
-    ];
-    let in_dtype = [
-        &in_dtype.gradients.dq,
-        &in_dtype.gradients.dk,
-        &in_dtype.gradients.dv,
-    ];
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
+    };
+    let [dq, dk, dv] = got;
+    let got = Gradients { dq, dk, dv };
     let what = format!(
         "{} {q_dims:?}×{seqlen_k} causal={causal} {placement:?} ({})",
         T::DTYPE,
         plan.kernel_names()
     );
-    for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
-        let (error, finite) = max_error(&got[i], exact[i]);
-        assert!(finite, "{what}: {name} has non-finite elements");
-        let bound = if T::DTYPE == DType::F32 {
-            1e-4 * max_abs(exact[i]).max(1.0)
-        } else {
-            2.0 * max_error(in_dtype[i], exact[i]).0 + 1e-5
-        };
+    for check in check_gradients(&inputs, causal, scale, &got) {
+        let GradientCheck {
+            name, error, bound, ..
+        } = check;
+        assert_eq!(
+            check.non_finite, 0,
+            "{what}: {name} has non-finite elements"
+        );
         println!("{what}: {name} error {error:.3e} (bound {bound:.3e})");
         assert!(
-            error <= bound,
+            check.passed(),
             "{what}: {name} error {error:.3e} > {bound:.3e}"
         );
     }
