@@ -204,6 +204,111 @@ fn bf16_gradients_match_the_reference() {
     check_dtype::<bf16>("backward_bf16");
 }
 
+/// The standard backward (S, P, dP, dS in HBM) at the scalar kernels' odd shapes, causal and not,
+/// in every dtype; the plan runs the standard forward's scores and softmax and the four backward
+/// kernels, and asking it for deterministic mode is accepted (it has no atomic adds).
+fn check_standard<T: Element>(test: &str) {
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    for (i, shape) in SHAPES.into_iter().enumerate() {
+        for causal in [false, true] {
+            let standard = BackwardOptions {
+                algorithm: BackwardAlgorithm::Standard,
+                deterministic: i % 2 == 1,
+            };
+            let placement = Placement {
+                layout: if i % 3 == 0 {
+                    Layout::BatchSeqHeadDim
+                } else {
+                    Layout::BatchHeadSeqDim
+                },
+                strided_q: i % 4 == 2,
+            };
+            let (plan, _) = check_shape::<T>(&gpu, shape, causal, &standard, placement, &mut rng);
+            assert_eq!(plan.algorithm, BackwardAlgorithm::Standard, "{plan}");
+            assert_eq!(plan.launches.len(), 6, "{plan}");
+            let (b, h, n, m, _) = shape;
+            assert_eq!(plan.scores, b * h * n * m, "{plan}");
+        }
+    }
+}
+
+#[test]
+fn f32_standard_gradients_match_the_reference() {
+    check_standard::<f32>("backward_standard_f32");
+}
+
+#[test]
+fn f16_standard_gradients_match_the_reference() {
+    check_standard::<f16>("backward_standard_f16");
+}
+
+#[test]
+fn bf16_standard_gradients_match_the_reference() {
+    check_standard::<bf16>("backward_standard_bf16");
+}
+
+/// The standard backward's workspace past the device's memory: an out-of-memory error naming
+/// the bytes of S, before any kernel runs; the FA2 backward of the same problem runs.
+#[test]
+fn the_standard_backward_reports_out_of_memory_with_the_bytes() {
+    let test = "backward_standard_oom";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let (_, total) = gpu.memory().expect("memory");
+    // One head whose N × N f32 S alone is about twice the device's memory.
+    let n = ((total as f64 / 2.0).sqrt() as usize).next_multiple_of(64);
+    let dims = [1, 1, n, 8];
+    let zeros =
+        || DeviceTensor::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ZERO).expect("alloc");
+    let (q, k, v, d_o) = (zeros(), zeros(), zeros(), zeros());
+    let options = AttentionOptions::default();
+    let forward = attention(&gpu, Algorithm::Fa2, &q, &k, &v, &options).expect("fwd");
+    let mut gradients = Gradients {
+        dq: zeros(),
+        dk: zeros(),
+        dv: zeros(),
+    };
+    let standard = BackwardOptions {
+        algorithm: BackwardAlgorithm::Standard,
+        deterministic: false,
+    };
+    let error = attention_backward_into(
+        &gpu,
+        &q,
+        &k,
+        &v,
+        &forward,
+        &d_o,
+        &mut gradients,
+        &options,
+        &standard,
+    )
+    .expect_err("S does not fit");
+    let message = error.to_string();
+    println!("{test}: N = {n}: {message}");
+    assert!(
+        matches!(error, flash_attn::Error::OutOfMemory { requested, .. } if requested == 4 * n * n),
+        "{message}"
+    );
+    assert!(message.contains("S, dP and dS"), "{message}");
+    attention_backward_into(
+        &gpu,
+        &q,
+        &k,
+        &v,
+        &forward,
+        &d_o,
+        &mut gradients,
+        &options,
+        &BackwardOptions::default(),
+    )
+    .expect("the FA2 backward fits");
+}
+
 /// Head dims of the tensor-core grid: below, at and between its capacities (64, 128, 192, 256).
 const TENSOR_CORE_HEAD_DIMS: [usize; 7] = [16, 40, 64, 96, 128, 192, 256];
 

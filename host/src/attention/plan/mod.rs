@@ -453,7 +453,7 @@ fn fa2_grid(
 
 /// Standard attention's three kernels: S over (key tiles, query tiles, heads), the softmax one
 /// warp per row, O over (head-dim tiles, query tiles, heads).
-fn standard_launches(problem: &Problem, element: ElementType) -> Vec<PlannedLaunch> {
+pub(crate) fn standard_launches(problem: &Problem, element: ElementType) -> Vec<PlannedLaunch> {
     let tiles = |n: usize| n.div_ceil(standard::MATMUL_TILE as usize) as u32;
     let heads = problem.batch_heads() as u32;
     let product = |grid| Launch {
