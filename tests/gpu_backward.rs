@@ -1,5 +1,6 @@
-//! The FA2 backward kernels against the f64 reference gradients (`reference_backward`): the
-//! scalar kernels (`fa2`) at odd shapes (seqlen 1, 17, 113 × 203 and 203 × 113, head dims 1,
+//! The backward kernels against the f64 reference gradients (`reference_backward`): the
+//! scalar kernels (`fa2`) and the standard backward (`standard`, every N × N matrix in HBM; and
+//! its out-of-memory error) at odd shapes (seqlen 1, 17, 113 × 203 and 203 × 113, head dims 1,
 //! 40, 64, 128, 256, causal and not, f32/f16/bf16); the tensor-core kernels (`fa2-tc`, f16 and
 //! bf16) over a grid of head dims (16 to 256, each capacity and between), causal and not,
 //! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the fallback of a
@@ -18,7 +19,9 @@ use flash_attn::attention::{
     BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, attention, attention_backward_into,
 };
 use flash_attn::tools::check::{random_tensor, to_f64};
-use flash_attn::tools::check_backward::{BackwardInputs, GradientCheck, check_gradients};
+use flash_attn::tools::check_backward::{
+    BackwardInputs, GradientCheck, check_gradients, run_backward_poisoned,
+};
 use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
 use half::{bf16, f16};
 use ndarray::Array4;
@@ -107,26 +110,13 @@ fn check_shape<T: Element>(
         causal,
         ..Default::default()
     };
-    let forward = attention(gpu, Algorithm::Fa2, &q_gpu, &k_gpu, &v_gpu, &options).expect("fwd");
     // Poisoned, in the other layout: an element the kernels forget stays NaN.
-    let poisoned = |dims| {
-        DeviceTensor::filled(gpu, dims, other(placement.layout), T::poison()).expect("alloc")
-    };
-    let mut gradients = Gradients {
-        dq: poisoned(q_dims),
-        dk: poisoned(kv_dims),
-        dv: poisoned(kv_dims),
-    };
-    let plan = attention_backward_into(
+    let (gradients, plan) = run_backward_poisoned(
         gpu,
-        &q_gpu,
-        &k_gpu,
-        &v_gpu,
-        &forward,
-        &d_o_gpu,
-        &mut gradients,
+        [&q_gpu, &k_gpu, &v_gpu, &d_o_gpu],
         &options,
         backward,
+        other(placement.layout),
     )
     .expect("backward");
     let dq_bits = gradients
@@ -176,6 +166,9 @@ const SCALAR: BackwardOptions = BackwardOptions {
     deterministic: false,
 };
 
+/// The scalar kernels at the odd shapes, then the standard backward (S, P, dP, dS in HBM) at
+/// the same shapes in varied placements: its plan runs the standard forward's scores and softmax
+/// and the four backward kernels, and deterministic mode is accepted (it has no atomic adds).
 fn check_dtype<T: Element>(test: &str) {
     let Some(gpu) = common::gpu_or_skip(test) else {
         return;
@@ -187,31 +180,6 @@ fn check_dtype<T: Element>(test: &str) {
             assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2, "{plan}");
         }
     }
-}
-
-#[test]
-fn f32_gradients_match_the_reference() {
-    check_dtype::<f32>("backward_f32");
-}
-
-#[test]
-fn f16_gradients_match_the_reference() {
-    check_dtype::<f16>("backward_f16");
-}
-
-#[test]
-fn bf16_gradients_match_the_reference() {
-    check_dtype::<bf16>("backward_bf16");
-}
-
-/// The standard backward (S, P, dP, dS in HBM) at the scalar kernels' odd shapes, causal and not,
-/// in every dtype; the plan runs the standard forward's scores and softmax and the four backward
-/// kernels, and asking it for deterministic mode is accepted (it has no atomic adds).
-fn check_standard<T: Element>(test: &str) {
-    let Some(gpu) = common::gpu_or_skip(test) else {
-        return;
-    };
-    let mut rng = common::seeded_rng(test);
     for (i, shape) in SHAPES.into_iter().enumerate() {
         for causal in [false, true] {
             let standard = BackwardOptions {
@@ -236,18 +204,18 @@ fn check_standard<T: Element>(test: &str) {
 }
 
 #[test]
-fn f32_standard_gradients_match_the_reference() {
-    check_standard::<f32>("backward_standard_f32");
+fn f32_gradients_match_the_reference() {
+    check_dtype::<f32>("backward_f32");
 }
 
 #[test]
-fn f16_standard_gradients_match_the_reference() {
-    check_standard::<f16>("backward_standard_f16");
+fn f16_gradients_match_the_reference() {
+    check_dtype::<f16>("backward_f16");
 }
 
 #[test]
-fn bf16_standard_gradients_match_the_reference() {
-    check_standard::<bf16>("backward_standard_bf16");
+fn bf16_gradients_match_the_reference() {
+    check_dtype::<bf16>("backward_bf16");
 }
 
 /// The standard backward's workspace past the device's memory: an out-of-memory error naming

@@ -23,7 +23,8 @@ use flash_kernels::registry::{
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 use super::plan::{
     Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, kernel_names,
-    misaligned_view, standard_launches, write_launches,
+    misaligned_view, standard_launches, standard_product, standard_rows, standard_tiles,
+    write_launches,
 };
 use super::problem::{AttentionOptions, MAX_HEAD_DIM, Problem};
 use super::{AttentionOutput, RowStatistics};
@@ -281,39 +282,28 @@ impl BackwardPlan {
         options: &BackwardOptions,
     ) -> Result<Self> {
         let element = ElementType::from(dtype);
-        let tiles = |n: usize| n.div_ceil(standard::MATMUL_TILE as usize) as u32;
         let heads = problem.batch_heads() as u32;
-        let product = |grid| Launch {
-            grid,
-            threads: standard::THREADS,
-            shared_bytes: standard::PRODUCT_SHARED_BYTES,
-        };
-        let rows_per_block = standard::SOFTMAX_ROWS_PER_BLOCK as usize;
         let (q_tiles, k_tiles, d_tiles) = (
-            tiles(problem.seqlen_q),
-            tiles(problem.seqlen_k),
-            tiles(problem.head_dim),
+            standard_tiles(problem.seqlen_q),
+            standard_tiles(problem.seqlen_k),
+            standard_tiles(problem.head_dim),
         );
         let own = [
             (
                 StandardBackwardStage::ProbsGradient,
-                product((k_tiles, q_tiles, heads)),
+                standard_product((k_tiles, q_tiles, heads)),
             ),
             (
                 StandardBackwardStage::ScoresGradient,
-                Launch {
-                    grid: (problem.seqlen_q.div_ceil(rows_per_block) as u32, heads, 1),
-                    threads: standard::THREADS,
-                    shared_bytes: 0,
-                },
+                standard_rows(problem),
             ),
             (
                 StandardBackwardStage::QueryGradient,
-                product((d_tiles, q_tiles, heads)),
+                standard_product((d_tiles, q_tiles, heads)),
             ),
             (
                 StandardBackwardStage::KeyValueGradients,
-                product((d_tiles, k_tiles, heads)),
+                standard_product((d_tiles, k_tiles, heads)),
             ),
         ];
         // The forward's scores and softmax recompute S and P (its third kernel, O = P·V, is not

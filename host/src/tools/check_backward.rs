@@ -12,7 +12,7 @@ use ndarray::Array4;
 use rand::Rng;
 
 use crate::attention::{
-    Algorithm, AttentionOptions, BackwardOptions, Gradients, Problem, attention,
+    Algorithm, AttentionOptions, BackwardOptions, BackwardPlan, Gradients, Problem, attention,
     attention_backward_into,
 };
 use crate::device::Gpu;
@@ -154,23 +154,12 @@ fn check_backward_typed<T: Element>(
     let layout = Layout::BatchHeadSeqDim;
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), layout);
     let (q_gpu, k_gpu, v_gpu, d_o_gpu) = (upload(&q)?, upload(&k)?, upload(&v)?, upload(&d_o)?);
-    let forward = attention(gpu, Algorithm::Fa2, &q_gpu, &k_gpu, &v_gpu, &options)?;
-    let poisoned = |dims| DeviceTensor::filled(gpu, dims, layout, T::poison());
-    let mut gradients = Gradients {
-        dq: poisoned(q_dims)?,
-        dk: poisoned(kv_dims)?,
-        dv: poisoned(kv_dims)?,
-    };
-    let plan = attention_backward_into(
+    let (gradients, plan) = run_backward_poisoned(
         gpu,
-        &q_gpu,
-        &k_gpu,
-        &v_gpu,
-        &forward,
-        &d_o_gpu,
-        &mut gradients,
+        [&q_gpu, &k_gpu, &v_gpu, &d_o_gpu],
         &options,
         backward,
+        layout,
     )?;
     gpu.synchronize()?;
     let got = Gradients {
@@ -195,6 +184,37 @@ fn check_backward_typed<T: Element>(
         gradients: checks,
         kernels: plan.kernel_names(),
     })
+}
+
+/// The FA2 forward on device Q, K, V, then the backward `backward` asks for with dO, into
+/// gradients poisoned with NaN in `layout` (an element the kernels forget stays NaN); the
+/// gradients and the backward's plan.
+pub fn run_backward_poisoned<T: Element>(
+    gpu: &Gpu,
+    [q, k, v, d_o]: [&DeviceTensor<T>; 4],
+    options: &AttentionOptions,
+    backward: &BackwardOptions,
+    layout: Layout,
+) -> Result<(Gradients<DeviceTensor<T>>, BackwardPlan)> {
+    let forward = attention(gpu, Algorithm::Fa2, q, k, v, options)?;
+    let poisoned = |dims| DeviceTensor::filled(gpu, dims, layout, T::poison());
+    let mut gradients = Gradients {
+        dq: poisoned(q.dims())?,
+        dk: poisoned(k.dims())?,
+        dv: poisoned(v.dims())?,
+    };
+    let plan = attention_backward_into(
+        gpu,
+        q,
+        k,
+        v,
+        &forward,
+        d_o,
+        &mut gradients,
+        options,
+        backward,
+    )?;
+    Ok((gradients, plan))
 }
 
 /// One line for a backward result, for the CLI.

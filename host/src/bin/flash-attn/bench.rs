@@ -65,16 +65,18 @@ pub struct BenchArgs {
     /// scripts/torch_backward_bench.py's JSON. Writes backward.md and backward.json.
     #[arg(long)]
     backward: bool,
-    /// Backward variants to time: fa2-tc, fa2, fa2-tc-deterministic (default: all three).
+    /// Backward variants: fa2-tc, fa2, fa2-tc-deterministic, standard (default: the first three;
+    /// with --memory, standard and fa2-tc).
     #[arg(long, value_delimiter = ',')]
     backward_variants: Vec<String>,
     /// The forward before our backward (its O and L; timed in forward + backward): fa3 (the
     /// default; fa2-tc where FA3 cannot run, as the plan says), fa2-tc, fa2 or standard.
     #[arg(long, default_value = "fa3")]
     forward_algorithm: String,
-    /// With --backward: the memory table instead of the timings: peak device memory of one
-    /// forward + backward per variant at batch 1, heads·d = --hidden, d = the first --head-dims
-    /// (default 128), N = 1k, 2k, … --memory-max-seqlen, and where each runs out of memory.
+    /// With --backward: the memory table instead of the timings: peak device memory of the
+    /// backward (tensors and workspace) per variant at batch 1, heads·d = --hidden, d = the first
+    /// --head-dims (default 128), N = 1k, 2k, … --memory-max-seqlen, and where each runs out of
+    /// memory.
     #[arg(long)]
     memory: bool,
     /// The longest N of the memory table.
@@ -141,11 +143,7 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
     };
     let torch = args.torch.as_deref().map(read_records).transpose()?;
     let shapes = config.shapes();
-    let progress = ProgressBar::new((shapes.len() * config.algorithms.len()) as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(shapes.len() * config.algorithms.len());
     let mut rng = rand::rng();
     let mut records = Vec::new();
     for shape in &shapes {
@@ -326,13 +324,15 @@ fn backward_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode
             vec![2048, 4096, 8192, 16384]
         };
     }
-    let variants: Vec<BackwardVariant> = if args.backward_variants.is_empty() {
-        BackwardVariant::ALL.to_vec()
-    } else {
+    let variants: Vec<BackwardVariant> = if !args.backward_variants.is_empty() {
         args.backward_variants
             .iter()
             .map(|v| v.parse())
             .collect::<Result<_, _>>()?
+    } else if args.memory {
+        BackwardVariant::MEMORY.to_vec()
+    } else {
+        BackwardVariant::TIMED.to_vec()
     };
     let forward: flash_attn::Algorithm = args.forward_algorithm.parse()?;
     let backward_config = BackwardBenchConfig {
@@ -379,8 +379,8 @@ fn backward_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode
             )?);
         }
         let markdown = format!(
-            "## Peak device memory of one forward ({forward}) + backward on {} ({}; Q, K, V, \
-             O, L, dO, dQ, dK, dV and the workspace)\n\n{}",
+            "## Peak device memory of the backward on {} ({}, after the {forward} forward; Q, K, \
+             V, O, L, dO, dQ, dK, dV and the workspace)\n\n{}",
             gpu.info().name,
             config.dtype,
             memory_table(&cells, heads, head_dim)
@@ -395,11 +395,7 @@ fn backward_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode
         return Ok(ExitCode::SUCCESS);
     }
     let shapes = config.shapes();
-    let progress = ProgressBar::new((shapes.len() * variants.len()) as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(shapes.len() * variants.len());
     let mut rng = rand::rng();
     let mut records = Vec::new();
     for shape in &shapes {
@@ -468,4 +464,14 @@ fn backward_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode
 /// `value` as pretty JSON.
 fn to_json(value: &impl serde::Serialize) -> flash_attn::Result<String> {
     serde_json::to_string_pretty(value).map_err(|e| Error::File(e.to_string()))
+}
+
+/// A progress bar over `cases` cases, with the current one's message and the time so far.
+fn progress_bar(cases: usize) -> ProgressBar {
+    let progress = ProgressBar::new(cases as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress
 }

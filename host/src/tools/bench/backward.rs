@@ -6,8 +6,9 @@
 //! forward's [`merged_table`] on each number).
 //!
 //! The memory mode ([`memory_rows`], `--memory`): at batch 1, one head dim, N from 1k up, the
-//! peak device memory of each variant's forward + backward (inputs, O, L, dO, gradients and
-//! workspace), and where each runs out of memory (the error is caught and reported).
+//! peak device memory of each variant's backward (Q, K, V, O, L, dO, the gradients and its
+//! workspace: O(N²) for the standard backward, O(N) for FlashAttention's), and where each runs
+//! out of memory (the error is caught and reported).
 
 use std::path::Path;
 
@@ -33,12 +34,19 @@ pub struct BackwardVariant {
 }
 
 impl BackwardVariant {
-    /// fa2-tc (the default), fa2 (scalar) and fa2-tc deterministic.
-    pub const ALL: [BackwardVariant; 3] = [
+    /// fa2-tc (the default), fa2 (scalar), fa2-tc deterministic and standard (S, P, dP, dS in
+    /// HBM).
+    pub const ALL: [BackwardVariant; 4] = [
         BackwardVariant::new(BackwardAlgorithm::Fa2Tc, false),
         BackwardVariant::new(BackwardAlgorithm::Fa2, false),
         BackwardVariant::new(BackwardAlgorithm::Fa2Tc, true),
+        BackwardVariant::new(BackwardAlgorithm::Standard, false),
     ];
+    /// What `bench --backward` times by default: the FlashAttention backward's variants (the
+    /// standard one takes seconds per call at the sweep's longer N; ask for it by name).
+    pub const TIMED: [BackwardVariant; 3] = [Self::ALL[0], Self::ALL[1], Self::ALL[2]];
+    /// What the memory table compares by default: the standard backward and fa2-tc.
+    pub const MEMORY: [BackwardVariant; 2] = [Self::ALL[3], Self::ALL[0]];
 
     pub const fn new(algorithm: BackwardAlgorithm, deterministic: bool) -> Self {
         Self {
@@ -70,7 +78,7 @@ impl std::str::FromStr for BackwardVariant {
                 Error::invalid(
                     "backward variant",
                     s,
-                    "allowed: fa2-tc, fa2, fa2-tc-deterministic",
+                    "allowed: fa2-tc, fa2, fa2-tc-deterministic, standard",
                 )
             })
     }
@@ -80,7 +88,7 @@ impl std::str::FromStr for BackwardVariant {
 /// writes the same schema).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BackwardRecord {
-    /// `fa2-tc`, `fa2`, `fa2-tc-deterministic`, or `torch-flash`, `torch-cudnn`.
+    /// `fa2-tc`, `fa2`, `fa2-tc-deterministic`, `standard`, or `torch-flash`, `torch-cudnn`.
     pub implementation: String,
     pub dtype: DType,
     pub shape: BenchShape,
@@ -345,7 +353,10 @@ pub fn read_backward_records(path: &Path) -> Result<Vec<BackwardRecord>> {
 pub struct MemoryCell {
     pub implementation: String,
     pub seqlen: usize,
+    /// The backward's peak: every tensor (Q, K, V, O, L, dO, dQ, dK, dV) and its workspace.
     pub peak_memory_bytes: Option<u64>,
+    /// The plan's workspace (`BackwardPlan::workspace_bytes`).
+    pub workspace_bytes: Option<u64>,
     pub error: Option<String>,
 }
 
@@ -356,7 +367,7 @@ pub fn memory_seqlens(max_seqlen: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The peak device memory of one forward + backward of `variant` at batch 1, `heads` ×
+/// The peak device memory of the backward of `variant` (after its forward) at batch 1, `heads` ×
 /// `head_dim`, for each of `seqlens` (zero inputs: the kernels run, nothing is checked); once a
 /// length fails (out of memory) the longer ones are not tried and say so.
 pub fn memory_rows(
@@ -370,10 +381,11 @@ pub fn memory_rows(
     let mut cells = Vec::new();
     let mut failed_at: Option<usize> = None;
     for &seqlen in seqlens {
-        let cell = |peak_memory_bytes, error| MemoryCell {
+        let cell = |measured: Option<(u64, u64)>, error| MemoryCell {
             implementation: variant.name(),
             seqlen,
-            peak_memory_bytes,
+            peak_memory_bytes: measured.map(|m| m.0),
+            workspace_bytes: measured.map(|m| m.1),
             error,
         };
         if let Some(n) = failed_at {
@@ -392,7 +404,7 @@ pub fn memory_rows(
         });
         gpu.synchronize()?;
         match outcome {
-            Ok(peak) => cells.push(cell(Some(peak), None)),
+            Ok(measured) => cells.push(cell(Some(measured), None)),
             Err(e @ (Error::OutOfMemory { .. } | Error::InvalidArgument { .. })) => {
                 failed_at = Some(seqlen);
                 cells.push(cell(None, Some(e.to_string())));
@@ -403,24 +415,28 @@ pub fn memory_rows(
     Ok(cells)
 }
 
-/// One forward + backward at `shape` from an empty pool; the pool's high-water mark.
+/// One forward, then the backward at `shape`: the pool's high-water mark over the backward
+/// (the tensors it finds allocated and its workspace; the forward's workspace is freed by then),
+/// and the plan's workspace.
 fn measure_memory<T: Element>(
     gpu: &Gpu,
     variant: BackwardVariant,
     forward: Algorithm,
     shape: BenchShape,
-) -> Result<u64> {
+) -> Result<(u64, u64)> {
     gpu.synchronize()?;
-    gpu.reset_peak_memory()?;
     let mut case = Case::<T>::allocate(gpu, forward, shape, None::<&mut rand::rngs::StdRng>)?;
     case.forward(gpu, forward)?;
-    case.backward(gpu, &variant.options)?;
     gpu.synchronize()?;
-    gpu.peak_memory()
+    gpu.reset_peak_memory()?;
+    let plan = case.backward(gpu, &variant.options)?;
+    gpu.synchronize()?;
+    Ok((gpu.peak_memory()?, plan.workspace_bytes() as u64))
 }
 
-/// The memory table: one row per N, one column per variant, GiB or the failure (`OOM` with the
-/// bytes asked for, in a note under the table).
+/// The memory table: one row per N, one column per variant, the peak in GiB with the workspace
+/// in brackets, or the failure (`OOM`, the error with the bytes asked for in a note under the
+/// table).
 pub fn memory_table(cells: &[MemoryCell], heads: usize, head_dim: usize) -> String {
     let mut names: Vec<&str> = Vec::new();
     let mut seqlens: Vec<usize> = Vec::new();
@@ -436,7 +452,7 @@ pub fn memory_table(cells: &[MemoryCell], heads: usize, head_dim: usize) -> Stri
         "| N (batch 1, {heads} heads, d = {head_dim}) | {} |\n|---|{}\n",
         names
             .iter()
-            .map(|n| format!("{n} peak (GiB)"))
+            .map(|n| format!("{n} peak (workspace), GiB"))
             .collect::<Vec<_>>()
             .join(" | "),
         "---|".repeat(names.len())
@@ -452,8 +468,13 @@ pub fn memory_table(cells: &[MemoryCell], heads: usize, head_dim: usize) -> Stri
                 match cell {
                     Some(MemoryCell {
                         peak_memory_bytes: Some(bytes),
+                        workspace_bytes,
                         ..
-                    }) => format!("{:.3}", *bytes as f64 / 1073741824.0),
+                    }) => format!(
+                        "{:.3} ({:.3})",
+                        *bytes as f64 / 1073741824.0,
+                        workspace_bytes.unwrap_or_default() as f64 / 1073741824.0
+                    ),
                     Some(MemoryCell {
                         error: Some(error), ..
                     }) if error.starts_with("not tried") => "—".into(),
@@ -484,16 +505,7 @@ pub fn memory_table(cells: &[MemoryCell], heads: usize, head_dim: usize) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shape(head_dim: usize, causal: bool, seqlen: usize) -> BenchShape {
-        BenchShape {
-            batch: 16384 / seqlen,
-            heads: 2048 / head_dim,
-            seqlen,
-            head_dim,
-            causal,
-        }
-    }
+    use crate::tools::bench::test_records::shape;
 
     fn record(name: &str, seqlen: usize, backward: f64, forward_backward: f64) -> BackwardRecord {
         let s = shape(128, false, seqlen);
@@ -581,6 +593,7 @@ mod tests {
             implementation: name.into(),
             seqlen,
             peak_memory_bytes: peak,
+            workspace_bytes: peak.map(|p| p / 4),
             error: error.map(String::from),
         };
         let cells = [
@@ -595,11 +608,11 @@ mod tests {
             memory_table(&cells, 16, 128),
             format!(
                 "\
-| N (batch 1, 16 heads, d = 128) | fa2-tc peak (GiB) | fa2 peak (GiB) |
+| N (batch 1, 16 heads, d = 128) | fa2-tc peak (workspace), GiB | fa2 peak (workspace), GiB |
 |---|---|---|
-| 1024 | 1.000 | 0.500 |
-| 2048 | OOM | 1.000 |
-| 4096 | — | 2.000 |
+| 1024 | 1.000 (0.250) | 0.500 (0.125) |
+| 2048 | OOM | 1.000 (0.250) |
+| 4096 | — | 2.000 (0.500) |
 
 - fa2-tc at N = 2048: {oom}
 "

@@ -39,6 +39,28 @@ fn tile_origin() -> (u32, u32) {
     )
 }
 
+/// This block's tile of Xᵀ·Y, rows keys and columns head-dim entries, for X (query, key) and
+/// Y (query, d) read by `x` and `y`: the inner dimension is the queries. Keys past `seqlen_k`
+/// and columns past `head_dim` read as 0 (their elements are dropped on write).
+#[inline(always)]
+fn key_tile_product(
+    seqlen_q: u32,
+    seqlen_k: u32,
+    head_dim: u32,
+    x: impl Fn(u32, u32) -> f32,
+    y: impl Fn(u32, u32) -> f32,
+) -> f32 {
+    let (tile_row, tile_col) = tile_origin();
+    tile_product(
+        seqlen_q,
+        tile_row,
+        tile_col,
+        false,
+        |key, query| if key < seqlen_k { x(query, key) } else { 0.0 },
+        |query, d| if d < head_dim { y(query, d) } else { 0.0 },
+    )
+}
+
 /// Kernel 1: dP = dO·Vᵀ into the f32 buffer that held S. Grid (⌈seqlen_k/16⌉, ⌈seqlen_q/16⌉,
 /// batch·heads), 256 threads.
 #[inline(always)]
@@ -130,40 +152,22 @@ pub fn key_value_gradients<T: Element>(p: &StandardBackwardParams) {
     let dk = HeadRows::<T>::new(&p.dk, blk.batch, blk.kv_head, seqlen_k);
     let dv = HeadRows::<T>::new(&p.dv, blk.batch, blk.kv_head, seqlen_k);
     let (tile_row, tile_col) = tile_origin();
-    // Transposed reads (row = key, k = query) of a row-major (query, key) matrix; keys past
-    // seqlen_k read as 0 (their rows of the result are dropped on write).
-    let key_in = |key: u32| key < seqlen_k;
-    let column = |d: u32| d < head_dim;
-    let dk_value = tile_product(
+    let dk_value = key_tile_product(
         seqlen_q,
-        tile_row,
-        tile_col,
-        false,
-        |key, query| {
-            if key_in(key) {
-                ds.read(query, key)
-            } else {
-                0.0
-            }
-        },
-        |query, d| if column(d) { q.read(query, d) } else { 0.0 },
+        seqlen_k,
+        head_dim,
+        |query, key| ds.read(query, key),
+        |query, d| q.read(query, d),
     );
-    let dv_value = tile_product(
+    let dv_value = key_tile_product(
         seqlen_q,
-        tile_row,
-        tile_col,
-        false,
-        |key, query| {
-            if key_in(key) {
-                probs.read(query, key)
-            } else {
-                0.0
-            }
-        },
-        |query, d| if column(d) { d_o.read(query, d) } else { 0.0 },
+        seqlen_k,
+        head_dim,
+        |query, key| probs.read(query, key),
+        |query, d| d_o.read(query, d),
     );
     let (ty, tx) = tile_thread();
-    if column(tile_col + tx) {
+    if tile_col + tx < head_dim {
         dk.write(tile_row + ty, tile_col + tx, dk_value * shape.softmax_scale);
         dv.write(tile_row + ty, tile_col + tx, dv_value);
     }
