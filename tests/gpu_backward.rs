@@ -244,18 +244,20 @@ fn the_standard_backward_reports_out_of_memory_with_the_bytes() {
         algorithm: BackwardAlgorithm::Standard,
         deterministic: false,
     };
-    let error = attention_backward_into(
-        &gpu,
-        &q,
-        &k,
-        &v,
-        &forward,
-        &d_o,
-        &mut gradients,
-        &options,
-        &standard,
-    )
-    .expect_err("S does not fit");
+    let mut run = |backward: &BackwardOptions| {
+        attention_backward_into(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &forward,
+            &d_o,
+            &mut gradients,
+            &options,
+            backward,
+        )
+    };
+    let error = run(&standard).expect_err("S does not fit");
     let message = error.to_string();
     println!("{test}: N = {n}: {message}");
     assert!(
@@ -263,18 +265,7 @@ fn the_standard_backward_reports_out_of_memory_with_the_bytes() {
         "{message}"
     );
     assert!(message.contains("S, dP and dS"), "{message}");
-    attention_backward_into(
-        &gpu,
-        &q,
-        &k,
-        &v,
-        &forward,
-        &d_o,
-        &mut gradients,
-        &options,
-        &BackwardOptions::default(),
-    )
-    .expect("the FA2 backward fits");
+    run(&BackwardOptions::default()).expect("the FA2 backward fits");
 }
 
 /// Head dims of the tensor-core grid: below, at and between its capacities (64, 128, 192, 256).
