@@ -444,7 +444,10 @@ fn cli_refuses_backward_options_without_backward_and_fa1_with_it() {
             &["--backward-algorithm", "fa2"][..],
             "it applies only with --backward",
         ),
-        (&["--backward-algorithm", "fa9"][..], "allowed: fa2, fa2-tc"),
+        (
+            &["--backward-algorithm", "fa9"][..],
+            "allowed: standard, fa2, fa2-tc",
+        ),
         (&["--backward", "--algorithm", "fa1"][..], "L = m + log ℓ"),
         // The file has no `do`: reported before any GPU is looked for.
         (&["--backward"][..], "no tensor named `do`"),
@@ -596,7 +599,7 @@ fn run_command_matches_the_reference_on_a_gpu() {
     }
 }
 
-/// `flash-attn run --backward` on bf16 Q, K, V, dO (fa2-tc, and fa2 on the same file): O, L and
+/// `flash-attn run --backward` on bf16 Q, K, V, dO (fa2-tc, fa2 and standard on the same file): O, L and
 /// dQ, dK, dV in the output file, the gradients within `tools::check_backward`'s bound of the f64
 /// reference; the backward plan in the file's metadata.
 #[test]
@@ -635,7 +638,7 @@ fn run_backward_command_matches_the_reference_gradients_on_a_gpu() {
             tensor("do", &d_o),
         ],
     );
-    for backward_algorithm in ["fa2-tc", "fa2"] {
+    for backward_algorithm in ["fa2-tc", "fa2", "standard"] {
         let output = dir.path().join(format!("{backward_algorithm}.safetensors"));
         let result = run_cli(&[
             "run",
@@ -664,10 +667,10 @@ fn run_backward_command_matches_the_reference_gradients_on_a_gpu() {
         let (_, header) = SafeTensors::read_metadata(&bytes).expect("a header");
         let metadata = header.metadata().clone().unwrap_or_default();
         let kernels = metadata.get("backward_kernel").cloned().unwrap_or_default();
-        let expected_family = if backward_algorithm == "fa2-tc" {
-            "fa2tc_backward"
-        } else {
-            "fa2_backward_main"
+        let expected_family = match backward_algorithm {
+            "fa2-tc" => "fa2tc_backward",
+            "fa2" => "fa2_backward_main",
+            _ => "standard_backward_dkdv",
         };
         assert!(kernels.contains(expected_family), "{kernels}");
         let gradient = |name: &str, dims: [usize; 4]| {

@@ -50,7 +50,7 @@ pub struct CheckArgs {
     /// of 8), after the FA2 forward, against the f64 reference gradients (the GPU tests' rule).
     #[arg(long)]
     backward: bool,
-    /// The backward's main kernels to check with --backward (default: fa2, fa2-tc).
+    /// The backwards to check with --backward (default: standard, fa2, fa2-tc).
     #[arg(long, value_delimiter = ',')]
     backward_algorithms: Vec<String>,
 }
