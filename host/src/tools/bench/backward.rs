@@ -281,11 +281,12 @@ fn time_backward_typed<T: Element>(
     gpu.synchronize()?;
     let peak_memory_bytes = gpu.peak_memory()?;
     let repeats = config.repeats.max(1);
-    let median = |mut times: Vec<f32>| {
+    // The first of each series is a warm-up, left out of the median.
+    let median = |times: Vec<f32>| {
+        let mut times = times[1..].to_vec();
         times.sort_by(f32::total_cmp);
         f64::from(times[times.len() / 2])
     };
-    // One untimed call of each first (the kernels' first launch loads nothing then).
     let backward_ms = median(gpu.time_each_ms(repeats + 1, |_| {
         case.backward(gpu, &variant.options).map(|_| ())
     })?);
