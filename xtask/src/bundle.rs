@@ -4,8 +4,8 @@
 //! embedded in each). Scripts:
 //! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
 //!   skipping); ends with "N passed, N failed";
-//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, then decode),
-//!   and ncu's HBM traffic;
+//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, the backward
+//!   and its memory table, then decode), and ncu's HBM traffic;
 //! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes;
 //! - `run-python-tests.sh` (`bundle_python`): the `flash_attn_rs` wheel in `python/wheels/`,
 //!   installed without network, its GPU test suite and the training example.
@@ -30,6 +30,12 @@ out=${1:-results}
 mkdir -p "$out"
 python3 scripts/torch_sdpa_bench.py $quick --out "$out/torch.json"
 bin/flash-attn bench $quick --torch "$out/torch.json" --out-dir "$out"
+# The backward (issue #15): PyTorch's flash and cuDNN backward, then ours (fa2-tc, fa2,
+# deterministic), backward alone and forward + backward, one table each; then the memory table
+# (batch 1, d = 128, N = 1k-128k: peak memory and where each runs out).
+python3 scripts/torch_backward_bench.py $quick --out "$out/torch-backward.json"
+bin/flash-attn bench --backward $quick --torch "$out/torch-backward.json" --out-dir "$out"
+bin/flash-attn bench --backward --memory --out-dir "$out"
 # Decode (split-KV) at ANCHORS.md's shapes: PyTorch's backends, then ours, one table.
 python3 scripts/torch_decode_bench.py $quick --out "$out/torch-decode.json"
 bin/flash-attn bench --decode $quick --torch "$out/torch-decode.json" --out-dir "$out"
@@ -113,7 +119,7 @@ export FLASH_ATTN_REQUIRE_GPU=1
 "#,
     step_function!(),
     r#"step info bin/flash-attn info
-step check bin/flash-attn check --require-gpu
+step check bin/flash-attn check --require-gpu --backward
 for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
 if [ "${1:-}" != "--quick" ]; then
   for b in bin/bench-*; do step "$(basename "$b")" "$b" --bench --quick; done
@@ -167,7 +173,11 @@ pub fn run(out: &Path) -> Result {
     let scripts = out.join("scripts");
     std::fs::create_dir_all(&scripts)
         .map_err(|e| format!("cannot create {}: {e}", scripts.display()))?;
-    for name in ["torch_sdpa_bench.py", "torch_decode_bench.py"] {
+    for name in [
+        "torch_sdpa_bench.py",
+        "torch_backward_bench.py",
+        "torch_decode_bench.py",
+    ] {
         let torch_script = root().join("scripts").join(name);
         std::fs::copy(&torch_script, scripts.join(name))
             .map_err(|e| format!("cannot copy {}: {e}", torch_script.display()))?;
