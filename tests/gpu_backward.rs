@@ -1,5 +1,6 @@
-//! The FA2 backward kernels against the f64 reference gradients (`reference_backward`): the
-//! scalar kernels (`fa2`) at odd shapes (seqlen 1, 17, 113 × 203 and 203 × 113, head dims 1,
+//! The backward kernels against the f64 reference gradients (`reference_backward`): the
+//! scalar kernels (`fa2`) and the standard backward (`standard`, every N × N matrix in HBM; and
+//! its out-of-memory error) at odd shapes (seqlen 1, 17, 113 × 203 and 203 × 113, head dims 1,
 //! 40, 64, 128, 256, causal and not, f32/f16/bf16); the tensor-core kernels (`fa2-tc`, f16 and
 //! bf16) over a grid of head dims (16 to 256, each capacity and between), causal and not,
 //! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the fallback of a
@@ -7,20 +8,21 @@
 //! and gradients sit in different layouts. Without a GPU each test says it was skipped;
 //! `FLASH_ATTN_REQUIRE_GPU=1` turns that into a failure.
 //!
-//! Tolerances, per gradient, on the largest absolute error: f32 within 1e-4 of the reference's
-//! largest magnitude; f16 and bf16 within twice the error of the reference computed in the
-//! dtype (`attention_backward_in_dtype`) plus 1e-5.
+//! Tolerances (`tools::check_backward`, the rule `flash-attn check --backward` uses too), per
+//! gradient, on the largest absolute error: f32 within 1e-4 of the reference's largest
+//! magnitude; f16 and bf16 within twice the error of the reference computed in the dtype
+//! (`attention_backward_in_dtype`) plus 1e-5.
 
 mod common;
 
 use flash_attn::attention::{
     BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, attention, attention_backward_into,
 };
-use flash_attn::model::reference_backward::{
-    attention_backward_in_dtype, attention_backward_reference,
-};
 use flash_attn::tools::check::{random_tensor, to_f64};
-use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Element, Gpu, Layout};
+use flash_attn::tools::check_backward::{
+    BackwardInputs, GradientCheck, check_gradients, run_backward_poisoned,
+};
+use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
 use half::{bf16, f16};
 use ndarray::Array4;
 use rand::Rng;
@@ -36,20 +38,6 @@ const SHAPES: [(usize, usize, usize, usize, usize); 8] = [
     (1, 2, 113, 203, 128),
     (1, 1, 113, 203, 256),
 ];
-
-/// The largest |a − b|, and whether every element of `a` is finite.
-fn max_error(a: &Array4<f64>, b: &Array4<f64>) -> (f64, bool) {
-    let finite = a.iter().all(|x| x.is_finite());
-    let error = a
-        .iter()
-        .zip(b)
-        .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-    (error, finite)
-}
-
-fn max_abs(a: &Array4<f64>) -> f64 {
-    a.iter().fold(0.0f64, |m, x| m.max(x.abs()))
-}
 
 /// How one case lays out its tensors: the inputs' layout (the gradients take the other one),
 /// and whether Q has padded rows (a row stride of d + 8).
@@ -122,26 +110,13 @@ fn check_shape<T: Element>(
         causal,
         ..Default::default()
     };
-    let forward = attention(gpu, Algorithm::Fa2, &q_gpu, &k_gpu, &v_gpu, &options).expect("fwd");
     // Poisoned, in the other layout: an element the kernels forget stays NaN.
-    let poisoned = |dims| {
-        DeviceTensor::filled(gpu, dims, other(placement.layout), T::poison()).expect("alloc")
-    };
-    let mut gradients = Gradients {
-        dq: poisoned(q_dims),
-        dk: poisoned(kv_dims),
-        dv: poisoned(kv_dims),
-    };
-    let plan = attention_backward_into(
+    let (gradients, plan) = run_backward_poisoned(
         gpu,
-        &q_gpu,
-        &k_gpu,
-        &v_gpu,
-        &forward,
-        &d_o_gpu,
-        &mut gradients,
+        [&q_gpu, &k_gpu, &v_gpu, &d_o_gpu],
         &options,
         backward,
+        other(placement.layout),
     )
     .expect("backward");
     let dq_bits = gradients
@@ -155,37 +130,30 @@ fn check_shape<T: Element>(
     let got = [got(&gradients.dq), got(&gradients.dk), got(&gradients.dv)];
 
     let scale = 1.0 / (head_dim as f64).sqrt();
-    let (q, k, v, d_o) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_o));
-    let exact =
-        attention_backward_reference(q.view(), k.view(), v.view(), d_o.view(), causal, scale);
-    let in_dtype =
-        attention_backward_in_dtype::<T>(q.view(), k.view(), v.view(), d_o.view(), causal, scale);
-    let exact = [
-        &exact.gradients.dq,
-        &exact.gradients.dk,
-        &exact.gradients.dv,
-    ];
-    let in_dtype = [
-        &in_dtype.gradients.dq,
-        &in_dtype.gradients.dk,
-        &in_dtype.gradients.dv,
-    ];
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
+    };
+    let [dq, dk, dv] = got;
+    let got = Gradients { dq, dk, dv };
     let what = format!(
         "{} {q_dims:?}×{seqlen_k} causal={causal} {placement:?} ({})",
         T::DTYPE,
         plan.kernel_names()
     );
-    for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
-        let (error, finite) = max_error(&got[i], exact[i]);
-        assert!(finite, "{what}: {name} has non-finite elements");
-        let bound = if T::DTYPE == DType::F32 {
-            1e-4 * max_abs(exact[i]).max(1.0)
-        } else {
-            2.0 * max_error(in_dtype[i], exact[i]).0 + 1e-5
-        };
+    for check in check_gradients(&inputs, causal, scale, &got) {
+        let GradientCheck {
+            name, error, bound, ..
+        } = check;
+        assert_eq!(
+            check.non_finite, 0,
+            "{what}: {name} has non-finite elements"
+        );
         println!("{what}: {name} error {error:.3e} (bound {bound:.3e})");
         assert!(
-            error <= bound,
+            check.passed(),
             "{what}: {name} error {error:.3e} > {bound:.3e}"
         );
     }
@@ -198,6 +166,9 @@ const SCALAR: BackwardOptions = BackwardOptions {
     deterministic: false,
 };
 
+/// The scalar kernels at the odd shapes, then the standard backward (S, P, dP, dS in HBM) at
+/// the same shapes in varied placements: its plan runs the standard forward's scores and softmax
+/// and the four backward kernels, and deterministic mode is accepted (it has no atomic adds).
 fn check_dtype<T: Element>(test: &str) {
     let Some(gpu) = common::gpu_or_skip(test) else {
         return;
@@ -207,6 +178,27 @@ fn check_dtype<T: Element>(test: &str) {
         for causal in [false, true] {
             let (plan, _) = check_shape::<T>(&gpu, shape, causal, &SCALAR, PLAIN, &mut rng);
             assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2, "{plan}");
+        }
+    }
+    for (i, shape) in SHAPES.into_iter().enumerate() {
+        for causal in [false, true] {
+            let standard = BackwardOptions {
+                algorithm: BackwardAlgorithm::Standard,
+                deterministic: i % 2 == 1,
+            };
+            let placement = Placement {
+                layout: if i % 3 == 0 {
+                    Layout::BatchSeqHeadDim
+                } else {
+                    Layout::BatchHeadSeqDim
+                },
+                strided_q: i % 4 == 2,
+            };
+            let (plan, _) = check_shape::<T>(&gpu, shape, causal, &standard, placement, &mut rng);
+            assert_eq!(plan.algorithm, BackwardAlgorithm::Standard, "{plan}");
+            assert_eq!(plan.launches.len(), 6, "{plan}");
+            let (b, h, n, m, _) = shape;
+            assert_eq!(plan.scores, b * h * n * m, "{plan}");
         }
     }
 }
@@ -224,6 +216,56 @@ fn f16_gradients_match_the_reference() {
 #[test]
 fn bf16_gradients_match_the_reference() {
     check_dtype::<bf16>("backward_bf16");
+}
+
+/// The standard backward's workspace past the device's memory: an out-of-memory error naming
+/// the bytes of S, before any kernel runs; the FA2 backward of the same problem runs.
+#[test]
+fn the_standard_backward_reports_out_of_memory_with_the_bytes() {
+    let test = "backward_standard_oom";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let (_, total) = gpu.memory().expect("memory");
+    // One head whose N × N f32 S alone is about twice the device's memory.
+    let n = ((total as f64 / 2.0).sqrt() as usize).next_multiple_of(64);
+    let dims = [1, 1, n, 8];
+    let zeros =
+        || DeviceTensor::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ZERO).expect("alloc");
+    let (q, k, v, d_o) = (zeros(), zeros(), zeros(), zeros());
+    let options = AttentionOptions::default();
+    let forward = attention(&gpu, Algorithm::Fa2, &q, &k, &v, &options).expect("fwd");
+    let mut gradients = Gradients {
+        dq: zeros(),
+        dk: zeros(),
+        dv: zeros(),
+    };
+    let standard = BackwardOptions {
+        algorithm: BackwardAlgorithm::Standard,
+        deterministic: false,
+    };
+    let mut run = |backward: &BackwardOptions| {
+        attention_backward_into(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &forward,
+            &d_o,
+            &mut gradients,
+            &options,
+            backward,
+        )
+    };
+    let error = run(&standard).expect_err("S does not fit");
+    let message = error.to_string();
+    println!("{test}: N = {n}: {message}");
+    assert!(
+        matches!(error, flash_attn::Error::OutOfMemory { requested, .. } if requested == 4 * n * n),
+        "{message}"
+    );
+    assert!(message.contains("S, dP and dS"), "{message}");
+    run(&BackwardOptions::default()).expect("the FA2 backward fits");
 }
 
 /// Head dims of the tensor-core grid: below, at and between its capacities (64, 128, 192, 256).

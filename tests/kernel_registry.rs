@@ -256,6 +256,74 @@ fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
     assert!(flash_attn::attention::parse_fa3_tiling("2x128").is_err());
 }
 
+/// The standard backward's plan: the standard forward's scores and softmax, then dP, dS, dQ and
+/// dK with dV, every grid from the shape, every kernel compiled; its workspace S (f32) and P
+/// (the dtype) each batch·heads·N_q·N_k, counted in `workspace_bytes`; deterministic accepted.
+#[test]
+fn the_standard_backward_plans_six_launches_and_its_quadratic_workspace() {
+    use flash_kernels::registry::{StandardBackwardStage, StandardStage};
+    let options = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    for d in [1, 40, 64, 128, 200, 256] {
+        for dtype in DType::ALL {
+            for deterministic in [false, true] {
+                let standard = BackwardOptions {
+                    algorithm: BackwardAlgorithm::Standard,
+                    deterministic,
+                };
+                let problem =
+                    Problem::new([2, 3, 113, d], [2, 3, 203, d], [2, 3, 203, d], &options).unwrap();
+                let p = BackwardPlan::new(&CompiledLimits::H200, dtype, &problem, &standard, None)
+                    .unwrap();
+                assert_eq!(p.algorithm, BackwardAlgorithm::Standard);
+                let families: Vec<Family> = p.launches.iter().map(|l| l.kernel.family).collect();
+                assert_eq!(
+                    families,
+                    [
+                        Family::Standard(StandardStage::Scores),
+                        Family::Standard(StandardStage::Softmax),
+                        Family::StandardBackward(StandardBackwardStage::ProbsGradient),
+                        Family::StandardBackward(StandardBackwardStage::ScoresGradient),
+                        Family::StandardBackward(StandardBackwardStage::QueryGradient),
+                        Family::StandardBackward(StandardBackwardStage::KeyValueGradients),
+                    ]
+                );
+                let d_tiles = d.div_ceil(16) as u32;
+                let grids: Vec<_> = p.launches.iter().map(|l| l.launch.grid).collect();
+                assert_eq!(
+                    grids,
+                    [
+                        (13, 8, 6),
+                        (15, 6, 1),
+                        (13, 8, 6),
+                        (15, 6, 1),
+                        (d_tiles, 8, 6),
+                        (d_tiles, 13, 6),
+                    ],
+                    "d {d}"
+                );
+                for l in &p.launches {
+                    assert!(KERNELS.contains(&l.kernel), "{l:?}");
+                    assert!(l.launch.threads <= l.kernel.max_threads(), "{l:?}");
+                }
+                let matrix = 6 * 113 * 203;
+                assert_eq!((p.scores, p.probs, p.dq_accumulator), (matrix, matrix, 0));
+                assert_eq!(
+                    p.workspace_bytes(),
+                    4 * matrix + dtype.size_bytes() * matrix + 4 * 6 * 113
+                );
+                assert!(p.to_string().contains("standard backward:"), "{p}");
+            }
+        }
+    }
+    assert_eq!(
+        "standard".parse::<BackwardAlgorithm>().ok(),
+        Some(BackwardAlgorithm::Standard)
+    );
+}
+
 #[test]
 fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
     use flash_attn::attention::BackwardPlan;
@@ -276,7 +344,9 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
                 Problem::new([2, 3, 113, d], [2, 3, 203, d], [2, 3, 203, d], &options).unwrap();
             let p =
                 BackwardPlan::new(&CompiledLimits::H200, dtype, &problem, &scalar, None).unwrap();
-            let [pre, main, post] = p.launches;
+            let [pre, main, post] = p.launches[..] else {
+                panic!("three launches: {p}");
+            };
             let stages = [pre, main, post].map(|l| match l.kernel.family {
                 Family::Fa2Backward(stage) => stage,
                 other => panic!("{other:?}"),
@@ -293,7 +363,7 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
                 (p.block_cols, p.block_rows),
                 (64, if d > 128 { 32 } else { 64 })
             );
-            for l in p.launches {
+            for &l in &p.launches {
                 assert!(l.launch.threads <= l.kernel.max_threads(), "{l:?}");
                 assert!(KERNELS.contains(&l.kernel), "{l:?}");
                 assert!(l.launch.shared_bytes <= 227 * 1024, "d {d}: {l:?}");
@@ -403,7 +473,7 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
             assert_eq!(main.launch.grid, (203u32.div_ceil(p.block_cols), 6, 1));
             assert_eq!(main.launch.threads, 256);
             assert_eq!(main.launch.shared_bytes, tiling.shared_bytes(capacity));
-            for l in p.launches {
+            for l in &p.launches {
                 assert!(KERNELS.contains(&l.kernel), "{l:?}");
                 assert!(l.launch.threads <= l.kernel.max_threads(), "{l:?}");
                 assert!(l.launch.shared_bytes <= 227 * 1024, "d {d}: {l:?}");

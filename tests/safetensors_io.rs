@@ -11,9 +11,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use flash_attn::attention::Gradients;
 use flash_attn::safetensors_io::{
-    AttentionFileOutput, HostQkv, INPUT_ROLES, LOGSUMEXP_NAME, OUTPUT_NAME, Qkv, ROW_MAX_NAME,
-    ROW_SUM_NAME, read_qkv, write_outputs,
+    AttentionFileOutput, BACKWARD_INPUT_ROLES, GRADIENT_NAMES, HostQkv, INPUT_ROLES,
+    LOGSUMEXP_NAME, OUTPUT_NAME, Qkv, ROW_MAX_NAME, ROW_SUM_NAME, read_backward_inputs, read_qkv,
+    write_outputs,
 };
 use flash_attn::{AttentionOptions, DType, Element, Error, Problem};
 use half::{bf16, f16};
@@ -312,6 +314,7 @@ fn statistics(offset: f32) -> Array3<f32> {
 
 fn write_and_read_back<T: flash_attn::safetensors_io::SafetensorsElement>(
     with_fa1_statistics: bool,
+    with_gradients: bool,
 ) {
     let dir = temp_dir();
     let path = dir.path().join("out.safetensors");
@@ -322,6 +325,12 @@ fn write_and_read_back<T: flash_attn::safetensors_io::SafetensorsElement>(
         o: o.clone(),
         logsumexp: statistics(1.0),
         row_max_and_sum: with_fa1_statistics.then(|| (statistics(-3.0), statistics(7.0))),
+        // Distinct values per gradient: a swapped name shows.
+        gradients: with_gradients.then(|| Gradients {
+            dq: o.mapv(|x| T::from_f64(x.to_f64() + 0.25)),
+            dk: o.mapv(|x| T::from_f64(x.to_f64() - 0.5)),
+            dv: o.mapv(|x| T::from_f64(-x.to_f64())),
+        }),
     };
     let metadata = HashMap::from([("algorithm".to_string(), "fa1".to_string())]);
     write_outputs(&path, &output, metadata.clone()).expect("writing the outputs");
@@ -331,6 +340,9 @@ fn write_and_read_back<T: flash_attn::safetensors_io::SafetensorsElement>(
     let mut expected_names = vec![OUTPUT_NAME, LOGSUMEXP_NAME];
     if with_fa1_statistics {
         expected_names.extend([ROW_MAX_NAME, ROW_SUM_NAME]);
+    }
+    if with_gradients {
+        expected_names.extend(GRADIENT_NAMES);
     }
     assert_eq!(names(&file), names_of(&expected_names));
     let (_, header) = SafeTensors::read_metadata(&bytes).expect("a header");
@@ -346,6 +358,16 @@ fn write_and_read_back<T: flash_attn::safetensors_io::SafetensorsElement>(
     if let Some((row_max, row_sum)) = &output.row_max_and_sum {
         statistics_written.extend([(ROW_MAX_NAME, row_max), (ROW_SUM_NAME, row_sum)]);
     }
+    if let Some(g) = &output.gradients {
+        for (name, gradient) in GRADIENT_NAMES.into_iter().zip([&g.dq, &g.dk, &g.dv]) {
+            let values: Vec<f64> = gradient.iter().map(|x| x.to_f64()).collect();
+            assert_eq!(
+                tensor_values(&file, name),
+                (file_dtype, vec![2, 3, 5, 4], values),
+                "{name}"
+            );
+        }
+    }
     for (name, written) in statistics_written {
         let values: Vec<f64> = written.iter().map(|&x| f64::from(x)).collect();
         assert_eq!(
@@ -358,10 +380,84 @@ fn write_and_read_back<T: flash_attn::safetensors_io::SafetensorsElement>(
 
 #[test]
 fn writes_outputs_that_read_back_with_names_dtypes_shapes_and_values() {
-    write_and_read_back::<f32>(false);
-    write_and_read_back::<f16>(true);
-    write_and_read_back::<bf16>(false);
-    write_and_read_back::<bf16>(true);
+    write_and_read_back::<f32>(false, false);
+    write_and_read_back::<f32>(false, true);
+    write_and_read_back::<f16>(true, false);
+    write_and_read_back::<f16>(false, true);
+    write_and_read_back::<bf16>(false, false);
+    write_and_read_back::<bf16>(true, true);
+}
+
+#[test]
+fn reads_the_backward_inputs_with_do_and_refuses_a_missing_or_mismatched_do() {
+    let dir = temp_dir();
+    let tensors = |do_dtype| {
+        [
+            TestTensor::patterned("q", Dtype::BF16, &[1, 2, 3, 8]),
+            TestTensor::patterned("k", Dtype::BF16, &[1, 2, 4, 8]),
+            TestTensor::patterned("v", Dtype::BF16, &[1, 2, 4, 8]),
+            TestTensor::patterned("do", do_dtype, &[1, 2, 3, 8]),
+        ]
+    };
+    let path = write_file(&dir, "backward.safetensors", &tensors(Dtype::BF16));
+    let HostQkv::Bf16(inputs) = read_backward_inputs(&path, BACKWARD_INPUT_ROLES).expect("valid")
+    else {
+        panic!("bf16 inputs read as another dtype");
+    };
+    let d_o = inputs.d_o.expect("dO read");
+    assert_eq!(d_o.dim(), (1, 2, 3, 8));
+    let expected: Vec<f64> = (0..48).map(|i| f64::from(pattern(i))).collect();
+    let values: Vec<f64> = d_o.iter().map(|x| x.to_f64()).collect();
+    assert_eq!(values, expected);
+    // The forward's reader leaves dO out.
+    let HostQkv::Bf16(forward) = read_qkv(&path, INPUT_ROLES).expect("valid") else {
+        panic!("bf16 inputs read as another dtype");
+    };
+    assert_eq!(forward.d_o, None);
+
+    let mismatched = write_file(&dir, "mismatched.safetensors", &tensors(Dtype::F32));
+    let message = read_backward_inputs(&mismatched, BACKWARD_INPUT_ROLES)
+        .expect_err("dO of another dtype")
+        .to_string();
+    assert!(
+        message.contains("`do`") && message.contains("share one dtype"),
+        "{message}"
+    );
+    let missing = read_backward_inputs(&path, ["q", "k", "v", "grad_out"])
+        .expect_err("no such tensor")
+        .to_string();
+    assert!(
+        missing.contains("no tensor named `grad_out`") && missing.contains("do, k, q, v"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn cli_refuses_backward_options_without_backward_and_fa1_with_it() {
+    let dir = temp_dir();
+    let input = qkv_file(&dir, Dtype::F32);
+    let output = dir.path().join("out.safetensors");
+    let io = ["--input", path_str(&input), "--output", path_str(&output)];
+    for (extra, expected) in [
+        (&["--deterministic"][..], "it applies only with --backward"),
+        (
+            &["--backward-algorithm", "fa2"][..],
+            "it applies only with --backward",
+        ),
+        (
+            &["--backward-algorithm", "fa9"][..],
+            "allowed: standard, fa2, fa2-tc",
+        ),
+        (&["--backward", "--algorithm", "fa1"][..], "L = m + log ℓ"),
+        // The file has no `do`: reported before any GPU is looked for.
+        (&["--backward"][..], "no tensor named `do`"),
+    ] {
+        let result = run_cli(&[&["run"][..], &io, extra].concat());
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{extra:?}: {stderr}");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+        assert!(!output.exists(), "no output after an error");
+    }
 }
 
 fn run_cli(args: &[&str]) -> Output {
@@ -533,6 +629,103 @@ fn check_run_command(test: &str, heads_q: usize, heads_kv: usize, extra: &[&str]
                 got == want
             };
             assert!(close, "{algorithm}: L {got} where the reference has {want}");
+        }
+    }
+}
+
+/// `flash-attn run --backward` on bf16 Q, K, V, dO (fa2-tc, fa2 and standard on the same file): O, L and
+/// dQ, dK, dV in the output file, the gradients within `tools::check_backward`'s bound of the f64
+/// reference; the backward plan in the file's metadata.
+#[test]
+fn run_backward_command_matches_the_reference_gradients_on_a_gpu() {
+    use flash_attn::tools::check_backward::{BackwardInputs, check_gradients};
+    let test = "run_backward_command_matches_the_reference_gradients_on_a_gpu";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    drop(gpu);
+    let mut rng = common::seeded_rng(test);
+    let (q_dims, kv_dims) = ([1, 2, 71, 64], [1, 2, 90, 64]);
+    let random = |dims, rng: &mut rand::rngs::StdRng| {
+        flash_attn::tools::check::random_tensor::<bf16>(dims, rng)
+    };
+    let (q, k, v, d_o) = (
+        random(q_dims, &mut rng),
+        random(kv_dims, &mut rng),
+        random(kv_dims, &mut rng),
+        random(q_dims, &mut rng),
+    );
+    let dir = temp_dir();
+    let tensor = |name, a: &Array4<bf16>| TestTensor {
+        name,
+        dtype: Dtype::BF16,
+        shape: a.shape().to_vec(),
+        values: a.iter().map(|x| x.to_f32()).collect(),
+    };
+    let input = write_file(
+        &dir,
+        "qkv_do.safetensors",
+        &[
+            tensor("q", &q),
+            tensor("k", &k),
+            tensor("v", &v),
+            tensor("do", &d_o),
+        ],
+    );
+    for backward_algorithm in ["fa2-tc", "fa2", "standard"] {
+        let output = dir.path().join(format!("{backward_algorithm}.safetensors"));
+        let result = run_cli(&[
+            "run",
+            "--input",
+            path_str(&input),
+            "--output",
+            path_str(&output),
+            "--algorithm",
+            "fa2-tc",
+            "--causal",
+            "--backward",
+            "--backward-algorithm",
+            backward_algorithm,
+        ]);
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(result.status.success(), "{backward_algorithm}: {stderr}");
+        println!("{stdout}");
+        assert!(stdout.contains("backward plan:"), "{stdout}");
+
+        let bytes = std::fs::read(&output).expect("the output file");
+        let file = SafeTensors::deserialize(&bytes).expect("a valid output file");
+        let mut expected = vec![OUTPUT_NAME, LOGSUMEXP_NAME];
+        expected.extend(GRADIENT_NAMES);
+        assert_eq!(names(&file), names_of(&expected));
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("a header");
+        let metadata = header.metadata().clone().unwrap_or_default();
+        let kernels = metadata.get("backward_kernel").cloned().unwrap_or_default();
+        let expected_family = match backward_algorithm {
+            "fa2-tc" => "fa2tc_backward",
+            "fa2" => "fa2_backward_main",
+            _ => "standard_backward_dkdv",
+        };
+        assert!(kernels.contains(expected_family), "{kernels}");
+        let gradient = |name: &str, dims: [usize; 4]| {
+            let (dtype, shape, values) = tensor_values(&file, name);
+            assert_eq!((dtype, shape), (Dtype::BF16, dims.to_vec()), "{name}");
+            Array4::from_shape_vec(dims, values).expect("the gradient's shape")
+        };
+        let got = Gradients {
+            dq: gradient("dq", q_dims),
+            dk: gradient("dk", kv_dims),
+            dv: gradient("dv", kv_dims),
+        };
+        let inputs = BackwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            d_o: &d_o,
+        };
+        for check in check_gradients(&inputs, true, 1.0 / 8.0, &got) {
+            println!("{backward_algorithm}: {check:?}");
+            assert!(check.passed(), "{backward_algorithm}: {check:?}");
         }
     }
 }

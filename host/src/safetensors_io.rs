@@ -15,12 +15,17 @@ use half::{bf16, f16};
 use ndarray::{Array, Array3, Array4, Dimension};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 
+use crate::attention::Gradients;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::with_element;
 
 /// What the attention API calls Q, K and V, and the tensor names read when the caller gives none.
 pub const INPUT_ROLES: [&str; 3] = ["q", "k", "v"];
+/// The backward's inputs: Q, K, V and dO (the loss's gradient with respect to O, Q's shape).
+pub const BACKWARD_INPUT_ROLES: [&str; 4] = ["q", "k", "v", "do"];
+/// dQ, dK, dV as the backward writes them: each its input's dtype and shape.
+pub const GRADIENT_NAMES: [&str; 3] = ["dq", "dk", "dv"];
 /// O: Q's dtype and shape.
 pub const OUTPUT_NAME: &str = "o";
 /// L = m + ln ℓ, F32, (batch, heads, seqlen_q); −∞ for rows that see no key.
@@ -77,12 +82,14 @@ fn supported_dtype(dtype: Dtype) -> Option<DType> {
     }
 }
 
-/// Q, K and V of one element type, each (batch, heads, seqlen, head_dim).
+/// Q, K and V of one element type, each (batch, heads, seqlen, head_dim), and dO (Q's shape)
+/// when read for the backward ([`read_backward_inputs`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Qkv<T> {
     pub q: Array4<T>,
     pub k: Array4<T>,
     pub v: Array4<T>,
+    pub d_o: Option<Array4<T>>,
 }
 
 impl<T> Qkv<T> {
@@ -122,6 +129,17 @@ impl HostQkv {
 /// safetensors file at `path`, checking that each exists, is 4-D and is F32, F16 or BF16, and that
 /// all three share one dtype. Whether their shapes agree is [`crate::Problem::new`]'s to say.
 pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
+    read_inputs(path, &INPUT_ROLES, &names)
+}
+
+/// [`read_qkv`] plus dO, the fourth of `names` ([`BACKWARD_INPUT_ROLES`] by default), with the
+/// same checks (4-D, Q's dtype); whether its shape is Q's is the backward's check to make.
+pub fn read_backward_inputs(path: &Path, names: [&str; 4]) -> Result<HostQkv> {
+    read_inputs(path, &BACKWARD_INPUT_ROLES, &names)
+}
+
+/// The tensors `names` (playing `roles`: Q, K, V and optionally dO) of the file at `path`.
+fn read_inputs(path: &Path, roles: &[&'static str], names: &[&str]) -> Result<HostQkv> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::File(format!("cannot read {}: {e}", path.display())))?;
     let file = SafeTensors::deserialize(&bytes).map_err(|e| {
@@ -130,17 +148,21 @@ pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
             path.display()
         ))
     })?;
-    let [q, k, v] =
-        std::array::from_fn(|i| InputTensor::find(&file, path, INPUT_ROLES[i], names[i]));
-    let inputs = [q?, k?, v?];
-    let [q, ..] = &inputs;
+    let inputs = roles
+        .iter()
+        .zip(names)
+        .map(|(role, name)| InputTensor::find(&file, path, role, name))
+        .collect::<Result<Vec<_>>>()?;
+    let [q, ..] = &inputs[..] else {
+        return Err(Error::File("no tensors asked for".into()));
+    };
     for other in &inputs[1..] {
         if other.dtype != q.dtype {
             return Err(Error::InvalidArgument {
                 name: other.role,
                 value: format!("{} with dtype {}", other.label(), other.view.dtype()),
                 allowed: format!(
-                    "q, k and v must share one dtype, and q ({}) is {}",
+                    "q, k, v (and do) must share one dtype, and q ({}) is {}",
                     q.label(),
                     q.view.dtype()
                 ),
@@ -230,11 +252,23 @@ fn tensor_label(name: &str, path: &Path) -> String {
     format!("tensor `{name}` of {}", path.display())
 }
 
-fn decode_qkv<T: SafetensorsElement>([q, k, v]: &[InputTensor; 3]) -> Result<Qkv<T>> {
+/// Q, K, V (and dO when a fourth tensor was read) decoded.
+fn decode_qkv<T: SafetensorsElement>(inputs: &[InputTensor]) -> Result<Qkv<T>> {
+    let decoded = inputs
+        .iter()
+        .map(InputTensor::decode)
+        .collect::<Result<Vec<Array4<T>>>>()?;
+    let mut decoded = decoded.into_iter();
+    let mut next = || {
+        decoded
+            .next()
+            .ok_or_else(|| Error::File("fewer than three tensors read".into()))
+    };
     Ok(Qkv {
-        q: q.decode()?,
-        k: k.decode()?,
-        v: v.decode()?,
+        q: next()?,
+        k: next()?,
+        v: next()?,
+        d_o: next().ok(),
     })
 }
 
@@ -247,10 +281,12 @@ pub struct AttentionFileOutput<T> {
     pub logsumexp: Array3<f32>,
     /// FA1's (m, ℓ), each (batch, heads, seqlen_q).
     pub row_max_and_sum: Option<(Array3<f32>, Array3<f32>)>,
+    /// dQ, dK, dV when the backward ran, written as [`GRADIENT_NAMES`].
+    pub gradients: Option<Gradients<Array4<T>>>,
 }
 
 /// Writes `output` to `path` as [`OUTPUT_NAME`], [`LOGSUMEXP_NAME`] and, when present,
-/// [`ROW_MAX_NAME`] and [`ROW_SUM_NAME`], with `metadata` as the file's string metadata (how the
+/// [`ROW_MAX_NAME`] and [`ROW_SUM_NAME`] and the [`GRADIENT_NAMES`], with `metadata` as the file's string metadata (how the
 /// outputs were made, so the file documents itself).
 pub fn write_outputs<T: SafetensorsElement>(
     path: &Path,
@@ -264,6 +300,11 @@ pub fn write_outputs<T: SafetensorsElement>(
     if let Some((row_max, row_sum)) = &output.row_max_and_sum {
         tensors.push((ROW_MAX_NAME, EncodedTensor::new(row_max)));
         tensors.push((ROW_SUM_NAME, EncodedTensor::new(row_sum)));
+    }
+    if let Some(g) = &output.gradients {
+        for (name, gradient) in GRADIENT_NAMES.into_iter().zip([&g.dq, &g.dk, &g.dv]) {
+            tensors.push((name, EncodedTensor::new(gradient)));
+        }
     }
     safetensors::serialize_to_file(tensors, Some(metadata), path)
         .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))

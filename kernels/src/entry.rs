@@ -9,11 +9,12 @@
 //! shared memory that the kernel's docs give (the host's launch plan does).
 
 #[cfg(not(feature = "hopper"))]
-use crate::bwd::{fa2 as fa2_backward, fa2_tc as fa2_tc_backward};
+use crate::bwd::{fa2 as fa2_backward, fa2_tc as fa2_tc_backward, standard as standard_backward};
 use crate::common::element::{Bf16, F16};
 #[cfg(not(feature = "hopper"))]
 use crate::common::params::{
-    DecodeParams, Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams, StandardParams,
+    DecodeParams, Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams,
+    StandardBackwardParams, StandardParams,
 };
 #[cfg(not(feature = "hopper"))]
 use crate::decode::{append, combine, split_kv};
@@ -37,6 +38,23 @@ macro_rules! element {
     };
     (bf16) => {
         Bf16
+    };
+}
+
+/// The standard backward's kernel for a stage name of the list.
+#[cfg(not(feature = "hopper"))]
+macro_rules! standard_backward_stage {
+    (dp, $t:ty, $params:expr) => {
+        standard_backward::kernel::probs_gradient::<$t>($params)
+    };
+    (ds, $t:ty, $params:expr) => {
+        standard_backward::kernel::scores_gradient::<$t>($params)
+    };
+    (dq, $t:ty, $params:expr) => {
+        standard_backward::kernel::query_gradient::<$t>($params)
+    };
+    (dkdv, $t:ty, $params:expr) => {
+        standard_backward::kernel::key_value_gradients::<$t>($params)
     };
 }
 
@@ -87,6 +105,15 @@ macro_rules! entry_point {
             #[unsafe(export_name = concat!("kv_append_", stringify!($dtype), "_", stringify!($cache)))]
             unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
                 append::append::<{ paged!($cache) }>(&params)
+            }
+        };
+    };
+    (standard_backward $stage:ident $dtype:ident) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("standard_backward_", stringify!($stage), "_",
+                stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn kernel(params: StandardBackwardParams) {
+                standard_backward_stage!($stage, element!($dtype), &params)
             }
         };
     };

@@ -4,8 +4,8 @@
 //! embedded in each). Scripts:
 //! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
 //!   skipping); ends with "N passed, N failed";
-//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, then decode),
-//!   and ncu's HBM traffic;
+//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, the backward
+//!   and its memory table, then decode), and ncu's HBM traffic;
 //! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes;
 //! - `run-python-tests.sh` (`bundle_python`): the `flash_attn_rs` wheel in `python/wheels/`,
 //!   installed without network, its GPU test suite and the training example.
@@ -30,6 +30,12 @@ out=${1:-results}
 mkdir -p "$out"
 python3 scripts/torch_sdpa_bench.py $quick --out "$out/torch.json"
 bin/flash-attn bench $quick --torch "$out/torch.json" --out-dir "$out"
+# The backward (issue #15): PyTorch's flash and cuDNN backward, then ours (fa2-tc, fa2,
+# deterministic), backward alone and forward + backward, one table each; then the memory table
+# (batch 1, d = 128, N = 1k-128k: peak memory and where each runs out).
+python3 scripts/torch_backward_bench.py $quick --out "$out/torch-backward.json"
+bin/flash-attn bench --backward $quick --torch "$out/torch-backward.json" --out-dir "$out"
+bin/flash-attn bench --backward --memory --out-dir "$out"
 # Decode (split-KV) at ANCHORS.md's shapes: PyTorch's backends, then ours, one table.
 python3 scripts/torch_decode_bench.py $quick --out "$out/torch-decode.json"
 bin/flash-attn bench --decode $quick --torch "$out/torch-decode.json" --out-dir "$out"
@@ -43,8 +49,9 @@ fi
 "#;
 
 const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel at odd shapes:
-# seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and algorithm.
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
+# shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and
+# algorithm; then memcheck and synccheck over the backward's and decode's GPU tests.
 # Usage: bundle/run-sanitizer.sh [log-dir]
 # racecheck is the slow tool: it instruments every shared-memory access. On the H200, FA1's 90
 # cases took about 400 s (one process per dtype); all 360 cases take longer than one 10-minute
@@ -68,6 +75,21 @@ for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
     failed=$((failed + 1)); echo "$tool: FAIL"; tail -30 "$logs/$tool.log"
   fi
 done
+# The backward and decode kernels, which `check` does not run: their GPU tests under memcheck and
+# synccheck (SANITIZER_TESTS=0 skips them; the tests' f64 references make these runs CPU-bound).
+if [ "${SANITIZER_TESTS:-1}" != 0 ]; then
+  for test in gpu_backward gpu_decode; do
+    for tool in memcheck synccheck; do
+      if FLASH_ATTN_REQUIRE_GPU=1 timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" \
+          --error-exitcode 99 --print-limit 20 "bin/test-$test" --test-threads=1 \
+          > "$logs/$test-$tool.log" 2>&1; then
+        passed=$((passed + 1)); echo "$test $tool: pass ($(grep -E 'ERROR SUMMARY' "$logs/$test-$tool.log" | tail -1))"
+      else
+        failed=$((failed + 1)); echo "$test $tool: FAIL"; tail -30 "$logs/$test-$tool.log"
+      fi
+    done
+  done
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
 "#;
@@ -97,7 +119,7 @@ export FLASH_ATTN_REQUIRE_GPU=1
 "#,
     step_function!(),
     r#"step info bin/flash-attn info
-step check bin/flash-attn check --require-gpu
+step check bin/flash-attn check --require-gpu --backward
 for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
 if [ "${1:-}" != "--quick" ]; then
   for b in bin/bench-*; do step "$(basename "$b")" "$b" --bench --quick; done
@@ -151,7 +173,11 @@ pub fn run(out: &Path) -> Result {
     let scripts = out.join("scripts");
     std::fs::create_dir_all(&scripts)
         .map_err(|e| format!("cannot create {}: {e}", scripts.display()))?;
-    for name in ["torch_sdpa_bench.py", "torch_decode_bench.py"] {
+    for name in [
+        "torch_sdpa_bench.py",
+        "torch_backward_bench.py",
+        "torch_decode_bench.py",
+    ] {
         let torch_script = root().join("scripts").join(name);
         std::fs::copy(&torch_script, scripts.join(name))
             .map_err(|e| format!("cannot copy {}: {e}", torch_script.display()))?;

@@ -1,6 +1,7 @@
-//! The FA2 backward on the GPU: its plan (three launches, checked against the device before
-//! any runs: the main kernel on tensor cores or scalar, [`BackwardAlgorithm`], with a
-//! fallback's reason; deterministic or not, [`BackwardOptions`]) and
+//! The backward on the GPU: its plan (checked against the device before any runs: FA2's three
+//! launches with the main kernel on tensor cores or scalar, [`BackwardAlgorithm`], with a
+//! fallback's reason, deterministic or not, [`BackwardOptions`]; or the standard backward's six,
+//! every N × N matrix in HBM) and
 //! [`attention_backward_into`], which checks every argument with [`BackwardProblem`],
 //! allocates the workspace (D, the f32 dQ accumulator, deterministic mode's flags), launches
 //! the pre-pass, the main kernel and the post-pass, and writes dQ, dK, dV into the caller's
@@ -10,13 +11,20 @@ use std::fmt;
 
 use flash_kernels::bwd::fa2::config as fa2_backward;
 use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
-use flash_kernels::common::params::{Fa2BackwardParams, Fa2TcBackwardParams, Operands, TensorView};
-use flash_kernels::registry::{BackwardStage, ElementType, Family, KERNELS, KernelId};
+use flash_kernels::common::params::{
+    Fa2BackwardParams, Fa2TcBackwardParams, Operands, StandardBackwardParams, StandardParams,
+    TensorView,
+};
+use flash_kernels::fwd::standard::config as standard;
+use flash_kernels::registry::{
+    BackwardStage, ElementType, Family, KERNELS, KernelId, StandardBackwardStage,
+};
 
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 use super::plan::{
     Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, kernel_names,
-    misaligned_view, write_launches,
+    misaligned_view, standard_launches, standard_product, standard_rows, standard_tiles,
+    write_launches,
 };
 use super::problem::{AttentionOptions, MAX_HEAD_DIM, Problem};
 use super::{AttentionOutput, RowStatistics};
@@ -36,15 +44,25 @@ pub enum BackwardAlgorithm {
     /// The default.
     #[default]
     Fa2Tc,
+    /// The standard backward (`bwd::standard`): S and P recomputed into HBM by the standard
+    /// forward's kernels, then dP, dS (HBM), dQ, dK, dV by tiled products; O(N²) workspace per
+    /// head (f32 S/dP/dS and P in the input dtype), the baseline for memory and time. Every dtype
+    /// and head dim; deterministic by construction (no atomic adds).
+    Standard,
 }
 
 impl BackwardAlgorithm {
-    pub const ALL: [BackwardAlgorithm; 2] = [BackwardAlgorithm::Fa2, BackwardAlgorithm::Fa2Tc];
+    pub const ALL: [BackwardAlgorithm; 3] = [
+        BackwardAlgorithm::Standard,
+        BackwardAlgorithm::Fa2,
+        BackwardAlgorithm::Fa2Tc,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             BackwardAlgorithm::Fa2 => "fa2",
             BackwardAlgorithm::Fa2Tc => "fa2-tc",
+            BackwardAlgorithm::Standard => "standard",
         }
     }
 }
@@ -61,7 +79,9 @@ impl std::str::FromStr for BackwardAlgorithm {
         BackwardAlgorithm::ALL
             .into_iter()
             .find(|a| a.name() == s)
-            .ok_or_else(|| Error::invalid("backward algorithm", s, "allowed: fa2, fa2-tc"))
+            .ok_or_else(|| {
+                Error::invalid("backward algorithm", s, "allowed: standard, fa2, fa2-tc")
+            })
     }
 }
 
@@ -90,14 +110,19 @@ pub struct BackwardPlan {
     /// The main kernel's B_r and B_c.
     pub block_rows: u32,
     pub block_cols: u32,
-    /// Pre-pass, main kernel, post-pass.
-    pub launches: [PlannedLaunch; 3],
-    /// f32 elements of the dQ accumulator, (batch·heads, seqlen_q, head_dim).
+    /// FA2: pre-pass, main kernel, post-pass. Standard: the standard forward's scores and
+    /// softmax (S and P recomputed), then dP, dS, dQ and dK with dV.
+    pub launches: Vec<PlannedLaunch>,
+    /// f32 elements of the dQ accumulator, (batch·heads, seqlen_q, head_dim); 0 for standard.
     pub dq_accumulator: usize,
-    /// f32 elements of D, (batch·heads, seqlen_q).
+    /// f32 elements of D, (batch·heads, seqlen_q) (FA2); for standard, of the recomputed L.
     pub delta: usize,
     /// u32 flags of deterministic mode, (batch·heads, ⌈seqlen_q / B_r⌉); 0 otherwise.
     pub dq_flags: usize,
+    /// Standard only: f32 elements of S (then dP, then dS), (batch·heads, seqlen_q, seqlen_k).
+    pub scores: usize,
+    /// Standard only: elements of P in the input dtype, S's shape.
+    pub probs: usize,
 }
 
 /// The device views the tensor-core kernel copies from or stores pairs to, for its alignment
@@ -123,11 +148,15 @@ impl BackwardPlan {
         options: &BackwardOptions,
         views: Option<&BackwardViews>,
     ) -> Result<Self> {
+        if options.algorithm == BackwardAlgorithm::Standard {
+            return Self::standard(limits, dtype, problem, options);
+        }
         let element = ElementType::from(dtype);
         let d = problem.head_dim as u32;
         let mut fallback = None;
         let tensor_core = match options.algorithm {
-            BackwardAlgorithm::Fa2 => None,
+            // (Standard was planned above.)
+            BackwardAlgorithm::Fa2 | BackwardAlgorithm::Standard => None,
             BackwardAlgorithm::Fa2Tc => match tensor_core_main_kernel(dtype, d, views) {
                 Ok(kernel) => Some(kernel),
                 Err(reason) => {
@@ -174,13 +203,14 @@ impl BackwardPlan {
                     )
                 }
             };
-        if options.deterministic && algorithm == BackwardAlgorithm::Fa2 {
+        if options.deterministic && algorithm != BackwardAlgorithm::Fa2Tc {
             return Err(Error::invalid(
                 "deterministic",
                 true,
                 format!(
                     "only the tensor-core backward (fa2-tc: f16/bf16, head dims that are \
-                     multiples of 8, 16-byte-aligned rows) orders dQ's adds{}",
+                     multiples of 8, 16-byte-aligned rows) orders dQ's adds, and the standard \
+                     backward has none{}",
                     fallback
                         .as_ref()
                         .map(|f| format!("; here {f}"))
@@ -228,7 +258,7 @@ impl BackwardPlan {
             deterministic: options.deterministic,
             block_rows,
             block_cols,
-            launches: [pre, main, post],
+            launches: vec![pre, main, post],
             dq_accumulator: problem.rows() * problem.head_dim,
             delta: problem.rows(),
             dq_flags: if options.deterministic {
@@ -236,7 +266,87 @@ impl BackwardPlan {
             } else {
                 0
             },
+            scores: 0,
+            probs: 0,
         })
+    }
+
+    /// The standard backward's plan: the standard forward's scores and softmax kernels (S and P
+    /// recomputed into HBM), then dP = dO·Vᵀ over (key tiles, query tiles, heads), dS one warp
+    /// per query row, dQ over (head-dim tiles, query tiles, heads), dK and dV over (head-dim
+    /// tiles, key tiles, heads); the workspace S (f32) and P (dtype), each batch·heads·N_q·N_k.
+    fn standard(
+        limits: &dyn LaunchLimits,
+        dtype: DType,
+        problem: &Problem,
+        options: &BackwardOptions,
+    ) -> Result<Self> {
+        let element = ElementType::from(dtype);
+        let heads = problem.batch_heads() as u32;
+        let (q_tiles, k_tiles, d_tiles) = (
+            standard_tiles(problem.seqlen_q),
+            standard_tiles(problem.seqlen_k),
+            standard_tiles(problem.head_dim),
+        );
+        let own = [
+            (
+                StandardBackwardStage::ProbsGradient,
+                standard_product((k_tiles, q_tiles, heads)),
+            ),
+            (
+                StandardBackwardStage::ScoresGradient,
+                standard_rows(problem),
+            ),
+            (
+                StandardBackwardStage::QueryGradient,
+                standard_product((d_tiles, q_tiles, heads)),
+            ),
+            (
+                StandardBackwardStage::KeyValueGradients,
+                standard_product((d_tiles, k_tiles, heads)),
+            ),
+        ];
+        // The forward's scores and softmax recompute S and P (its third kernel, O = P·V, is not
+        // needed: O is the forward's).
+        let mut launches = standard_launches(problem, element);
+        launches.truncate(2);
+        launches.extend(own.into_iter().map(|(stage, launch)| PlannedLaunch {
+            kernel: KernelId::new(Family::StandardBackward(stage), element),
+            launch,
+        }));
+        for planned in &launches {
+            check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
+            check_shared(
+                limits,
+                planned.launch.shared_bytes,
+                "head_dim",
+                planned.kernel,
+                problem.head_dim,
+            )?;
+        }
+        let matrix = problem.batch_heads() * problem.seqlen_q * problem.seqlen_k;
+        Ok(Self {
+            problem: *problem,
+            dtype,
+            algorithm: BackwardAlgorithm::Standard,
+            fallback: None,
+            deterministic: options.deterministic,
+            block_rows: standard::MATMUL_TILE,
+            block_cols: standard::MATMUL_TILE,
+            launches,
+            dq_accumulator: 0,
+            delta: problem.rows(),
+            dq_flags: 0,
+            scores: matrix,
+            probs: matrix,
+        })
+    }
+
+    /// Bytes of device memory the call allocates beside its tensors (D or L, the dQ
+    /// accumulator, the flags; for standard S/dP/dS and P).
+    pub fn workspace_bytes(&self) -> usize {
+        4 * (self.delta + self.dq_accumulator + self.dq_flags + self.scores)
+            + self.probs * self.dtype.size_bytes()
     }
 
     /// Every kernel's name, in launch order, joined by `+`.
@@ -255,7 +365,7 @@ impl fmt::Display for BackwardPlan {
         if self.deterministic {
             write!(f, ", deterministic: {} row-block flags", self.dq_flags)?;
         }
-        write!(f, ")")?;
+        write!(f, ", workspace {} bytes)", self.workspace_bytes())?;
         if let Some(fallback) = &self.fallback {
             write!(f, "; {fallback}")?;
         }
@@ -457,6 +567,9 @@ pub(super) fn launch_backward(
         dv: call.gradients.dv,
     };
     let plan = BackwardPlan::new(gpu, checked.dtype, &checked.problem, backward, Some(&views))?;
+    if plan.algorithm == BackwardAlgorithm::Standard {
+        return launch_standard_backward(gpu, checked, &call, plan);
+    }
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
     let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
@@ -476,10 +589,13 @@ pub(super) fn launch_backward(
         delta: gpu.address(&delta),
         dq_accumulator: gpu.address(&dq_accumulator),
     };
-    let [pre, main, post] = plan.launches;
+    let [pre, main, post] = plan.launches[..] else {
+        unreachable!("an FA2 backward plan has three launches")
+    };
     gpu.launch(pre.kernel, pre.launch, params)?;
     match plan.algorithm {
         BackwardAlgorithm::Fa2 => gpu.launch(main.kernel, main.launch, params)?,
+        BackwardAlgorithm::Standard => unreachable!("the standard backward launched above"),
         BackwardAlgorithm::Fa2Tc => {
             let main_params = Fa2TcBackwardParams {
                 base: params,
@@ -493,5 +609,44 @@ pub(super) fn launch_backward(
         }
     }
     gpu.launch(post.kernel, post.launch, params)?;
+    Ok(plan)
+}
+
+/// The standard backward's launches: its workspace allocated first (S/dP/dS in f32, P in the
+/// dtype, the recomputed L; an out-of-memory error names the bytes and the buffer), then the
+/// standard forward's scores and softmax and the four backward kernels, in stream order.
+fn launch_standard_backward(
+    gpu: &Gpu,
+    checked: &BackwardProblem,
+    call: &BackwardCall,
+    plan: BackwardPlan,
+) -> Result<BackwardPlan> {
+    // Dropped at the end of this call: freed in stream order, after the kernels that use them.
+    let scores = gpu.alloc::<f32>(plan.scores, "the standard backward's S, dP and dS")?;
+    let probs = gpu.alloc::<u8>(
+        plan.probs * plan.dtype.size_bytes(),
+        "the standard backward's P",
+    )?;
+    let logsumexp = gpu.alloc::<f32>(plan.delta, "the standard backward's recomputed L")?;
+    let base = StandardParams {
+        operands: call.operands,
+        shape: checked.problem.shape(),
+        scores: gpu.address(&scores),
+        probs: gpu.address(&probs),
+        logsumexp: gpu.address(&logsumexp),
+    };
+    let params = StandardBackwardParams {
+        base,
+        d_o: call.d_o,
+        dq: call.gradients.dq,
+        dk: call.gradients.dk,
+        dv: call.gradients.dv,
+    };
+    for planned in &plan.launches {
+        match planned.kernel.family {
+            Family::Standard(_) => gpu.launch(planned.kernel, planned.launch, base)?,
+            _ => gpu.launch(planned.kernel, planned.launch, params)?,
+        }
+    }
     Ok(plan)
 }

@@ -15,6 +15,7 @@ const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 /// A kernel parameter block from `flash_kernels::params`, passed to the kernel by value.
 pub trait ParamBlock: Copy {}
 impl ParamBlock for flash_kernels::common::params::StandardParams {}
+impl ParamBlock for flash_kernels::common::params::StandardBackwardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa1Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2Params {}
 impl ParamBlock for flash_kernels::common::params::Fa3Params {}

@@ -2,4 +2,5 @@
 
 pub mod bench;
 pub mod check;
+pub mod check_backward;
 pub mod check_decode;

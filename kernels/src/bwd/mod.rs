@@ -7,6 +7,9 @@
 //! - [`fa2_tc`]: the same main loop on tensor cores (`mma.sync`, `ldmatrix`, `cp.async`),
 //!   f16/bf16, between the same pre- and post-pass; dQ's adds optionally in a fixed order
 //!   (deterministic mode).
+//! - [`standard`]: the standard backward, every N × N matrix (S, P, dP, dS) in HBM: the
+//!   baseline for memory and time.
 
 pub mod fa2;
 pub mod fa2_tc;
+pub mod standard;

@@ -65,6 +65,23 @@ pub struct StandardParams {
     pub logsumexp: u64,
 }
 
+/// The standard backward (`bwd::standard`): the standard forward's buffers (`base.scores` holds
+/// S, then dP, then dS, f32; `base.probs` P in the input dtype; `base.logsumexp` the recomputed
+/// L) and the backward's tensors.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StandardBackwardParams {
+    pub base: StandardParams,
+    /// dO, O's shape.
+    pub d_o: TensorView,
+    /// dQ, Q's shape.
+    pub dq: TensorView,
+    /// dK, K's shape.
+    pub dk: TensorView,
+    /// dV, V's shape.
+    pub dv: TensorView,
+}
+
 /// FlashAttention-1 forward: one block per (batch, head), outer loop over K/V blocks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

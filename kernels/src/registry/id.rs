@@ -83,6 +83,52 @@ impl StandardStage {
     }
 }
 
+/// The standard backward's own four kernels, in launch order (after the standard forward's
+/// `scores` and `softmax`, which recompute S and P).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StandardBackwardStage {
+    /// dP = dO·Vᵀ to HBM (over S).
+    ProbsGradient,
+    /// D = rowsum(dO ∘ O) and dS = P ∘ (dP − D), in place.
+    ScoresGradient,
+    /// dQ = scale·dS·K.
+    QueryGradient,
+    /// dK = scale·dSᵀ·Q and dV = Pᵀ·dO.
+    KeyValueGradients,
+}
+
+impl StandardBackwardStage {
+    pub const ALL: [StandardBackwardStage; 4] = [
+        StandardBackwardStage::ProbsGradient,
+        StandardBackwardStage::ScoresGradient,
+        StandardBackwardStage::QueryGradient,
+        StandardBackwardStage::KeyValueGradients,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            StandardBackwardStage::ProbsGradient => "dp",
+            StandardBackwardStage::ScoresGradient => "ds",
+            StandardBackwardStage::QueryGradient => "dq",
+            StandardBackwardStage::KeyValueGradients => "dkdv",
+        }
+    }
+
+    // Constructors named as the kernel list spells the stages (`for_each_kernel!`).
+    pub const fn dp() -> Self {
+        StandardBackwardStage::ProbsGradient
+    }
+    pub const fn ds() -> Self {
+        StandardBackwardStage::ScoresGradient
+    }
+    pub const fn dq() -> Self {
+        StandardBackwardStage::QueryGradient
+    }
+    pub const fn dkdv() -> Self {
+        StandardBackwardStage::KeyValueGradients
+    }
+}
+
 /// The three kernels of the FA2 backward, in launch order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackwardStage {
@@ -160,6 +206,8 @@ pub enum Family {
     DecodeCombine { head_dim: u32 },
     /// Appending new keys and values to a contiguous or paged cache (any head dim).
     KvAppend { cache: CacheLayout },
+    /// The standard backward (any head dim): one of its own four kernels.
+    StandardBackward(StandardBackwardStage),
 }
 
 /// How a KV cache is stored.
@@ -239,7 +287,7 @@ impl KernelId {
     /// Largest head dim the kernel computes (`None`: any).
     pub const fn head_dim_capacity(&self) -> Option<u32> {
         match self.family {
-            Family::Standard(_) | Family::Fa1 => None,
+            Family::Standard(_) | Family::StandardBackward(_) | Family::Fa1 => None,
             Family::Fa2 {
                 head_dim_capacity, ..
             } => Some(head_dim_capacity),
@@ -278,7 +326,7 @@ impl KernelId {
     /// registers each) instead of assuming the worst; the host's launch plan never exceeds it.
     pub const fn max_threads(&self) -> u32 {
         match self.family {
-            Family::Standard(_) => standard::config::THREADS,
+            Family::Standard(_) | Family::StandardBackward(_) => standard::config::THREADS,
             Family::Fa1 => fa1::config::THREADS,
             Family::Fa2 {
                 head_dim_capacity, ..
@@ -309,6 +357,7 @@ impl KernelId {
     pub const fn const_eq(&self, other: &Self) -> bool {
         let same_family = match (self.family, other.family) {
             (Family::Standard(a), Family::Standard(b)) => a as u8 == b as u8,
+            (Family::StandardBackward(a), Family::StandardBackward(b)) => a as u8 == b as u8,
             (Family::Fa1, Family::Fa1) => true,
             (
                 Family::Fa2 {
@@ -370,7 +419,8 @@ impl KernelId {
 }
 
 impl fmt::Display for KernelId {
-    /// The PTX entry name: `standard_<stage>_<dtype>`, `fa1_forward_<dtype>`,
+    /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,
+    /// `fa1_forward_<dtype>`,
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `decode_splitkv_<dtype>_d<d>_<cache>`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
@@ -379,6 +429,9 @@ impl fmt::Display for KernelId {
         let dtype = self.dtype.name();
         match self.family {
             Family::Standard(stage) => write!(f, "standard_{}_{dtype}", stage.name()),
+            Family::StandardBackward(stage) => {
+                write!(f, "standard_backward_{}_{dtype}", stage.name())
+            }
             Family::Fa1 => write!(f, "fa1_forward_{dtype}"),
             Family::Fa2 {
                 head_dim_capacity,
@@ -422,7 +475,8 @@ pub struct ParseKernelIdError;
 impl fmt::Display for ParseKernelIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
-            "not a kernel name (standard_<stage>_<dtype>, fa1_forward_<dtype>, \
+            "not a kernel name (standard_<stage>_<dtype>, standard_backward_<stage>_<dtype>, \
+             fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>, \
              fa3_forward_<dtype>_d<d>_w<W>c<C>, fa2_backward_<pre|post>process_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>, fa2tc_backward_<dtype>_d<capacity>, \
@@ -451,7 +505,14 @@ impl FromStr for KernelId {
                 .find(|c| c.name() == s)
                 .ok_or(ParseKernelIdError)
         };
-        let (family, dtype) = if let Some(rest) = name.strip_prefix("standard_") {
+        let (family, dtype) = if let Some(rest) = name.strip_prefix("standard_backward_") {
+            let (stage, dtype) = rest.split_once('_').ok_or(ParseKernelIdError)?;
+            let stage = StandardBackwardStage::ALL
+                .into_iter()
+                .find(|s| s.name() == stage)
+                .ok_or(ParseKernelIdError)?;
+            (Family::StandardBackward(stage), dtype)
+        } else if let Some(rest) = name.strip_prefix("standard_") {
             let (stage, dtype) = rest.split_once('_').ok_or(ParseKernelIdError)?;
             let stage = StandardStage::ALL
                 .into_iter()

@@ -11,7 +11,7 @@ mod id;
 
 pub use id::{
     BackwardStage, CacheLayout, ElementType, Family, KernelId, Module, ParseKernelIdError,
-    StandardStage,
+    StandardBackwardStage, StandardStage,
 };
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
@@ -28,6 +28,8 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 /// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>`: the
 ///   backward's main kernel on tensor cores (the tiling is
 ///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config).
+/// - `standard_backward <stage> <dtype>`: the standard backward's own four kernels (dp, ds, dq,
+///   dkdv);
 /// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
 ///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
 ///
@@ -56,7 +58,14 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@fa2_backward $emit [f32 f16 bf16]);
         $crate::for_each_kernel!(@fa2_tc_backward $emit [f16 bf16]);
         $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
+        $crate::for_each_kernel!(@standard_backward $emit [f32 f16 bf16]);
     };
+    (@standard_backward $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(standard_backward dp $dtype);
+        $emit!(standard_backward ds $dtype);
+        $emit!(standard_backward dq $dtype);
+        $emit!(standard_backward dkdv $dtype);
+    )*};
     (@fa2_tc_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa2_tc_backward $dtype 64 8 1 64);
         $emit!(fa2_tc_backward $dtype 128 8 1 32);
@@ -193,6 +202,12 @@ impl KernelList {
 
 /// Pushes one kernel of a list onto `$list`.
 macro_rules! push_kernel {
+    ($list:ident; standard_backward $stage:ident $dtype:ident) => {
+        $list = $list.with(KernelId::new(
+            Family::StandardBackward(StandardBackwardStage::$stage()),
+            ElementType::$dtype(),
+        ));
+    };
     ($list:ident; standard $stage:ident $dtype:ident) => {
         $list = $list.with(KernelId::new(
             Family::Standard(StandardStage::$stage()),

@@ -451,33 +451,49 @@ fn fa2_grid(
     }
 }
 
-/// Standard attention's three kernels: S over (key tiles, query tiles, heads), the softmax one
-/// warp per row, O over (head-dim tiles, query tiles, heads).
-fn standard_launches(problem: &Problem, element: ElementType) -> Vec<PlannedLaunch> {
-    let tiles = |n: usize| n.div_ceil(standard::MATMUL_TILE as usize) as u32;
-    let heads = problem.batch_heads() as u32;
-    let product = |grid| Launch {
+/// 16 × 16 output tiles of the standard kernels' products along a dimension of `n`.
+pub(crate) fn standard_tiles(n: usize) -> u32 {
+    n.div_ceil(standard::MATMUL_TILE as usize) as u32
+}
+
+/// A launch of one of the standard kernels' tiled products (forward or backward) over `grid`.
+pub(crate) fn standard_product(grid: (u32, u32, u32)) -> Launch {
+    Launch {
         grid,
         threads: standard::THREADS,
         shared_bytes: standard::PRODUCT_SHARED_BYTES,
-    };
+    }
+}
+
+/// A launch of one of the standard kernels that take one warp per query row (the softmax and
+/// the backward's dS) over (row blocks, heads).
+pub(crate) fn standard_rows(problem: &Problem) -> Launch {
     let rows_per_block = standard::SOFTMAX_ROWS_PER_BLOCK as usize;
+    Launch {
+        grid: (
+            problem.seqlen_q.div_ceil(rows_per_block) as u32,
+            problem.batch_heads() as u32,
+            1,
+        ),
+        threads: standard::THREADS,
+        shared_bytes: 0,
+    }
+}
+
+/// Standard attention's three kernels: S over (key tiles, query tiles, heads), the softmax one
+/// warp per row, O over (head-dim tiles, query tiles, heads).
+pub(crate) fn standard_launches(problem: &Problem, element: ElementType) -> Vec<PlannedLaunch> {
+    let tiles = standard_tiles;
+    let heads = problem.batch_heads() as u32;
     let launches = [
         (
             StandardStage::Scores,
-            product((tiles(problem.seqlen_k), tiles(problem.seqlen_q), heads)),
+            standard_product((tiles(problem.seqlen_k), tiles(problem.seqlen_q), heads)),
         ),
-        (
-            StandardStage::Softmax,
-            Launch {
-                grid: (problem.seqlen_q.div_ceil(rows_per_block) as u32, heads, 1),
-                threads: standard::THREADS,
-                shared_bytes: 0,
-            },
-        ),
+        (StandardStage::Softmax, standard_rows(problem)),
         (
             StandardStage::Output,
-            product((tiles(problem.head_dim), tiles(problem.seqlen_q), heads)),
+            standard_product((tiles(problem.head_dim), tiles(problem.seqlen_q), heads)),
         ),
     ];
     launches

@@ -59,6 +59,29 @@ pub struct BenchArgs {
     /// 1–64), µs and K+V bytes/s; `--torch` then names scripts/torch_decode_bench.py's JSON.
     #[arg(long)]
     decode: bool,
+    /// The backward benchmark instead of the sweep: each of --backward-variants at the sweep's
+    /// shapes (default N = 2k–16k), the backward alone and forward + backward, TFLOP/s = 2.5 ×
+    /// (3.5 ×) the forward's FLOPs / time; `--torch` then names
+    /// scripts/torch_backward_bench.py's JSON. Writes backward.md and backward.json.
+    #[arg(long)]
+    backward: bool,
+    /// Backward variants: fa2-tc, fa2, fa2-tc-deterministic, standard (default: the first three;
+    /// with --memory, standard and fa2-tc).
+    #[arg(long, value_delimiter = ',')]
+    backward_variants: Vec<String>,
+    /// The forward before our backward (its O and L; timed in forward + backward): fa3 (the
+    /// default; fa2-tc where FA3 cannot run, as the plan says), fa2-tc, fa2 or standard.
+    #[arg(long, default_value = "fa3")]
+    forward_algorithm: String,
+    /// With --backward: the memory table instead of the timings: peak device memory of the
+    /// backward (tensors and workspace) per variant at batch 1, heads·d = --hidden, d = the first
+    /// --head-dims (default 128), N = 1k, 2k, … --memory-max-seqlen, and where each runs out of
+    /// memory.
+    #[arg(long)]
+    memory: bool,
+    /// The longest N of the memory table.
+    #[arg(long, default_value_t = 131072)]
+    memory_max_seqlen: usize,
 }
 
 impl BenchArgs {
@@ -103,6 +126,9 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
     if args.decode {
         return decode_main(device, args);
     }
+    if args.backward {
+        return backward_main(device, args);
+    }
     let config = args.config()?;
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
@@ -117,11 +143,7 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
     };
     let torch = args.torch.as_deref().map(read_records).transpose()?;
     let shapes = config.shapes();
-    let progress = ProgressBar::new((shapes.len() * config.algorithms.len()) as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(shapes.len() * config.algorithms.len());
     let mut rng = rand::rng();
     let mut records = Vec::new();
     for shape in &shapes {
@@ -285,4 +307,171 @@ fn decode_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> 
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `bench --backward`: our backward variants' timings (or, with --memory, their peak memory by
+/// N), merged with PyTorch's.
+fn backward_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
+    use flash_attn::tools::bench::backward::{
+        BackwardBenchConfig, BackwardVariant, backward_tables, memory_rows, memory_seqlens,
+        memory_table, read_backward_records, time_backward,
+    };
+    let mut config = args.config()?;
+    if args.seqlens.is_empty() {
+        config.seqlens = if args.quick {
+            vec![2048, 8192]
+        } else {
+            vec![2048, 4096, 8192, 16384]
+        };
+    }
+    let variants: Vec<BackwardVariant> = if !args.backward_variants.is_empty() {
+        args.backward_variants
+            .iter()
+            .map(|v| v.parse())
+            .collect::<Result<_, _>>()?
+    } else if args.memory {
+        BackwardVariant::MEMORY.to_vec()
+    } else {
+        BackwardVariant::TIMED.to_vec()
+    };
+    let forward: flash_attn::Algorithm = args.forward_algorithm.parse()?;
+    let backward_config = BackwardBenchConfig {
+        dtype: config.dtype,
+        forward,
+        repeats: if args.quick { 5 } else { 20 },
+    };
+    let torch = if args.memory {
+        None
+    } else {
+        args.torch
+            .as_deref()
+            .map(read_backward_records)
+            .transpose()?
+    };
+    let gpu = match Gpu::open(device) {
+        Ok(gpu) => gpu,
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
+            println!("no GPU, nothing timed ({e})");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
+    };
+    std::fs::create_dir_all(&args.out_dir)
+        .map_err(|e| Error::File(format!("cannot create {}: {e}", args.out_dir.display())))?;
+    let write = |name: &str, text: &str| {
+        let path = args.out_dir.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
+    };
+    if args.memory {
+        let head_dim = args.head_dims.first().copied().unwrap_or(128);
+        let heads = (config.hidden / head_dim).max(1);
+        let seqlens = memory_seqlens(args.memory_max_seqlen);
+        let mut cells = Vec::new();
+        for &variant in &variants {
+            cells.extend(memory_rows(
+                &gpu,
+                variant,
+                &backward_config,
+                heads,
+                head_dim,
+                &seqlens,
+            )?);
+        }
+        let markdown = format!(
+            "## Peak device memory of the backward on {} ({}, after the {forward} forward; Q, K, \
+             V, O, L, dO, dQ, dK, dV and the workspace)\n\n{}",
+            gpu.info().name,
+            config.dtype,
+            memory_table(&cells, heads, head_dim)
+        );
+        write("backward-memory.md", &markdown)?;
+        write("backward-memory.json", &to_json(&cells)?)?;
+        println!("{markdown}");
+        println!(
+            "results: {}/backward-memory.md, backward-memory.json",
+            args.out_dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let shapes = config.shapes();
+    let progress = progress_bar(shapes.len() * variants.len());
+    let mut rng = rand::rng();
+    let mut records = Vec::new();
+    for shape in &shapes {
+        for &variant in &variants {
+            progress.set_message(format!(
+                "{} N={} d={} causal={}",
+                variant.name(),
+                shape.seqlen,
+                shape.head_dim,
+                shape.causal
+            ));
+            records.push(time_backward(
+                &gpu,
+                variant,
+                *shape,
+                &backward_config,
+                &mut rng,
+            ));
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    let ours = records.clone();
+    records.extend(torch.unwrap_or_default());
+    let mut markdown = format!(
+        "## {} backward TFLOP/s on {} ({} tokens, hidden {})\n\n{}",
+        config.dtype,
+        gpu.info().name,
+        config.tokens,
+        config.hidden,
+        backward_tables(&records, forward)
+    );
+    markdown.push_str("\nPlans:\n");
+    for r in &ours {
+        markdown.push_str(&format!(
+            "- {} d = {} N = {} causal = {}: {}\n",
+            r.implementation,
+            r.shape.head_dim,
+            r.shape.seqlen,
+            r.shape.causal,
+            r.plan.as_deref().or(r.error.as_deref()).unwrap_or_default()
+        ));
+    }
+    write("backward.md", &markdown)?;
+    write("backward.json", &to_json(&ours)?)?;
+    println!("{markdown}");
+    println!(
+        "results: {}/backward.md, backward.json",
+        args.out_dir.display()
+    );
+    let failures = ours
+        .iter()
+        .filter(|r| {
+            r.error
+                .as_deref()
+                .is_some_and(|e| !e.contains("out of device memory"))
+        })
+        .count();
+    Ok(if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `value` as pretty JSON.
+fn to_json(value: &impl serde::Serialize) -> flash_attn::Result<String> {
+    serde_json::to_string_pretty(value).map_err(|e| Error::File(e.to_string()))
+}
+
+/// A progress bar over `cases` cases, with the current one's message and the time so far.
+fn progress_bar(cases: usize) -> ProgressBar {
+    let progress = ProgressBar::new(cases as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress
 }

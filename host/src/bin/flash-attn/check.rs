@@ -1,8 +1,11 @@
-//! `flash-attn check`: every algorithm on fresh random inputs against the f64 reference.
+//! `flash-attn check`: every algorithm on fresh random inputs against the f64 reference; with
+//! `--backward`, the backward too (against the f64 reference gradients).
 
 use std::process::ExitCode;
 
+use flash_attn::attention::{BackwardAlgorithm, BackwardOptions};
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
+use flash_attn::tools::check_backward::{check_backward_problem, describe_backward};
 use flash_attn::{Algorithm, AttentionOptions, DType, Gpu, Layout};
 use rand::SeedableRng;
 
@@ -42,6 +45,41 @@ pub struct CheckArgs {
     /// have it compiled: pick them with --head-dims.
     #[arg(long)]
     fa3_tiling: Option<String>,
+    /// Also check the backward on every shape: each of --backward-algorithms, and fa2-tc in
+    /// deterministic mode where it runs on tensor cores (f16/bf16, head dims that are multiples
+    /// of 8), after the FA2 forward, against the f64 reference gradients (the GPU tests' rule).
+    #[arg(long)]
+    backward: bool,
+    /// The backwards to check with --backward (default: standard, fa2, fa2-tc).
+    #[arg(long, value_delimiter = ',')]
+    backward_algorithms: Vec<String>,
+}
+
+/// The backward options `check --backward` runs for one dtype and head dim: every algorithm
+/// asked for, and fa2-tc deterministic where the tensor cores take the problem (elsewhere the
+/// plan refuses deterministic mode, by design).
+fn backward_cases(
+    algorithms: &[BackwardAlgorithm],
+    dtype: DType,
+    head_dim: usize,
+) -> Vec<BackwardOptions> {
+    let mut cases: Vec<BackwardOptions> = algorithms
+        .iter()
+        .map(|&algorithm| BackwardOptions {
+            algorithm,
+            deterministic: false,
+        })
+        .collect();
+    if algorithms.contains(&BackwardAlgorithm::Fa2Tc)
+        && dtype != DType::F32
+        && head_dim.is_multiple_of(8)
+    {
+        cases.push(BackwardOptions {
+            algorithm: BackwardAlgorithm::Fa2Tc,
+            deterministic: true,
+        });
+    }
+    cases
 }
 
 /// (batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim).
@@ -128,6 +166,7 @@ fn parse_or_all<T: std::str::FromStr<Err = flash_attn::Error> + Copy>(
 
 pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
+    let backward_algorithms = parse_or_all(&args.backward_algorithms, &BackwardAlgorithm::ALL)?;
     let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
     let shapes = shapes(&args.shapes, &args.head_dims, &args.seqlens)?;
     let causal_settings = super::parse_causal(&args.causal)?;
@@ -180,6 +219,18 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
                     &mut rng,
                 )? {
                     println!("{}", describe(&result));
+                    if result.passed {
+                        passed += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+                if !args.backward {
+                    continue;
+                }
+                for backward in backward_cases(&backward_algorithms, dtype, head_dim) {
+                    let result = check_backward_problem(&gpu, problem, &backward, &mut rng)?;
+                    println!("{}", describe_backward(&result));
                     if result.passed {
                         passed += 1;
                     } else {

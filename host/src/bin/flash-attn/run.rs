@@ -1,15 +1,18 @@
 //! `flash-attn run`: one algorithm on the user's Q, K, V from a safetensors file, O and the row
-//! statistics written to another. Reading and checking the file happen before the GPU is opened,
-//! so a bad file is reported on any machine.
+//! statistics written to another; with `--backward`, also dQ, dK, dV from the file's dO.
+//! Reading and checking the file happen before the GPU is opened, so a bad file is reported on
+//! any machine.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use cudarc::driver::CudaSlice;
-use flash_attn::attention::Plan;
+use flash_attn::attention::{
+    BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, Plan, attention_backward,
+};
 use flash_attn::safetensors_io::{
-    self, AttentionFileOutput, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
+    self, AttentionFileOutput, BACKWARD_INPUT_ROLES, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
 };
 use flash_attn::{
     Algorithm, AttentionOptions, DeviceTensor, Error, Gpu, Layout, Problem, RowStatistics,
@@ -25,7 +28,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     input: PathBuf,
     /// safetensors file to write: `o` (q's dtype and shape), `lse` (F32, (batch, heads,
-    /// seqlen_q)) and, for fa1, `row_max` and `row_sum`.
+    /// seqlen_q)), for fa1 `row_max` and `row_sum`, and with --backward `dq`, `dk`, `dv`.
     #[arg(long, value_name = "FILE")]
     output: PathBuf,
     /// standard, fa1 or fa2.
@@ -50,6 +53,22 @@ pub struct RunArgs {
     /// Names of the Q, K and V tensors in the input file.
     #[arg(long, value_name = "Q,K,V", default_value = "q,k,v", value_parser = parse_names)]
     names: [String; 3],
+    /// Also the backward pass: read dO (q's shape and dtype) from the input file and write dQ,
+    /// dK, dV (`attention_backward` on the forward's O and L; not with fa1, whose m and ℓ it
+    /// does not take).
+    #[arg(long)]
+    backward: bool,
+    /// Name of the dO tensor in the input file (with --backward).
+    #[arg(long, value_name = "NAME", default_value = "do")]
+    do_name: String,
+    /// The backward: fa2-tc (tensor cores, the default; falls back to fa2 where it cannot run,
+    /// and the plan says why), fa2 (scalar) or standard (S, P, dP, dS in HBM: O(N²) memory).
+    #[arg(long, value_name = "ALGORITHM")]
+    backward_algorithm: Option<BackwardAlgorithm>,
+    /// dQ with the same bits on every run (fa2-tc orders its adds; standard has none; with
+    /// --backward).
+    #[arg(long)]
+    deterministic: bool,
 }
 
 impl RunArgs {
@@ -73,6 +92,25 @@ impl RunArgs {
                 allowed: format!("it applies only to --algorithm {applies_to}"),
             });
         }
+        if !self.backward {
+            let backward_only = [
+                ("backward_algorithm", self.backward_algorithm.is_some()),
+                ("deterministic", self.deterministic),
+            ];
+            if let Some((name, _)) = backward_only.into_iter().find(|&(_, given)| given) {
+                return Err(Error::InvalidArgument {
+                    name,
+                    value: "given without --backward".into(),
+                    allowed: "it applies only with --backward".into(),
+                });
+            }
+        } else if self.algorithm == Algorithm::Fa1 {
+            return Err(Error::InvalidArgument {
+                name: "algorithm",
+                value: "fa1 with --backward".into(),
+                allowed: "the backward takes L = m + log ℓ: standard, fa2, fa2-tc or fa3".into(),
+            });
+        }
         Ok(AttentionOptions {
             causal: self.causal,
             softmax_scale: self.scale,
@@ -81,6 +119,14 @@ impl RunArgs {
             fa2_tc_tiling: None,
             fa3_tiling: None,
         })
+    }
+
+    /// The backward's options (meaningful with --backward).
+    fn backward_options(&self) -> BackwardOptions {
+        BackwardOptions {
+            algorithm: self.backward_algorithm.unwrap_or_default(),
+            deterministic: self.deterministic,
+        }
     }
 }
 
@@ -124,7 +170,15 @@ fn check_kv_heads(expected: Option<usize>, problem: &Problem) -> flash_attn::Res
 
 pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
     let options = args.options()?;
-    let qkv = safetensors_io::read_qkv(&args.input, args.names.each_ref().map(String::as_str))?;
+    let [q_name, k_name, v_name] = args.names.each_ref().map(String::as_str);
+    let qkv = if args.backward {
+        safetensors_io::read_backward_inputs(
+            &args.input,
+            [q_name, k_name, v_name, args.do_name.as_str()],
+        )?
+    } else {
+        safetensors_io::read_qkv(&args.input, [q_name, k_name, v_name])?
+    };
     let [q_dims, k_dims, v_dims] = qkv.dims();
     let problem = Problem::new(q_dims, k_dims, v_dims, &options)?;
     check_kv_heads(args.kv_heads, &problem)?;
@@ -136,12 +190,19 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
         options: &options,
         problem: &problem,
     };
-    let (milliseconds, plan) = match qkv {
+    let RunOutcome {
+        milliseconds,
+        plan,
+        backward,
+    } = match qkv {
         HostQkv::F32(qkv) => run.run_and_write(qkv),
         HostQkv::F16(qkv) => run.run_and_write(qkv),
         HostQkv::Bf16(qkv) => run.run_and_write(qkv),
     }?;
-    let names = args.names.join(",");
+    let mut names = args.names.join(",");
+    if args.backward {
+        names = format!("{names},{}", args.do_name);
+    }
     println!(
         "{} {}{dtype}: q {q_dims:?}, k {k_dims:?}, v {v_dims:?} ({names}) on {}: {milliseconds:.3} ms; wrote {}",
         args.algorithm,
@@ -150,7 +211,18 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
         args.output.display()
     );
     println!("plan: {plan}");
+    if let Some((backward_ms, backward_plan)) = backward {
+        println!("backward: {backward_ms:.3} ms (dq, dk, dv written)");
+        println!("backward plan: {backward_plan}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What one run did: the forward's time and plan, and the backward's when it ran.
+struct RunOutcome {
+    milliseconds: f32,
+    plan: Plan,
+    backward: Option<(f32, BackwardPlan)>,
 }
 
 /// One checked run on an open GPU: what the per-dtype work shares.
@@ -163,15 +235,17 @@ struct Run<'a> {
 
 impl Run<'_> {
     /// Uploads Q, K and V, runs the algorithm (timed on the GPU: the kernels and their workspace,
-    /// not the transfers), downloads O and the statistics, writes them (the plan in the file's
-    /// metadata), and returns the time and the plan.
-    fn run_and_write<T: SafetensorsElement>(&self, qkv: Qkv<T>) -> flash_attn::Result<(f32, Plan)> {
+    /// not the transfers), with --backward the backward on the file's dO (timed alike), downloads
+    /// O, the statistics and the gradients, writes them (the plans in the file's metadata), and
+    /// returns the times and the plans.
+    fn run_and_write<T: SafetensorsElement>(&self, qkv: Qkv<T>) -> flash_attn::Result<RunOutcome> {
         let gpu = self.gpu;
         let algorithm = self.args.algorithm;
         let upload = |a: &ndarray::Array4<T>| {
             DeviceTensor::from_array(gpu, a.view(), Layout::BatchHeadSeqDim)
         };
         let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
+        let d_o = qkv.d_o.as_ref().map(upload).transpose()?;
         drop(qkv);
         let mut out = new_output(gpu, algorithm, &q, &k, &v, self.options)?;
         let milliseconds = gpu.time_ms(|| {
@@ -193,21 +267,83 @@ impl Run<'_> {
             )),
             RowStatistics::LogSumExp(_) => None,
         };
+        let backward = match &d_o {
+            Some(d_o) => {
+                let options = self.args.backward_options();
+                let mut result = None;
+                let backward_ms = gpu.time_ms(|| {
+                    let call = attention_backward(
+                        gpu,
+                        &q,
+                        &k,
+                        &v,
+                        &out,
+                        d_o,
+                        self.options,
+                        &options,
+                        Layout::BatchHeadSeqDim,
+                    )?;
+                    result = Some(call);
+                    Ok(())
+                })?;
+                let (gradients, backward_plan) = result.ok_or_else(|| {
+                    Error::File("the backward call returned without gradients".into())
+                })?;
+                let gradients = Gradients {
+                    dq: gradients.dq.to_array(gpu)?,
+                    dk: gradients.dk.to_array(gpu)?,
+                    dv: gradients.dv.to_array(gpu)?,
+                };
+                Some((backward_ms, backward_plan, gradients))
+            }
+            None => None,
+        };
+        let mut metadata = self.metadata(&plan);
+        if let Some((_, backward_plan, _)) = &backward {
+            metadata.extend(self.backward_metadata(backward_plan));
+        }
+        let (backward, gradients) = match backward {
+            Some((ms, backward_plan, gradients)) => (Some((ms, backward_plan)), Some(gradients)),
+            None => (None, None),
+        };
         let output = AttentionFileOutput {
             o: out.o.to_array(gpu)?,
             logsumexp: out.stats.logsumexp(gpu, rows)?,
             row_max_and_sum,
+            gradients,
         };
-        safetensors_io::write_outputs(&self.args.output, &output, self.metadata(&plan))?;
-        Ok((milliseconds, plan))
+        safetensors_io::write_outputs(&self.args.output, &output, metadata)?;
+        Ok(RunOutcome {
+            milliseconds,
+            plan,
+            backward,
+        })
+    }
+
+    /// How the gradients were made: the backward's options, kernels and plan.
+    fn backward_metadata(&self, plan: &BackwardPlan) -> HashMap<String, String> {
+        let options = self.args.backward_options();
+        HashMap::from([
+            ("backward_algorithm".into(), options.algorithm.to_string()),
+            ("deterministic".into(), options.deterministic.to_string()),
+            ("backward_kernel".into(), plan.kernel_names()),
+            ("backward_plan".into(), plan.to_string()),
+        ])
     }
 
     /// How the outputs were made, stored in the output file's metadata: the arguments, the
     /// kernels that ran (`kernel`) and the whole plan (`plan`).
     fn metadata(&self, plan: &Plan) -> HashMap<String, String> {
-        let inputs = INPUT_ROLES
+        let mut names = self.args.names.to_vec();
+        let roles: &[&str] = if self.args.backward {
+            names.push(self.args.do_name.clone());
+            &BACKWARD_INPUT_ROLES
+        } else {
+            &INPUT_ROLES
+        };
+        let inputs = roles
             .iter()
-            .zip(&self.args.names)
+            .zip(&names)
             .map(|(role, name)| format!("{role}={name}"))
             .collect::<Vec<_>>()
             .join(",");

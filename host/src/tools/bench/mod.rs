@@ -5,10 +5,13 @@
 //! backends on the same shapes, so [`report::merged_table`] can put ours and theirs side by side as
 //! ratios measured in the same run.
 //!
+//! [`backward`] is the backward benchmark (the backward alone and forward + backward, beside
+//! PyTorch's, and the memory mode).
 //! [`decode`] is the decode benchmark (µs and K+V bytes/s at ANCHORS.md's decode shapes).
 //! [`runner`] measures, [`report`] writes the markdown tables a person reads, [`chart`] draws the
 //! SVG; the record types they share are here.
 
+pub mod backward;
 pub mod chart;
 pub mod decode;
 pub mod report;

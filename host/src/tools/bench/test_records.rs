@@ -4,7 +4,7 @@ use crate::dtype::DType;
 use crate::tools::bench::{BenchRecord, BenchShape};
 
 /// The papers' shape for (d, causal, N): batch·N = 16384 tokens, heads·d = 2048.
-fn shape(head_dim: usize, causal: bool, seqlen: usize) -> BenchShape {
+pub(crate) fn shape(head_dim: usize, causal: bool, seqlen: usize) -> BenchShape {
     BenchShape {
         batch: 16384 / seqlen,
         heads: 2048 / head_dim,

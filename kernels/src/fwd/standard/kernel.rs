@@ -24,7 +24,7 @@ use crate::tile::warp::warp_max;
 /// tile, k < depth. `b_rows_are_columns` says that `b` reads a row-major matrix transposed (B = Kᵀ),
 /// so the load walks k fastest to stay coalesced. Returns this thread's element of the tile.
 #[inline(always)]
-fn tile_product(
+pub(crate) fn tile_product(
     depth: u32,
     tile_row: u32,
     tile_col: u32,
