@@ -17,6 +17,26 @@ pub enum DType {
 impl DType {
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
 
+    /// Stored fraction bits (10 for f16, 7 for bf16, 23 for f32).
+    pub fn fraction_bits(self) -> i32 {
+        match self {
+            DType::F32 => 23,
+            DType::F16 => 10,
+            DType::Bf16 => 7,
+        }
+    }
+
+    /// The spacing of this type's values around `magnitude` (one unit in the last place), for
+    /// normal numbers; the spacing at 1 for a magnitude of 0.
+    pub fn unit_in_last_place(self, magnitude: f64) -> f64 {
+        let exponent = if magnitude > 0.0 {
+            magnitude.abs().log2().floor() as i32
+        } else {
+            0
+        };
+        2f64.powi(exponent - self.fraction_bits())
+    }
+
     /// The name used in kernel names, on the command line and in files.
     pub fn name(self) -> &'static str {
         match self {
@@ -143,5 +163,22 @@ impl From<DType> for ElementType {
             DType::F16 => ElementType::F16,
             DType::Bf16 => ElementType::Bf16,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unit_in_the_last_place_is_the_spacing_of_neighbouring_values() {
+        // 1 + 2⁻¹⁰ is f16's next value after 1; bf16 steps by 2⁻⁶ between 2 and 4.
+        assert_eq!(DType::F16.unit_in_last_place(1.0), 2f64.powi(-10));
+        assert_eq!(DType::F16.unit_in_last_place(1.999), 2f64.powi(-10));
+        assert_eq!(DType::Bf16.unit_in_last_place(3.0), 2f64.powi(-6));
+        assert_eq!(DType::F32.unit_in_last_place(0.5), 2f64.powi(-24));
+        let next = f16::from_f64(1.5).to_f64() + DType::F16.unit_in_last_place(1.5);
+        assert_eq!(f16::from_f64(next).to_f64(), next);
+        assert_eq!(DType::Bf16.unit_in_last_place(0.0), 2f64.powi(-7));
     }
 }

@@ -4,7 +4,7 @@
 //! `scores` and `softmax` kernels (P in the input dtype, S in an f32 buffer), then launches:
 //!
 //! 1. [`probs_gradient`]: dP = dO·Vᵀ, written over S (f32; S is not needed once P is);
-//! 2. [`scores_gradient`]: D_i = rowsum(dO_i ∘ O_i), then dS = P ∘ (dP − D) in place;
+//! 2. [`scores_gradient`]: D_i = rowsum(P_i ∘ dP_i), then dS = P ∘ (dP − D) in place;
 //! 3. [`query_gradient`]: dQ = scale·dS·K;
 //! 4. [`key_value_gradients`]: dK = scale·dSᵀ·Q and dV = Pᵀ·dO.
 //!
@@ -85,8 +85,11 @@ pub fn probs_gradient<T: Element>(p: &StandardBackwardParams) {
     }
 }
 
-/// Kernel 2: D_i = Σ_d dO_id·O_id, then dS_ij = P_ij·(dP_ij − D_i) over dP in place. One warp per
-/// query row. Grid (⌈seqlen_q/8⌉, batch·heads), 256 threads.
+/// Kernel 2: D_i = Σ_j P_ij·dP_ij, then dS_ij = P_ij·(dP_ij − D_i) over dP in place (the
+/// FlashAttention article's Algorithm 3, line 3). D from P and dP rather than dO·O: it is the
+/// same number in exact arithmetic, and with P stored in the input dtype it keeps Σ_j dS_ij = 0
+/// for the P the products use. One warp per query row. Grid (⌈seqlen_q/8⌉, batch·heads),
+/// 256 threads.
 #[inline(always)]
 pub fn scores_gradient<T: Element>(p: &StandardBackwardParams) {
     let shape = &p.base.shape;
@@ -96,17 +99,15 @@ pub fn scores_gradient<T: Element>(p: &StandardBackwardParams) {
         return;
     }
     let lanes = arch::WARP_SIZE;
-    let d_o = HeadRows::<T>::new(&p.d_o, blk.batch, blk.head, blk.seqlen_q);
-    let o = HeadRows::<T>::new(&p.base.operands.o, blk.batch, blk.head, blk.seqlen_q);
-    let mut partial = 0.0f32;
-    let mut d = arch::lane_idx();
-    while d < shape.head_dim {
-        partial += d_o.read(row, d) * o.read(row, d);
-        d += lanes;
-    }
-    let delta = warp_sum(partial);
     let ds = HeadRows::<f32>::contiguous(p.base.scores, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
     let probs = HeadRows::<T>::contiguous(p.base.probs, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
+    let mut partial = 0.0f32;
+    let mut key = arch::lane_idx();
+    while key < shape.seqlen_k {
+        partial += probs.read(row, key) * ds.read(row, key);
+        key += lanes;
+    }
+    let delta = warp_sum(partial);
     let mut key = arch::lane_idx();
     while key < shape.seqlen_k {
         ds.write(row, key, probs.read(row, key) * (ds.read(row, key) - delta));
