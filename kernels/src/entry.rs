@@ -9,11 +9,13 @@
 //! shared memory that the kernel's docs give (the host's launch plan does).
 
 #[cfg(not(feature = "hopper"))]
-use crate::bwd::{fa2 as fa2_backward, fa2_tc as fa2_tc_backward, standard as standard_backward};
+use crate::bwd::{
+    fa2 as fa2_backward, fa2_tc as fa2_tc_backward, group_sum, standard as standard_backward,
+};
 use crate::common::element::{Bf16, F16};
 #[cfg(not(feature = "hopper"))]
 use crate::common::params::{
-    DecodeParams, Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams,
+    DecodeParams, Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams, GroupSumParams,
     StandardBackwardParams, StandardParams,
 };
 #[cfg(not(feature = "hopper"))]
@@ -117,6 +119,14 @@ macro_rules! entry_point {
             }
         };
     };
+    (group_sum $dtype:ident) => {
+        const _: () = {
+            #[unsafe(export_name = concat!("backward_group_sum_", stringify!($dtype)))]
+            unsafe extern "ptx-kernel" fn kernel(params: GroupSumParams) {
+                group_sum::kernel::group_sum::<element!($dtype)>(&params)
+            }
+        };
+    };
     (standard $stage:ident $dtype:ident) => {
         const _: () = {
             #[unsafe(export_name = concat!("standard_", stringify!($stage), "_", stringify!($dtype)))]
@@ -143,22 +153,24 @@ macro_rules! entry_point {
             }
         };
     };
-    (fa2_backward main $dtype:ident $capacity:literal $block_rows:literal) => {
+    (fa2_backward main $dtype:ident $capacity:literal $block_rows:literal $($grouped:ident)?) => {
         const _: () = {
-            fa2_backward_config!(Config, $capacity, $block_rows);
+            fa2_backward_config!(Config, $capacity, $block_rows,
+                $crate::backward_grouped!($($grouped)?));
             #[unsafe(export_name = concat!("fa2_backward_main_", stringify!($dtype), "_d",
-                $capacity))]
+                $capacity, $crate::backward_grouped_suffix!($($grouped)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2BackwardParams) {
                 fa2_backward::kernel::backward::<element!($dtype), Config>(&params)
             }
         };
     };
     (fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
-     $rows:literal) => {
+     $rows:literal $($grouped:ident)?) => {
         const _: () = {
-            fa2_tc_backward_config!(Config, $capacity, $warps, $split, $rows);
+            fa2_tc_backward_config!(Config, $capacity, $warps, $split, $rows,
+                $crate::backward_grouped!($($grouped)?));
             #[unsafe(export_name = concat!("fa2tc_backward_", stringify!($dtype), "_d",
-                $capacity))]
+                $capacity, $crate::backward_grouped_suffix!($($grouped)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2TcBackwardParams) {
                 fa2_tc_backward::kernel::backward::<element!($dtype), Config>(&params)
             }

@@ -9,7 +9,14 @@
 //!   (deterministic mode).
 //! - [`standard`]: the standard backward, every N × N matrix (S, P, dP, dS) in HBM: the
 //!   baseline for memory and time.
+//! - [`group_sum`]: grouped K/V heads (GQA/MQA). The main kernels, compiled for grouped heads
+//!   (`grouped` in the kernel list: they read K/V head h / group, as the forward, but store
+//!   dK, dV at query head h), write each query head's dK and dV into an expanded workspace; this
+//!   kernel sums each K/V head's group of them into dK and dV (flash-attn 2's `dk_expanded`).
+//!   The standard backward's dK/dV kernel reads no K or V, so it runs unchanged on the problem
+//!   taken as ungrouped into the same workspace.
 
 pub mod fa2;
 pub mod fa2_tc;
+pub mod group_sum;
 pub mod standard;

@@ -49,6 +49,15 @@ impl BlockInfo {
         }
     }
 
+    /// The head of the dK and dV rows this block stores: its K/V head, or, in a kernel compiled
+    /// for grouped K/V heads (`grouped`), its query head. Several query heads share a K/V head
+    /// there, so each stores its own rows of an expanded (batch, heads, seqlen_k, d) workspace,
+    /// which `bwd::group_sum` then sums per K/V head ([`KvGroup`]).
+    #[inline(always)]
+    pub fn kv_gradient_head(&self, grouped: bool) -> u32 {
+        if grouped { self.head } else { self.kv_head }
+    }
+
     /// The causal mask of this head's sequences (a no-op when not causal). Made where it is used,
     /// so its diagonal offset is computed where the kernel first needs it.
     #[inline(always)]
@@ -167,6 +176,41 @@ impl RowBlocks {
     #[inline(always)]
     pub fn mask(&self) -> CausalMask {
         self.mask
+    }
+}
+
+/// One K/V head and the query heads that read it (grouped K/V heads): the rows of the expanded
+/// dK and dV (one head per query head, (batch·heads, seqlen_k, d)) that the backward's group sum
+/// adds into this K/V head's dK and dV. Query head `kv_head·size + m` is member m.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGroup {
+    pub batch: u32,
+    pub kv_head: u32,
+    /// Query heads per K/V head (the shape's `kv_group`; a zero group reads as 1).
+    pub size: u32,
+    /// batch·heads + kv_head·size: the expanded workspace's head of member 0.
+    pub first_batch_head: u32,
+    pub seqlen_k: u32,
+}
+
+impl KvGroup {
+    /// The group of K/V head `batch_kv_head` (batch-major: batch·heads_kv + K/V head) of `shape`.
+    #[inline(always)]
+    pub fn new(shape: &AttentionShape, batch_kv_head: u32) -> Self {
+        let size = if shape.kv_group > 1 {
+            shape.kv_group
+        } else {
+            1
+        };
+        let heads_kv = shape.heads / size;
+        let (batch, kv_head) = (batch_kv_head / heads_kv, batch_kv_head % heads_kv);
+        Self {
+            batch,
+            kv_head,
+            size,
+            first_batch_head: batch * shape.heads + kv_head * size,
+            seqlen_k: shape.seqlen_k,
+        }
     }
 }
 
@@ -309,6 +353,33 @@ mod tests {
             ..shape(8, 10, 10, false)
         };
         assert_eq!(BlockInfo::new(&ungrouped, 7).kv_head, 7);
+    }
+
+    #[test]
+    fn grouped_gradients_go_to_the_query_head_and_groups_cover_the_query_heads() {
+        let grouped = AttentionShape {
+            kv_group: 4,
+            ..shape(8, 10, 10, false)
+        };
+        let block = BlockInfo::new(&grouped, 8 + 6);
+        assert_eq!(block.kv_gradient_head(false), 1);
+        assert_eq!(block.kv_gradient_head(true), 6);
+        // Batch 1's K/V head 1 (batch_kv_head 2·1 + 1) sums query heads 4..8 of batch 1.
+        let group = KvGroup::new(&grouped, 3);
+        assert_eq!((group.batch, group.kv_head, group.size), (1, 1, 4));
+        assert_eq!(group.first_batch_head, 8 + 4);
+        // MQA: one group of every query head; ungrouped: each head its own group of one.
+        let mqa = AttentionShape {
+            kv_group: 8,
+            ..shape(8, 10, 10, false)
+        };
+        assert_eq!(KvGroup::new(&mqa, 1).first_batch_head, 8);
+        let ungrouped = KvGroup::new(&shape(8, 10, 10, false), 13);
+        assert_eq!(
+            (ungrouped.batch, ungrouped.kv_head, ungrouped.size),
+            (1, 5, 1)
+        );
+        assert_eq!(ungrouped.first_batch_head, 13);
     }
 
     #[test]

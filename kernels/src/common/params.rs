@@ -145,9 +145,10 @@ pub struct Fa2BackwardParams {
     pub d_o: TensorView,
     /// dQ, Q's shape, in the input dtype (written by the post-pass).
     pub dq: TensorView,
-    /// dK, K's shape (written by the main kernel).
+    /// dK, K's shape, written by the main kernel; for grouped K/V heads, the expanded workspace
+    /// (one head per query head, Q's heads) that `bwd::group_sum` sums per K/V head.
     pub dk: TensorView,
-    /// dV, V's shape (written by the main kernel).
+    /// dV, as `dk`.
     pub dv: TensorView,
     /// L, f32, (batch·heads, seqlen_q): the forward's m + log ℓ, natural-log units.
     pub logsumexp: u64,
@@ -169,6 +170,24 @@ pub struct Fa2TcBackwardParams {
     /// (batch·heads, ⌈seqlen_q / B_r⌉) contiguous: key block j adds to row block i only after
     /// key blocks 0..j have (deterministic mode: dQ is the same bits on every run).
     pub dq_semaphore: u64,
+}
+
+/// The grouped backward's group sum (`bwd::group_sum`): with grouped K/V heads the main kernel
+/// stores each query head's dK and dV in an expanded workspace; this kernel sums each K/V head's
+/// group of them (in f32) into the caller's dK and dV.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GroupSumParams {
+    /// The problem (query heads `heads`, `kv_group` of them per K/V head).
+    pub shape: AttentionShape,
+    /// dK per query head, in the input dtype, (batch·heads, seqlen_k, head_dim) contiguous.
+    pub expanded_dk: u64,
+    /// dV per query head, as `expanded_dk`.
+    pub expanded_dv: u64,
+    /// dK, K's shape (batch, heads / kv_group, seqlen_k, head_dim).
+    pub dk: TensorView,
+    /// dV, V's shape.
+    pub dv: TensorView,
 }
 
 /// Decoding against a KV cache (`decode`): a few query tokens per sequence against a long cache,

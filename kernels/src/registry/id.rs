@@ -7,6 +7,7 @@ use core::str::FromStr;
 
 use crate::bwd::fa2::config as fa2_backward;
 use crate::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use crate::bwd::group_sum::config as group_sum;
 use crate::decode::config as decode;
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
@@ -135,8 +136,13 @@ pub enum BackwardStage {
     /// D = rowsum(dO ∘ O), and the f32 dQ accumulator zeroed (any head dim).
     Preprocess,
     /// The loop over key blocks: dK, dV, and dQ into the accumulator, for head dims up to
-    /// `head_dim_capacity` (B_r and B_c follow from it, `bwd::fa2::config`).
-    Main { head_dim_capacity: u32 },
+    /// `head_dim_capacity` (B_r and B_c follow from it, `bwd::fa2::config`); `grouped`: for
+    /// grouped K/V heads, dK and dV stored per query head (the expanded workspace that
+    /// [`Family::GroupSum`] sums).
+    Main {
+        head_dim_capacity: u32,
+        grouped: bool,
+    },
     /// dQ = scale·(the accumulator) in the input dtype (any head dim).
     Postprocess,
 }
@@ -167,11 +173,13 @@ impl BackwardStage {
             (
                 BackwardStage::Main {
                     head_dim_capacity: a,
+                    grouped: s,
                 },
                 BackwardStage::Main {
                     head_dim_capacity: b,
+                    grouped: t,
                 },
-            ) => a == b,
+            ) => a == b && s == t,
             _ => false,
         }
     }
@@ -198,8 +206,12 @@ pub enum Family {
     Fa2Backward(BackwardStage),
     /// FlashAttention-2 backward's main kernel on tensor cores, for head dims up to
     /// `head_dim_capacity` (its tiling: `Fa2TcBackwardTiling::for_capacity`); the pre- and
-    /// post-pass are [`Family::Fa2Backward`]'s.
-    Fa2TcBackward { head_dim_capacity: u32 },
+    /// post-pass are [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
+    /// [`BackwardStage::Main`]'s.
+    Fa2TcBackward {
+        head_dim_capacity: u32,
+        grouped: bool,
+    },
     /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache.
     Decode { head_dim: u32, cache: CacheLayout },
     /// The split-KV combine for exactly `head_dim`.
@@ -208,6 +220,9 @@ pub enum Family {
     KvAppend { cache: CacheLayout },
     /// The standard backward (any head dim): one of its own four kernels.
     StandardBackward(StandardBackwardStage),
+    /// The grouped backward's last kernel (any head dim, any group): each K/V head's dK and dV
+    /// as the sum of its query heads' rows of the expanded workspace.
+    GroupSum,
 }
 
 /// How a KV cache is stored.
@@ -287,7 +302,9 @@ impl KernelId {
     /// Largest head dim the kernel computes (`None`: any).
     pub const fn head_dim_capacity(&self) -> Option<u32> {
         match self.family {
-            Family::Standard(_) | Family::StandardBackward(_) | Family::Fa1 => None,
+            Family::Standard(_) | Family::StandardBackward(_) | Family::Fa1 | Family::GroupSum => {
+                None
+            }
             Family::Fa2 {
                 head_dim_capacity, ..
             } => Some(head_dim_capacity),
@@ -295,8 +312,12 @@ impl KernelId {
             | Family::Fa3 { head_dim, .. }
             | Family::Decode { head_dim, .. }
             | Family::DecodeCombine { head_dim } => Some(head_dim),
-            Family::Fa2Backward(BackwardStage::Main { head_dim_capacity })
-            | Family::Fa2TcBackward { head_dim_capacity } => Some(head_dim_capacity),
+            Family::Fa2Backward(BackwardStage::Main {
+                head_dim_capacity, ..
+            })
+            | Family::Fa2TcBackward {
+                head_dim_capacity, ..
+            } => Some(head_dim_capacity),
             Family::Fa2Backward(_) | Family::KvAppend { .. } => None,
         }
     }
@@ -335,9 +356,10 @@ impl KernelId {
             Family::Fa3 { tiling, .. } => tiling.threads(),
             Family::Fa2Backward(BackwardStage::Main { .. }) => fa2_backward::main_threads(),
             Family::Fa2Backward(_) => fa2_backward::PASS_THREADS,
-            Family::Fa2TcBackward { head_dim_capacity } => {
-                Fa2TcBackwardTiling::for_capacity(head_dim_capacity).threads()
-            }
+            Family::Fa2TcBackward {
+                head_dim_capacity, ..
+            } => Fa2TcBackwardTiling::for_capacity(head_dim_capacity).threads(),
+            Family::GroupSum => group_sum::THREADS,
             Family::Decode { .. } => decode::THREADS,
             Family::DecodeCombine { .. } => decode::COMBINE_THREADS,
             Family::KvAppend { .. } => decode::APPEND_THREADS,
@@ -393,11 +415,14 @@ impl KernelId {
             (
                 Family::Fa2TcBackward {
                     head_dim_capacity: a,
+                    grouped: s,
                 },
                 Family::Fa2TcBackward {
                     head_dim_capacity: b,
+                    grouped: t,
                 },
-            ) => a == b,
+            ) => a == b && s == t,
+            (Family::GroupSum, Family::GroupSum) => true,
             (
                 Family::Decode {
                     head_dim: a,
@@ -424,7 +449,8 @@ impl fmt::Display for KernelId {
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `decode_splitkv_<dtype>_d<d>_<cache>`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
-    /// post-pass), `fa2_backward_main_<dtype>_d<capacity>`, `fa2tc_backward_<dtype>_d<capacity>`.
+    /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
+    /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `backward_group_sum_<dtype>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
         match self.family {
@@ -452,19 +478,46 @@ impl fmt::Display for KernelId {
             Family::Fa3 { head_dim, tiling } => {
                 write!(f, "fa3_forward_{dtype}_d{head_dim}_{tiling}")
             }
-            Family::Fa2Backward(BackwardStage::Main { head_dim_capacity }) => {
-                write!(f, "fa2_backward_main_{dtype}_d{head_dim_capacity}")
-            }
+            Family::Fa2Backward(BackwardStage::Main {
+                head_dim_capacity,
+                grouped,
+            }) => write!(
+                f,
+                "fa2_backward_main_{dtype}_d{head_dim_capacity}{}",
+                grouped_suffix(grouped)
+            ),
             Family::Fa2Backward(stage) => write!(f, "fa2_backward_{}_{dtype}", stage.name()),
-            Family::Fa2TcBackward { head_dim_capacity } => {
-                write!(f, "fa2tc_backward_{dtype}_d{head_dim_capacity}")
-            }
+            Family::Fa2TcBackward {
+                head_dim_capacity,
+                grouped,
+            } => write!(
+                f,
+                "fa2tc_backward_{dtype}_d{head_dim_capacity}{}",
+                grouped_suffix(grouped)
+            ),
+            Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
             Family::Decode { head_dim, cache } => {
                 write!(f, "decode_splitkv_{dtype}_d{head_dim}_{}", cache.name())
             }
             Family::DecodeCombine { head_dim } => write!(f, "decode_combine_{dtype}_d{head_dim}"),
             Family::KvAppend { cache } => write!(f, "kv_append_{dtype}_{}", cache.name()),
         }
+    }
+}
+
+/// The suffix of a backward main kernel compiled for grouped K/V heads
+/// (`registry::backward_grouped_suffix!` in the entry names).
+const GROUPED_SUFFIX: &str = "_grouped";
+
+fn grouped_suffix(grouped: bool) -> &'static str {
+    if grouped { GROUPED_SUFFIX } else { "" }
+}
+
+/// `name` without [`GROUPED_SUFFIX`], and whether it had it.
+fn strip_grouped(name: &str) -> (&str, bool) {
+    match name.strip_suffix(GROUPED_SUFFIX) {
+        Some(rest) => (rest, true),
+        None => (name, false),
     }
 }
 
@@ -479,7 +532,8 @@ impl fmt::Display for ParseKernelIdError {
              fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>, \
              fa3_forward_<dtype>_d<d>_w<W>c<C>, fa2_backward_<pre|post>process_<dtype>, \
-             fa2_backward_main_<dtype>_d<capacity>, fa2tc_backward_<dtype>_d<capacity>, \
+             fa2_backward_main_<dtype>_d<capacity>[_grouped], \
+             fa2tc_backward_<dtype>_d<capacity>[_grouped], backward_group_sum_<dtype>, \
              decode_splitkv_<dtype>_d<d>_<cache>, decode_combine_<dtype>_d<d>, \
              kv_append_<dtype>_<cache>)",
         )
@@ -549,19 +603,25 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
-            // <dtype>_d<capacity>
+            // <dtype>_d<capacity>[_grouped]
+            let (rest, grouped) = strip_grouped(rest);
             let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let family = Family::Fa2TcBackward {
                 head_dim_capacity: number(capacity)?,
+                grouped,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {
-            // <dtype>_d<capacity>
+            // <dtype>_d<capacity>[_grouped]
+            let (rest, grouped) = strip_grouped(rest);
             let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let stage = BackwardStage::Main {
                 head_dim_capacity: number(capacity)?,
+                grouped,
             };
             (Family::Fa2Backward(stage), dtype)
+        } else if let Some(dtype) = name.strip_prefix("backward_group_sum_") {
+            (Family::GroupSum, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_") {
             // <preprocess|postprocess>_<dtype>
             let (stage, dtype) = rest.split_once('_').ok_or(ParseKernelIdError)?;

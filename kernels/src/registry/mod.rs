@@ -22,14 +22,17 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 /// - `fa1 <dtype>`: FlashAttention-1's forward;
 /// - `fa2 <dtype> <head-dim capacity> <B_c>`: the faithful FA2 forward;
 /// - `fa2_tc <dtype> <head dim> <warps> <row tiles> <K/V stages> <B_c>`: FA2 on tensor cores;
-/// - `fa2_backward preprocess <dtype>`, `fa2_backward main <dtype> <head-dim capacity> <B_r>`,
-///   `fa2_backward postprocess <dtype>`: the faithful FA2 backward's three kernels (B_r is
-///   `bwd::fa2::config::block_rows` of the capacity, written out for the entry point's config);
-/// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>`: the
-///   backward's main kernel on tensor cores (the tiling is
+/// - `fa2_backward preprocess <dtype>`, `fa2_backward main <dtype> <head-dim capacity> <B_r>
+///   [grouped]`, `fa2_backward postprocess <dtype>`: the faithful FA2 backward's three kernels
+///   (B_r is `bwd::fa2::config::block_rows` of the capacity, written out for the entry point's
+///   config; `grouped`: the main kernel for grouped K/V heads, which stores dK and dV per query
+///   head, `BlockInfo::kv_gradient_head`);
+/// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>
+///   [grouped]`: the backward's main kernel on tensor cores (the tiling is
 ///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config).
 /// - `standard_backward <stage> <dtype>`: the standard backward's own four kernels (dp, ds, dq,
 ///   dkdv);
+/// - `group_sum <dtype>`: the grouped backward's sum of each K/V head's group of dK and dV;
 /// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
 ///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
 ///
@@ -59,7 +62,11 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@fa2_tc_backward $emit [f16 bf16]);
         $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
         $crate::for_each_kernel!(@standard_backward $emit [f32 f16 bf16]);
+        $crate::for_each_kernel!(@group_sum $emit [f32 f16 bf16]);
     };
+    (@group_sum $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(group_sum $dtype);
+    )*};
     (@standard_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(standard_backward dp $dtype);
         $emit!(standard_backward ds $dtype);
@@ -67,19 +74,27 @@ macro_rules! for_each_kernel {
         $emit!(standard_backward dkdv $dtype);
     )*};
     (@fa2_tc_backward $emit:ident [$($dtype:ident)*]) => {$(
-        $emit!(fa2_tc_backward $dtype 64 8 1 64);
-        $emit!(fa2_tc_backward $dtype 128 8 1 32);
-        $emit!(fa2_tc_backward $dtype 192 8 2 32);
-        $emit!(fa2_tc_backward $dtype 256 8 2 16);
+        $crate::for_each_kernel!(@fa2_tc_backward_mains $emit $dtype);
+        $crate::for_each_kernel!(@fa2_tc_backward_mains $emit $dtype grouped);
     )*};
+    (@fa2_tc_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
+        $emit!(fa2_tc_backward $dtype 64 8 1 64 $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 128 8 1 32 $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 192 8 2 32 $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 256 8 2 16 $($grouped)?);
+    };
     (@fa2_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa2_backward preprocess $dtype);
-        $emit!(fa2_backward main $dtype 32 64);
-        $emit!(fa2_backward main $dtype 64 64);
-        $emit!(fa2_backward main $dtype 128 64);
-        $emit!(fa2_backward main $dtype 256 32);
+        $crate::for_each_kernel!(@fa2_backward_mains $emit $dtype);
         $emit!(fa2_backward postprocess $dtype);
+        $crate::for_each_kernel!(@fa2_backward_mains $emit $dtype grouped);
     )*};
+    (@fa2_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
+        $emit!(fa2_backward main $dtype 32 64 $($grouped)?);
+        $emit!(fa2_backward main $dtype 64 64 $($grouped)?);
+        $emit!(fa2_backward main $dtype 128 64 $($grouped)?);
+        $emit!(fa2_backward main $dtype 256 32 $($grouped)?);
+    };
     (@decode $emit:ident [$($dtype:ident)*] $head_dims:tt) => {$(
         $emit!(kv_append $dtype contiguous);
         $emit!(kv_append $dtype paged);
@@ -146,6 +161,28 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 64 3 128 persistent);
         $emit!(fa3 $dtype 128 2 128 persistent);
     )*};
+}
+
+/// `true` for a list entry marked `grouped` (a backward main kernel for grouped K/V heads).
+#[macro_export]
+macro_rules! backward_grouped {
+    () => {
+        false
+    };
+    (grouped) => {
+        true
+    };
+}
+
+/// The kernel-name suffix of a list entry marked `grouped`: `_grouped`.
+#[macro_export]
+macro_rules! backward_grouped_suffix {
+    () => {
+        ""
+    };
+    (grouped) => {
+        "_grouped"
+    };
 }
 
 /// The most kernels [`KERNELS`] can hold (a fixed capacity, so the list is a `const`).
@@ -226,22 +263,28 @@ macro_rules! push_kernel {
             ElementType::$dtype(),
         ));
     };
-    ($list:ident; fa2_backward main $dtype:ident $capacity:literal $block_rows:literal) => {
+    ($list:ident; fa2_backward main $dtype:ident $capacity:literal $block_rows:literal
+     $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa2Backward(BackwardStage::Main {
                 head_dim_capacity: $capacity,
+                grouped: $crate::backward_grouped!($($grouped)?),
             }),
             ElementType::$dtype(),
         ));
     };
     ($list:ident; fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
-     $block_rows:literal) => {
+     $block_rows:literal $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa2TcBackward {
                 head_dim_capacity: $capacity,
+                grouped: $crate::backward_grouped!($($grouped)?),
             },
             ElementType::$dtype(),
         ));
+    };
+    ($list:ident; group_sum $dtype:ident) => {
+        $list = $list.with(KernelId::new(Family::GroupSum, ElementType::$dtype()));
     };
     ($list:ident; fa2_backward $stage:ident $dtype:ident) => {
         $list = $list.with(KernelId::new(

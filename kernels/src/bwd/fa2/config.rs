@@ -49,6 +49,9 @@ pub trait Fa2BackwardConfig {
     const HEAD_DIM_CAPACITY: u32;
     /// B_r: [`block_rows`] of the capacity.
     const BLOCK_ROWS: u32;
+    /// Compiled for grouped K/V heads: dK_j and dV_j stored at the query head's rows of the
+    /// expanded workspace (`BlockInfo::kv_gradient_head`), not the K/V head's.
+    const GROUPED: bool;
     /// HEAD_DIM_CAPACITY / 32: columns of dK_j, dV_j per lane.
     type const COLS: usize;
     /// B_r / 32: rows of Q_i (of S, P, dS) per lane.
@@ -80,15 +83,17 @@ pub trait Fa2BackwardConfig {
     };
 }
 
-/// `fa2_backward_config!(Name, capacity, B_r)`: a type implementing [`Fa2BackwardConfig`]
-/// (B_r must be [`block_rows`] of the capacity; `CHECKED` asserts it).
+/// `fa2_backward_config!(Name, capacity, B_r, grouped)`: a type implementing
+/// [`Fa2BackwardConfig`] (B_r must be [`block_rows`] of the capacity; `CHECKED` asserts it;
+/// `grouped` a `bool`).
 #[macro_export]
 macro_rules! fa2_backward_config {
-    ($name:ident, $capacity:literal, $block_rows:literal) => {
+    ($name:ident, $capacity:literal, $block_rows:literal, $grouped:expr) => {
         struct $name;
         impl $crate::bwd::fa2::config::Fa2BackwardConfig for $name {
             const HEAD_DIM_CAPACITY: u32 = $capacity;
             const BLOCK_ROWS: u32 = $block_rows;
+            const GROUPED: bool = $grouped;
             type const COLS: usize = const { $capacity / 32 };
             type const LANE_ROWS: usize = const { $block_rows / 32 };
         }

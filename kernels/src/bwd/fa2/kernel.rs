@@ -8,7 +8,8 @@
 //!    the first one whose rows reach the keys), recomputing S = Q_i·K_jᵀ, P = exp(S − L_i), and
 //!    dV_j += Pᵀ·dO_i, dP = dO_i·V_jᵀ, dS = P ∘ (dP − D_i), dK_j += dSᵀ·Q_i, and
 //!    dQ_i += dS·K_j by atomic adds into the accumulator (every key block adds to every dQ_i it
-//!    sees); then dK_j = scale·dK_j and dV_j stored once;
+//!    sees); then dK_j = scale·dK_j and dV_j stored once (compiled for grouped K/V heads: at the
+//!    query head's rows of the expanded workspace, summed afterwards by `bwd::group_sum`);
 //! 3. [`postprocess`], per row block: dQ = scale·(the accumulator), in the input dtype.
 //!
 //! Split-K: each warp owns `config::KEYS_PER_WARP` keys of K_j and their rows of dK_j, dV_j
@@ -180,9 +181,11 @@ pub fn backward<T: Element, C: Fa2BackwardConfig>(p: &Fa2BackwardParams) {
         }
     }
 
-    // dK_j = scale·dK_j and dV_j, each stored once.
-    let dk = HeadRows::<T>::new(&p.dk, info.batch, info.kv_head, info.seqlen_k);
-    let dv = HeadRows::<T>::new(&p.dv, info.batch, info.kv_head, info.seqlen_k);
+    // dK_j = scale·dK_j and dV_j, each stored once (grouped heads: the query head's own rows of
+    // the expanded workspace).
+    let gradient_head = info.kv_gradient_head(C::GROUPED);
+    let dk = HeadRows::<T>::new(&p.dk, info.batch, gradient_head, info.seqlen_k);
+    let dv = HeadRows::<T>::new(&p.dv, info.batch, gradient_head, info.seqlen_k);
     for c in 0..KEYS {
         let key = blk.key_start + keys.first + c as u32;
         for t in 0..C::COLS {

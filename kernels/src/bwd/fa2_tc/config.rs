@@ -120,6 +120,9 @@ pub trait Fa2TcBackwardConfig {
     /// Largest head dim the kernel computes; smaller ones (multiples of 8) read zeros past d.
     const HEAD_DIM_CAPACITY: u32;
     const TILING: Fa2TcBackwardTiling;
+    /// Compiled for grouped K/V heads: dK_j and dV_j stored at the query head's rows of the
+    /// expanded workspace (`BlockInfo::kv_gradient_head`), not the K/V head's.
+    const GROUPED: bool;
     /// capacity / col_split / MMA_K: the k-steps of a warp's partial S = K_j·Q_iᵀ and dP.
     type const D_CHUNKS: usize;
     /// capacity / col_split / MMA_N: a warp's accumulator tiles of dK_j (and of dV_j).
@@ -170,17 +173,20 @@ pub trait Fa2TcBackwardConfig {
     };
 }
 
-/// `fa2_tc_backward_config!(Name, capacity, warps, col_split, B_r)`: a type implementing
-/// [`Fa2TcBackwardConfig`]; the tiling must be [`Fa2TcBackwardTiling::for_capacity`]'s (the
-/// host plans with that function).
+/// `fa2_tc_backward_config!(Name, capacity, warps, col_split, B_r, grouped)`: a type
+/// implementing [`Fa2TcBackwardConfig`]; the tiling must be
+/// [`Fa2TcBackwardTiling::for_capacity`]'s (the host plans with that function); `grouped` a
+/// `bool`.
 #[macro_export]
 macro_rules! fa2_tc_backward_config {
-    ($name:ident, $capacity:literal, $warps:literal, $split:literal, $rows:literal) => {
+    ($name:ident, $capacity:literal, $warps:literal, $split:literal, $rows:literal,
+     $grouped:expr) => {
         struct $name;
         impl $crate::bwd::fa2_tc::config::Fa2TcBackwardConfig for $name {
             const HEAD_DIM_CAPACITY: u32 = $capacity;
             const TILING: $crate::bwd::fa2_tc::config::Fa2TcBackwardTiling =
                 $crate::bwd::fa2_tc::config::Fa2TcBackwardTiling::new($warps, $split, $rows);
+            const GROUPED: bool = $grouped;
             type const D_CHUNKS: usize = const { $capacity / $split / 16 };
             type const D_TILES: usize = const { $capacity / $split / 8 };
             type const ROW_TILES: usize = const { $rows / 8 };

@@ -206,9 +206,11 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
     }
     arch::copy_async_wait_all(); // Nothing may be in flight when the block exits.
 
-    // dK_j = scale·dK_j and dV_j, each stored once.
-    let dk_rows = HeadRows16::new(&p.dk, info.batch, info.kv_head, info.seqlen_k);
-    let dv_rows = HeadRows16::new(&p.dv, info.batch, info.kv_head, info.seqlen_k);
+    // dK_j = scale·dK_j and dV_j, each stored once (grouped heads: the query head's own rows of
+    // the expanded workspace, summed afterwards by `bwd::group_sum`).
+    let gradient_head = info.kv_gradient_head(C::GROUPED);
+    let dk_rows = HeadRows16::new(&p.dk, info.batch, gradient_head, info.seqlen_k);
+    let dv_rows = HeadRows16::new(&p.dv, info.batch, gradient_head, info.seqlen_k);
     blk.store_key_rows::<T, C>(&dk_rows, &dk, shape.softmax_scale);
     blk.store_key_rows::<T, C>(&dv_rows, &dv, 1.0);
 }

@@ -140,7 +140,9 @@ pub fn query_gradient<T: Element>(p: &StandardBackwardParams) {
 }
 
 /// Kernel 4: dK = scale·dSᵀ·Q and dV = Pᵀ·dO, one tile of each per block (rows are keys).
-/// Grid (⌈head_dim/16⌉, ⌈seqlen_k/16⌉, batch·heads), 256 threads.
+/// Grid (⌈head_dim/16⌉, ⌈seqlen_k/16⌉, batch·heads), 256 threads. It reads no K or V: for
+/// grouped K/V heads the host launches it on the shape with `kv_group` 1, so each query head
+/// stores its own rows of the expanded workspace that `bwd::group_sum` sums.
 #[inline(always)]
 pub fn key_value_gradients<T: Element>(p: &StandardBackwardParams) {
     let shape = &p.base.shape;
