@@ -6,10 +6,20 @@
 
 mod common;
 
-use flash_attn::attention::{BackwardArguments, BackwardProblem, CompiledLimits, Plan, TensorSpec};
+use flash_attn::attention::{
+    BackwardAlgorithm, BackwardArguments, BackwardOptions, BackwardPlan, BackwardProblem,
+    BackwardViews, CompiledLimits, Gradients, Plan, TensorSpec,
+};
+use flash_attn::model::fa2_backward::{BackwardInputs as EmulatorInputs, emulate_fa2_backward};
 use flash_attn::model::reference::attention_reference;
+use flash_attn::model::reference_backward::{
+    attention_backward_in_dtype, attention_backward_reference,
+};
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::{Algorithm, AttentionOptions, DType, Error, Layout, Problem};
+use flash_kernels::common::params::TensorView;
+use flash_kernels::registry::{BackwardStage, Family, KERNELS, KernelId};
+use half::bf16;
 use ndarray::{Array4, Axis};
 
 /// Query heads and K/V heads of the cases: groups of 1, 2, 4 and 8 (8 on 1 is MQA), and MQA with
@@ -167,8 +177,201 @@ fn every_forward_plan_runs_its_own_kernel_with_grouped_heads() {
     }
 }
 
+/// Q, K, V and dO of a grouped problem (`heads` query heads on `heads_kv`), and K, V repeated
+/// per query head: seqlen_q 37, seqlen_k 53, d 16.
+fn backward_inputs(
+    heads: usize,
+    heads_kv: usize,
+    seed: u64,
+) -> ([Array4<f64>; 4], [Array4<f64>; 2]) {
+    let ([q, k, v], repeated) = grouped_and_repeated(heads, heads_kv, seed);
+    let [d_o] = common::normal_tensors([2, heads, 37, 53, 16], seed + 2, [true]);
+    ([q, k, v, d_o.mapv(f64::from)], repeated)
+}
+
+/// dK or dV of one query head per head (the repeated problem's) summed over each group of
+/// `group` heads, in the order of the heads, then passed through `round`.
+fn sum_groups(
+    per_query_head: &Array4<f64>,
+    group: usize,
+    round: impl Fn(f64) -> f64,
+) -> Array4<f64> {
+    let (b, heads, n, d) = per_query_head.dim();
+    Array4::from_shape_fn((b, heads / group, n, d), |(bi, kv, j, x)| {
+        let sum = (0..group).fold(0.0, |sum, m| {
+            sum + per_query_head[[bi, kv * group + m, j, x]]
+        });
+        round(sum)
+    })
+}
+
 #[test]
-fn the_backward_refuses_grouped_heads_with_a_named_error() {
+fn the_reference_backward_sums_dk_and_dv_over_each_group() {
+    for (i, (heads, heads_kv)) in HEADS.into_iter().enumerate() {
+        let group = heads / heads_kv;
+        let ([q, k, v, d_o], [k_full, v_full]) = backward_inputs(heads, heads_kv, 20 * i as u64);
+        for causal in [false, true] {
+            let case = format!("{heads}/{heads_kv} causal {causal}");
+            let grouped = attention_backward_reference(
+                q.view(),
+                k.view(),
+                v.view(),
+                d_o.view(),
+                causal,
+                0.25,
+            );
+            let repeated = attention_backward_reference(
+                q.view(),
+                k_full.view(),
+                v_full.view(),
+                d_o.view(),
+                causal,
+                0.25,
+            );
+            // The same arithmetic on the same values, then the group's sum in the order of its
+            // query heads: equal bit for bit.
+            let (g, r) = (&grouped.gradients, &repeated.gradients);
+            assert_eq!(g.dq, r.dq, "{case}: dQ");
+            assert_eq!(grouped.delta, repeated.delta, "{case}: D");
+            assert_eq!(g.dk, sum_groups(&r.dk, group, |x| x), "{case}: dK");
+            assert_eq!(g.dv, sum_groups(&r.dv, group, |x| x), "{case}: dV");
+            assert_eq!(g.dk.dim(), k.dim(), "{case}");
+
+            // In the dtype: each query head's part rounded, the sum rounded again.
+            let grouped = attention_backward_in_dtype::<bf16>(
+                q.mapv(bf16_value).view(),
+                k.mapv(bf16_value).view(),
+                v.mapv(bf16_value).view(),
+                d_o.mapv(bf16_value).view(),
+                causal,
+                0.25,
+            );
+            let repeated = attention_backward_in_dtype::<bf16>(
+                q.mapv(bf16_value).view(),
+                k_full.mapv(bf16_value).view(),
+                v_full.mapv(bf16_value).view(),
+                d_o.mapv(bf16_value).view(),
+                causal,
+                0.25,
+            );
+            let (g, r) = (&grouped.gradients, &repeated.gradients);
+            assert_eq!(g.dq, r.dq, "{case}: dQ in bf16");
+            assert_eq!(
+                g.dk,
+                sum_groups(&r.dk, group, bf16_value),
+                "{case}: dK in bf16"
+            );
+            assert_eq!(
+                g.dv,
+                sum_groups(&r.dv, group, bf16_value),
+                "{case}: dV in bf16"
+            );
+        }
+    }
+}
+
+fn bf16_value(x: f64) -> f64 {
+    bf16::from_f64(x).to_f64()
+}
+
+/// The FA2 backward's emulator with grouped heads is the emulator on K/V repeated per query
+/// head with dK, dV summed per group in f32 and rounded (the GPU's group sum), bit for bit; its
+/// traffic is the repeated problem's plus the group sum's under dK and dV; and it meets the
+/// reference.
+#[test]
+fn the_backward_emulator_runs_the_group_sum_with_grouped_heads() {
+    for (i, (heads, heads_kv)) in HEADS.into_iter().enumerate() {
+        let group = heads / heads_kv;
+        let ([q, k, v, d_o], [k_full, v_full]) = backward_inputs(heads, heads_kv, 30 * i as u64);
+        for dtype in [DType::F32, DType::Bf16] {
+            let case = format!("{heads}/{heads_kv} {dtype}");
+            let round = |x: f64| match dtype {
+                DType::Bf16 => bf16_value(x),
+                _ => x as f32 as f64,
+            };
+            let wide = |a: &Array4<f64>| a.mapv(|x| round(x) as f32);
+            let (q, k, v, d_o, k_full, v_full) = (
+                wide(&q),
+                wide(&k),
+                wide(&v),
+                wide(&d_o),
+                wide(&k_full),
+                wide(&v_full),
+            );
+            let forward = attention_reference(
+                q.mapv(f64::from).view(),
+                k.mapv(f64::from).view(),
+                v.mapv(f64::from).view(),
+                true,
+                0.25,
+            );
+            let (o, logsumexp) = (wide(&forward.o), forward.logsumexp.mapv(|x| x as f32));
+            let run = |k: &Array4<f32>, v: &Array4<f32>| {
+                emulate_fa2_backward(
+                    EmulatorInputs {
+                        q: q.view(),
+                        k: k.view(),
+                        v: v.view(),
+                        o: o.view(),
+                        d_o: d_o.view(),
+                        logsumexp: logsumexp.view(),
+                    },
+                    true,
+                    0.25,
+                    (16, 32),
+                    dtype,
+                )
+            };
+            let (grouped, repeated) = (run(&k, &v), run(&k_full, &v_full));
+            let (g, r) = (&grouped.gradients, &repeated.gradients);
+            let summed = |a: &Array4<f32>| {
+                let (b, _, n, d) = a.dim();
+                Array4::from_shape_fn((b, heads_kv, n, d), |(bi, kv, j, x)| {
+                    let sum = (0..group).fold(0.0f32, |s, m| s + a[[bi, kv * group + m, j, x]]);
+                    round(f64::from(sum)) as f32
+                })
+            };
+            assert_eq!(g.dq, r.dq, "{case}: dQ");
+            assert_eq!(g.dk, summed(&r.dk), "{case}: dK");
+            assert_eq!(g.dv, summed(&r.dv), "{case}: dV");
+            // Traffic: the repeated problem's, plus under dK and dV the expanded workspace read
+            // once by the group sum (written by the main loop as before) and the sums written.
+            let (mut io, expanded) = (repeated.io, repeated.io.dk.elements.written);
+            if group > 1 {
+                for gradient in [&mut io.dk, &mut io.dv] {
+                    gradient.elements.read += expanded;
+                    gradient.elements.written += k.len() as u64;
+                }
+            }
+            assert_eq!(grouped.io, io, "{case}");
+
+            if dtype == DType::F32 {
+                let exact = attention_backward_reference(
+                    q.mapv(f64::from).view(),
+                    k.mapv(f64::from).view(),
+                    v.mapv(f64::from).view(),
+                    d_o.mapv(f64::from).view(),
+                    true,
+                    0.25,
+                );
+                for (name, got, want) in [
+                    ("dk", &g.dk, &exact.gradients.dk),
+                    ("dv", &g.dv, &exact.gradients.dv),
+                ] {
+                    let worst = got
+                        .iter()
+                        .zip(want)
+                        .fold(0.0f64, |m, (&a, &b)| m.max((f64::from(a) - b).abs()));
+                    assert!(worst < 1e-4, "{case}: max |{name} − ref| = {worst:e}");
+                }
+            }
+        }
+    }
+}
+
+/// The backward's checks take grouped heads, and dK, dV must have K's heads.
+#[test]
+fn the_backward_takes_grouped_heads_and_checks_dk_against_k() {
     let spec = |dims: [usize; 4]| TensorSpec {
         dims,
         strides: [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1].map(|s| s as isize),
@@ -184,11 +387,174 @@ fn the_backward_refuses_grouped_heads_with_a_named_error() {
         logsumexp: [1, 8, 16],
         forward: None,
     };
-    match BackwardProblem::new(&arguments, &AttentionOptions::default()) {
-        Err(error @ Error::InvalidArgument { name: "k", .. }) => {
-            assert!(error.to_string().contains("backward"), "{error}")
+    let checked = BackwardProblem::new(&arguments, &AttentionOptions::default()).unwrap();
+    assert_eq!((checked.problem.heads, checked.problem.heads_kv), (8, 2));
+    let gradients = |dk| Gradients {
+        dq: spec(q),
+        dk: spec(dk),
+        dv: spec(kv),
+    };
+    assert!(checked.check_gradients(&gradients(kv)).is_ok());
+    match checked.check_gradients(&gradients(q)) {
+        Err(error @ Error::InvalidArgument { name: "dk", .. }) => {
+            assert!(
+                error.to_string().contains("k's shape [1, 2, 16, 64]"),
+                "{error}"
+            )
         }
-        other => panic!("expected the backward to refuse GQA, got {other:?}"),
+        other => panic!("expected dk to be refused, got {other:?}"),
+    }
+}
+
+/// The backward options every grouped case runs for `dtype`: each algorithm, and fa2-tc
+/// deterministic for f16/bf16 (the head dims here are multiples of 8).
+fn backward_cases(dtype: DType) -> Vec<BackwardOptions> {
+    let mut cases: Vec<BackwardOptions> = BackwardAlgorithm::ALL
+        .into_iter()
+        .map(|algorithm| BackwardOptions {
+            algorithm,
+            deterministic: false,
+        })
+        .collect();
+    if dtype != DType::F32 {
+        cases.push(BackwardOptions {
+            algorithm: BackwardAlgorithm::Fa2Tc,
+            deterministic: true,
+        });
+    }
+    cases
+}
+
+/// A grouped backward plans what the same problem with K/V repeated per query head plans, with
+/// the main kernel compiled for grouped heads, the group sum last, and the expanded dK and dV in
+/// its workspace; an ungrouped one has neither.
+#[test]
+fn the_grouped_backward_plan_ends_with_the_group_sum() {
+    let options = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    for (heads, heads_kv) in HEADS {
+        for d in [40, 64, 128, 256] {
+            let dims = |h, n| [2, h, n, d];
+            let grouped = Problem::new(
+                dims(heads, 113),
+                dims(heads_kv, 203),
+                dims(heads_kv, 203),
+                &options,
+            )
+            .unwrap();
+            let repeated = Problem::new(
+                dims(heads, 113),
+                dims(heads, 203),
+                dims(heads, 203),
+                &options,
+            )
+            .unwrap();
+            for dtype in DType::ALL {
+                for backward in backward_cases(dtype) {
+                    let plan = |p: &Problem| {
+                        BackwardPlan::new(&CompiledLimits::H200, dtype, p, &backward, None)
+                    };
+                    let case = format!("{heads}/{heads_kv} d {d} {dtype} {backward:?}");
+                    let (g, r) = (plan(&grouped).unwrap(), plan(&repeated).unwrap());
+                    assert_eq!(
+                        (g.algorithm, &g.fallback),
+                        (r.algorithm, &r.fallback),
+                        "{case}"
+                    );
+                    assert_eq!(r.expanded_kv_gradients, 0, "{case}");
+                    assert!(
+                        r.launches.iter().all(|l| !is_grouped_kernel(l.kernel)),
+                        "{case}"
+                    );
+                    if heads == heads_kv {
+                        assert_eq!(g, r, "{case}: an ungrouped plan is unchanged");
+                        continue;
+                    }
+                    let (last, before) = g.launches.split_last().unwrap();
+                    assert_eq!(
+                        last.kernel,
+                        KernelId::new(Family::GroupSum, dtype.into()),
+                        "{case}"
+                    );
+                    assert_eq!(
+                        last.launch.grid,
+                        (203usize.div_ceil(16) as u32, 2 * heads_kv as u32, 2),
+                        "{case}"
+                    );
+                    assert!(KERNELS.contains(&last.kernel), "{case}");
+                    // The same launches but for the main kernel's grouped variant.
+                    assert_eq!(before.len(), r.launches.len(), "{case}");
+                    for (a, b) in before.iter().zip(&r.launches) {
+                        assert_eq!(a.launch, b.launch, "{case}");
+                        assert!(KERNELS.contains(&a.kernel), "{case}: {}", a.kernel);
+                        let main = matches!(
+                            b.kernel.family,
+                            Family::Fa2Backward(BackwardStage::Main { .. })
+                                | Family::Fa2TcBackward { .. }
+                        );
+                        assert_eq!(is_grouped_kernel(a.kernel), main, "{case}: {}", a.kernel);
+                        assert_eq!(a.kernel.head_dim_capacity(), b.kernel.head_dim_capacity());
+                    }
+                    let expanded = 2 * heads * 203 * d;
+                    assert_eq!(g.expanded_kv_gradients, expanded, "{case}");
+                    assert_eq!(
+                        g.workspace_bytes(),
+                        r.workspace_bytes() + 2 * expanded * dtype.size_bytes(),
+                        "{case}"
+                    );
+                    let summed = format!("summed over {} query heads", heads / heads_kv);
+                    assert!(g.to_string().contains(&summed), "{g}");
+                }
+            }
+        }
+    }
+}
+
+fn is_grouped_kernel(kernel: KernelId) -> bool {
+    matches!(
+        kernel.family,
+        Family::Fa2Backward(BackwardStage::Main { grouped: true, .. })
+            | Family::Fa2TcBackward { grouped: true, .. }
+    )
+}
+
+/// Grouped, the tensor-core kernel stores into the expanded workspace, so dK and dV rows that
+/// are not 16-byte aligned do not make it fall back (ungrouped they do).
+#[test]
+fn grouped_gradients_need_no_aligned_rows() {
+    let aligned = TensorView {
+        addr: 1 << 20,
+        batch_stride: 8 * 203 * 64,
+        head_stride: 203 * 64,
+        row_stride: 64,
+    };
+    let misaligned = TensorView {
+        addr: (1 << 20) + 2,
+        ..aligned
+    };
+    let views = BackwardViews {
+        q: aligned,
+        k: aligned,
+        v: aligned,
+        d_o: aligned,
+        dk: misaligned,
+        dv: misaligned,
+    };
+    let o = AttentionOptions::default();
+    for (heads_kv, falls_back) in [(8, true), (2, false)] {
+        let kv = [2, heads_kv, 203, 64];
+        let p = Problem::new([2, 8, 113, 64], kv, kv, &o).unwrap();
+        let plan = BackwardPlan::new(
+            &CompiledLimits::H200,
+            DType::Bf16,
+            &p,
+            &BackwardOptions::default(),
+            Some(&views),
+        )
+        .unwrap();
+        assert_eq!(plan.fallback.is_some(), falls_back, "{plan}");
     }
 }
 

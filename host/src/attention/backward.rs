@@ -91,7 +91,8 @@ pub struct BackwardProblem {
 }
 
 impl BackwardProblem {
-    /// Checks Q, K, V and the options as the forward does ([`Problem::new`]), then that every
+    /// Checks Q, K, V and the options as the forward does ([`Problem::new`]: K and V may have
+    /// fewer heads than Q, a divisor of Q's, whose dK and dV sum over each group), then that every
     /// tensor has Q's dtype and a contiguous head dim, that O and dO have Q's shape, that L is
     /// (batch, heads, seqlen_q), and that the forward's problem, if known, is this one.
     pub fn new(arguments: &BackwardArguments, options: &AttentionOptions) -> Result<Self> {
@@ -99,19 +100,6 @@ impl BackwardProblem {
             q, k, v, o, d_o, ..
         } = *arguments;
         let problem = Problem::new(q.dims, k.dims, v.dims, options)?;
-        if problem.is_grouped() {
-            // Each K/V head's dK and dV would be the sum over its group's query heads; the
-            // backward kernels write one per query head (no cross-head accumulation yet).
-            return Err(Error::invalid(
-                "k",
-                format!(
-                    "shape {:?} ({} K/V heads for {} query heads)",
-                    k.dims, problem.heads_kv, problem.heads
-                ),
-                "the backward pass needs as many K/V heads as query heads (grouped K/V heads, \
-                 GQA/MQA, run forward only)",
-            ));
-        }
         let tensors = [("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o)];
         for (name, tensor) in tensors {
             check_tensor(name, &tensor, q.dtype)?;
@@ -309,6 +297,33 @@ mod tests {
             checked.problem,
             Problem::new(Q, KV, KV, &AttentionOptions::default()).unwrap()
         );
+    }
+
+    #[test]
+    fn grouped_kv_heads_are_accepted_and_their_gradients_have_k_s_heads() {
+        // 6 query heads on 3 K/V heads, and MQA.
+        for heads_kv in [3, 1] {
+            let kv = [2, heads_kv, 7, 8];
+            let mut a = valid();
+            a.q = contiguous([2, 6, 5, 8], DType::Bf16);
+            (a.o, a.d_o) = (a.q, a.q);
+            (a.k, a.v) = (contiguous(kv, DType::Bf16), contiguous(kv, DType::Bf16));
+            a.logsumexp = [2, 6, 5];
+            let checked = BackwardProblem::new(&a, &AttentionOptions::default()).unwrap();
+            assert_eq!(checked.problem.kv_group(), 6 / heads_kv);
+            let mut gradients = Gradients {
+                dq: a.q,
+                dk: a.k,
+                dv: a.v,
+            };
+            assert!(checked.check_gradients(&gradients).is_ok());
+            // dK with one head per query head is refused: dK is K's shape.
+            gradients.dk = a.q;
+            assert!(matches!(
+                checked.check_gradients(&gradients),
+                Err(Error::InvalidArgument { name: "dk", .. })
+            ));
+        }
     }
 
     #[test]

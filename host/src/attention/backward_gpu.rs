@@ -6,14 +6,22 @@
 //! allocates the workspace (D, the f32 dQ accumulator, deterministic mode's flags), launches
 //! the pre-pass, the main kernel and the post-pass, and writes dQ, dK, dV into the caller's
 //! tensors; [`attention_backward`] allocates them.
+//!
+//! Grouped K/V heads (GQA/MQA): each K/V head's dK and dV are the sums over the query heads of
+//! its group. The plan then runs the main kernels compiled for grouped heads (the standard
+//! backward's dK/dV kernel as it is, on the problem taken as ungrouped), which store each query
+//! head's dK and dV in an expanded workspace (batch, heads_q, seqlen_k, d) in the dtype, and
+//! ends with `bwd::group_sum`, which adds each group's rows in f32 into the caller's dK and dV
+//! (a fixed order: deterministic). Ungrouped calls run exactly the kernels they ran before.
 
 use std::fmt;
 
 use flash_kernels::bwd::fa2::config as fa2_backward;
 use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use flash_kernels::bwd::group_sum::config as group_sum;
 use flash_kernels::common::params::{
-    Fa2BackwardParams, Fa2TcBackwardParams, Operands, StandardBackwardParams, StandardParams,
-    TensorView,
+    AttentionShape, Fa2BackwardParams, Fa2TcBackwardParams, GroupSumParams, Operands,
+    StandardBackwardParams, StandardParams, TensorView,
 };
 use flash_kernels::fwd::standard::config as standard;
 use flash_kernels::registry::{
@@ -111,7 +119,8 @@ pub struct BackwardPlan {
     pub block_rows: u32,
     pub block_cols: u32,
     /// FA2: pre-pass, main kernel, post-pass. Standard: the standard forward's scores and
-    /// softmax (S and P recomputed), then dP, dS, dQ and dK with dV.
+    /// softmax (S and P recomputed), then dP, dS, dQ and dK with dV. Grouped K/V heads: then
+    /// the group sum.
     pub launches: Vec<PlannedLaunch>,
     /// f32 elements of the dQ accumulator, (batch·heads, seqlen_q, head_dim); 0 for standard.
     pub dq_accumulator: usize,
@@ -123,6 +132,9 @@ pub struct BackwardPlan {
     pub scores: usize,
     /// Standard only: elements of P in the input dtype, S's shape.
     pub probs: usize,
+    /// Grouped K/V heads only: elements of each of the expanded dK and dV, in the input dtype,
+    /// (batch·heads_q, seqlen_k, head_dim); 0 otherwise.
+    pub expanded_kv_gradients: usize,
 }
 
 /// The device views the tensor-core kernel copies from or stores pairs to, for its alignment
@@ -153,11 +165,12 @@ impl BackwardPlan {
         }
         let element = ElementType::from(dtype);
         let d = problem.head_dim as u32;
+        let grouped = problem.is_grouped();
         let mut fallback = None;
         let tensor_core = match options.algorithm {
             // (Standard was planned above.)
             BackwardAlgorithm::Fa2 | BackwardAlgorithm::Standard => None,
-            BackwardAlgorithm::Fa2Tc => match tensor_core_main_kernel(dtype, d, views) {
+            BackwardAlgorithm::Fa2Tc => match tensor_core_main_kernel(dtype, d, grouped, views) {
                 Ok(kernel) => Some(kernel),
                 Err(reason) => {
                     fallback = Some(format!(
@@ -186,7 +199,7 @@ impl BackwardPlan {
                     )
                 }
                 None => {
-                    let kernel = main_kernel(element, d).ok_or_else(|| {
+                    let kernel = main_kernel(element, d, grouped).ok_or_else(|| {
                         Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
                     })?;
                     let capacity = kernel.head_dim_capacity().expect("a capacity");
@@ -250,6 +263,8 @@ impl BackwardPlan {
             },
         };
         let row_blocks = problem.seqlen_q.div_ceil(block_rows as usize);
+        let mut launches = vec![pre, main, post];
+        launches.extend(group_sum_launch(limits, element, problem)?);
         Ok(Self {
             problem: *problem,
             dtype,
@@ -258,7 +273,7 @@ impl BackwardPlan {
             deterministic: options.deterministic,
             block_rows,
             block_cols,
-            launches: vec![pre, main, post],
+            launches,
             dq_accumulator: problem.rows() * problem.head_dim,
             delta: problem.rows(),
             dq_flags: if options.deterministic {
@@ -268,6 +283,7 @@ impl BackwardPlan {
             },
             scores: 0,
             probs: 0,
+            expanded_kv_gradients: expanded_kv_gradients(problem),
         })
     }
 
@@ -324,6 +340,7 @@ impl BackwardPlan {
                 problem.head_dim,
             )?;
         }
+        launches.extend(group_sum_launch(limits, element, problem)?);
         let matrix = problem.batch_heads() * problem.seqlen_q * problem.seqlen_k;
         Ok(Self {
             problem: *problem,
@@ -339,14 +356,24 @@ impl BackwardPlan {
             dq_flags: 0,
             scores: matrix,
             probs: matrix,
+            expanded_kv_gradients: expanded_kv_gradients(problem),
         })
     }
 
     /// Bytes of device memory the call allocates beside its tensors (D or L, the dQ
-    /// accumulator, the flags; for standard S/dP/dS and P).
+    /// accumulator, the flags; for standard S/dP/dS and P; for grouped K/V heads the expanded
+    /// dK and dV).
     pub fn workspace_bytes(&self) -> usize {
         4 * (self.delta + self.dq_accumulator + self.dq_flags + self.scores)
-            + self.probs * self.dtype.size_bytes()
+            + (self.probs + 2 * self.expanded_kv_gradients) * self.dtype.size_bytes()
+    }
+
+    /// The group sum's launch, for grouped K/V heads (the last launch).
+    fn group_sum(&self) -> Option<PlannedLaunch> {
+        self.launches
+            .last()
+            .filter(|planned| planned.kernel.family == Family::GroupSum)
+            .copied()
     }
 
     /// Every kernel's name, in launch order, joined by `+`.
@@ -365,6 +392,13 @@ impl fmt::Display for BackwardPlan {
         if self.deterministic {
             write!(f, ", deterministic: {} row-block flags", self.dq_flags)?;
         }
+        if self.problem.is_grouped() {
+            write!(
+                f,
+                ", grouped: dK, dV summed over {} query heads per K/V head",
+                self.problem.kv_group()
+            )?;
+        }
         write!(f, ", workspace {} bytes)", self.workspace_bytes())?;
         if let Some(fallback) = &self.fallback {
             write!(f, "; {fallback}")?;
@@ -373,12 +407,50 @@ impl fmt::Display for BackwardPlan {
     }
 }
 
-/// The compiled scalar main kernel for `element` at head dim `d`: the smallest capacity that
-/// holds d.
-fn main_kernel(element: ElementType, d: u32) -> Option<KernelId> {
-    smallest_capacity(element, d, |family| {
-        matches!(family, Family::Fa2Backward(BackwardStage::Main { .. }))
-    })
+/// The compiled scalar main kernel for `element` at head dim `d` (for grouped K/V heads or not):
+/// the smallest capacity that holds d.
+fn main_kernel(element: ElementType, d: u32, grouped: bool) -> Option<KernelId> {
+    smallest_capacity(
+        element,
+        d,
+        |family| matches!(family, Family::Fa2Backward(BackwardStage::Main { grouped: g, .. }) if g == grouped),
+    )
+}
+
+/// Elements of each of the expanded dK and dV of a grouped problem, (batch·heads_q, seqlen_k,
+/// head_dim); 0 when ungrouped.
+fn expanded_kv_gradients(problem: &Problem) -> usize {
+    if problem.is_grouped() {
+        problem.batch_heads() * problem.seqlen_k * problem.head_dim
+    } else {
+        0
+    }
+}
+
+/// The group sum's launch for a grouped problem (none when ungrouped): grid (⌈seqlen_k /
+/// ROWS⌉, batch·heads_kv, dK and dV), its threads checked.
+fn group_sum_launch(
+    limits: &dyn LaunchLimits,
+    element: ElementType,
+    problem: &Problem,
+) -> Result<Option<PlannedLaunch>> {
+    if !problem.is_grouped() {
+        return Ok(None);
+    }
+    let planned = PlannedLaunch {
+        kernel: KernelId::new(Family::GroupSum, element),
+        launch: Launch {
+            grid: (
+                problem.seqlen_k.div_ceil(group_sum::ROWS as usize) as u32,
+                (problem.batch * problem.heads_kv) as u32,
+                group_sum::GRADIENTS,
+            ),
+            threads: group_sum::THREADS,
+            shared_bytes: 0,
+        },
+    };
+    check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
+    Ok(Some(planned))
 }
 
 /// The compiled kernel of `element` whose family passes `is_family`, of the smallest head-dim
@@ -396,12 +468,14 @@ fn smallest_capacity(
         .copied()
 }
 
-/// The tensor-core main kernel for this call, or why there is none: f32, a head dim that is
-/// not a multiple of 8 (rows are copied in 16-byte chunks), or a tensor whose rows are not
-/// 16-byte aligned.
+/// The tensor-core main kernel for this call (for grouped K/V heads or not), or why there is
+/// none: f32, a head dim that is not a multiple of 8 (rows are copied in 16-byte chunks), or a
+/// tensor whose rows are not 16-byte aligned (grouped, the kernel stores into the expanded
+/// workspace, not into dK and dV, which the group sum writes element by element).
 fn tensor_core_main_kernel(
     dtype: DType,
     d: u32,
+    grouped: bool,
     views: Option<&BackwardViews>,
 ) -> std::result::Result<KernelId, String> {
     if dtype == DType::F32 {
@@ -422,13 +496,17 @@ fn tensor_core_main_kernel(
             ("dk", &v.dk),
             ("dv", &v.dv),
         ];
-        if let Some(reason) = misaligned_view(&views) {
+        // Grouped, the kernel stores into the expanded workspace: dK and dV are the group sum's.
+        let copied_or_stored = if grouped { &views[..4] } else { &views[..] };
+        if let Some(reason) = misaligned_view(copied_or_stored) {
             return Err(reason);
         }
     }
-    smallest_capacity(ElementType::from(dtype), d, |family| {
-        matches!(family, Family::Fa2TcBackward { .. })
-    })
+    smallest_capacity(
+        ElementType::from(dtype),
+        d,
+        |family| matches!(family, Family::Fa2TcBackward { grouped: g, .. } if g == grouped),
+    )
     .ok_or_else(|| format!("head_dim {d} is past the tensor-core kernels' largest capacity"))
 }
 
@@ -567,9 +645,81 @@ pub(super) fn launch_backward(
         dv: call.gradients.dv,
     };
     let plan = BackwardPlan::new(gpu, checked.dtype, &checked.problem, backward, Some(&views))?;
+    // Grouped K/V heads: the main kernels store dK and dV per query head into the expanded
+    // workspace, which the group sum adds into the caller's dK and dV at the end.
+    // Dropped at the end of this call: freed in stream order, after the kernels that use it.
+    let expanded = ExpandedGradients::alloc(gpu, &plan)?;
+    let stored = match &expanded {
+        Some(expanded) => expanded.stored(gpu, &checked.problem, call.gradients.dq),
+        None => call.gradients.clone(),
+    };
     if plan.algorithm == BackwardAlgorithm::Standard {
-        return launch_standard_backward(gpu, checked, &call, plan);
+        launch_standard_backward(gpu, checked, &call, &stored, &plan)?;
+    } else {
+        launch_fa2_backward(gpu, checked, &call, &stored, &plan)?;
     }
+    if let (Some(expanded), Some(planned)) = (&expanded, plan.group_sum()) {
+        let params = GroupSumParams {
+            shape: checked.problem.shape(),
+            expanded_dk: gpu.address(&expanded.dk),
+            expanded_dv: gpu.address(&expanded.dv),
+            dk: call.gradients.dk,
+            dv: call.gradients.dv,
+        };
+        gpu.launch(planned.kernel, planned.launch, params)?;
+    }
+    Ok(plan)
+}
+
+/// The expanded dK and dV of a grouped call: one head per query head, (batch·heads_q,
+/// seqlen_k, head_dim) contiguous, in the dtype (bytes).
+struct ExpandedGradients {
+    dk: cudarc::driver::CudaSlice<u8>,
+    dv: cudarc::driver::CudaSlice<u8>,
+}
+
+impl ExpandedGradients {
+    /// The plan's expanded dK and dV, or none for an ungrouped call; an out-of-memory error
+    /// names the buffer and the bytes.
+    fn alloc(gpu: &Gpu, plan: &BackwardPlan) -> Result<Option<Self>> {
+        if plan.expanded_kv_gradients == 0 {
+            return Ok(None);
+        }
+        let bytes = plan.expanded_kv_gradients * plan.dtype.size_bytes();
+        Ok(Some(Self {
+            dk: gpu.alloc::<u8>(bytes, "the grouped backward's expanded dK")?,
+            dv: gpu.alloc::<u8>(bytes, "the grouped backward's expanded dV")?,
+        }))
+    }
+
+    /// Where the main kernels store: `dq` itself, and the expanded dK and dV as (batch,
+    /// heads_q, seqlen_k, head_dim) views (strides in elements).
+    fn stored(&self, gpu: &Gpu, problem: &Problem, dq: TensorView) -> Gradients<TensorView> {
+        let row = problem.head_dim as u64;
+        let head = problem.seqlen_k as u64 * row;
+        let view = |buffer| TensorView {
+            addr: gpu.address(buffer),
+            batch_stride: problem.heads as u64 * head,
+            head_stride: head,
+            row_stride: row,
+        };
+        Gradients {
+            dq,
+            dk: view(&self.dk),
+            dv: view(&self.dv),
+        }
+    }
+}
+
+/// FA2's three launches (pre-pass, main kernel, post-pass) with their workspace (D, the dQ
+/// accumulator, deterministic mode's flags), dK and dV stored into `stored`.
+fn launch_fa2_backward(
+    gpu: &Gpu,
+    checked: &BackwardProblem,
+    call: &BackwardCall,
+    stored: &Gradients<TensorView>,
+    plan: &BackwardPlan,
+) -> Result<()> {
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
     let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
@@ -582,15 +732,15 @@ pub(super) fn launch_backward(
         operands: call.operands,
         shape: checked.problem.shape(),
         d_o: call.d_o,
-        dq: call.gradients.dq,
-        dk: call.gradients.dk,
-        dv: call.gradients.dv,
+        dq: stored.dq,
+        dk: stored.dk,
+        dv: stored.dv,
         logsumexp: call.logsumexp,
         delta: gpu.address(&delta),
         dq_accumulator: gpu.address(&dq_accumulator),
     };
-    let [pre, main, post] = plan.launches[..] else {
-        unreachable!("an FA2 backward plan has three launches")
+    let [pre, main, post, ..] = plan.launches[..] else {
+        unreachable!("an FA2 backward plan starts with three launches")
     };
     gpu.launch(pre.kernel, pre.launch, params)?;
     match plan.algorithm {
@@ -609,18 +759,20 @@ pub(super) fn launch_backward(
         }
     }
     gpu.launch(post.kernel, post.launch, params)?;
-    Ok(plan)
+    Ok(())
 }
 
 /// The standard backward's launches: its workspace allocated first (S/dP/dS in f32, P in the
 /// dtype, the recomputed L; an out-of-memory error names the bytes and the buffer), then the
-/// standard forward's scores and softmax and the four backward kernels, in stream order.
+/// standard forward's scores and softmax and the four backward kernels, in stream order, dK
+/// and dV stored into `stored`.
 fn launch_standard_backward(
     gpu: &Gpu,
     checked: &BackwardProblem,
     call: &BackwardCall,
-    plan: BackwardPlan,
-) -> Result<BackwardPlan> {
+    stored: &Gradients<TensorView>,
+    plan: &BackwardPlan,
+) -> Result<()> {
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let scores = gpu.alloc::<f32>(plan.scores, "the standard backward's S, dP and dS")?;
     let probs = gpu.alloc::<u8>(
@@ -638,15 +790,32 @@ fn launch_standard_backward(
     let params = StandardBackwardParams {
         base,
         d_o: call.d_o,
-        dq: call.gradients.dq,
-        dk: call.gradients.dk,
-        dv: call.gradients.dv,
+        dq: stored.dq,
+        dk: stored.dk,
+        dv: stored.dv,
+    };
+    // dK and dV: the kernel reads no K or V, so for grouped heads it runs on the problem taken
+    // as ungrouped, each query head storing its own rows of the expanded workspace.
+    let key_value_params = StandardBackwardParams {
+        base: StandardParams {
+            shape: AttentionShape {
+                kv_group: 1,
+                ..base.shape
+            },
+            ..base
+        },
+        ..params
     };
     for planned in &plan.launches {
         match planned.kernel.family {
             Family::Standard(_) => gpu.launch(planned.kernel, planned.launch, base)?,
-            _ => gpu.launch(planned.kernel, planned.launch, params)?,
+            Family::StandardBackward(StandardBackwardStage::KeyValueGradients) => {
+                gpu.launch(planned.kernel, planned.launch, key_value_params)?
+            }
+            Family::StandardBackward(_) => gpu.launch(planned.kernel, planned.launch, params)?,
+            // The group sum runs after, in `launch_backward`.
+            _ => {}
         }
     }
-    Ok(plan)
+    Ok(())
 }

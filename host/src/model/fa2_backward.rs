@@ -16,6 +16,12 @@
 //!
 //! The scale multiplies dK_j and dQ once at the end instead of every dS block: the same value
 //! up to rounding, with a multiply per output element instead of one per (i, j) visit.
+//!
+//! Grouped K/V heads (GQA/MQA), as the GPU runs them: each query head's block reads its K/V
+//! head (h / group) and writes its dK_j, dV_j, rounded to the input dtype, into an expanded
+//! (batch, heads_q, seqlen_k, d) workspace; a last pass (the group sum) adds each K/V head's
+//! group of them in f32, in the order of the query heads, and rounds the sums. Its traffic is
+//! counted under dK and dV: the workspace written and read once, the sums written.
 
 use std::ops::Range;
 
@@ -31,7 +37,7 @@ use crate::model::emulation::{
     HeadInputs, KeyTile, dot, existing_rows, exponentiate, for_each_head, read_rows, round_to,
     write_rows,
 };
-use crate::model::traffic::BackwardIoCounts;
+use crate::model::traffic::{BackwardIoCounts, TensorIo};
 
 /// What the backward pass reads: the forward's inputs Q, K, V, its outputs O and L, and dO; all
 /// but L (always f32) of element type `T` (the emulator's arithmetic is f32).
@@ -65,7 +71,8 @@ pub struct EmulatedBackward {
 /// `blocks` is (B_r, B_c), as for [`emulate_fa2`](crate::model::fa2::emulate_fa2): B_r rows per
 /// row block of the inner loop, B_c keys per key block of the outer loop, any sizes ≥ 1.
 /// Assumes shapes the host has checked ([`BackwardProblem`](crate::attention::backward::BackwardProblem)):
-/// Q and dO and O (batch, heads, seqlen_q, d), K and V (batch, heads, seqlen_k, d), L
+/// Q and dO and O (batch, heads, seqlen_q, d), K and V (batch, heads_kv, seqlen_k, d) with
+/// heads_kv a divisor of heads (grouped K/V heads: see the module documentation), L
 /// (batch, heads, seqlen_q). Panics otherwise.
 pub fn emulate_fa2_backward(
     inputs: BackwardInputs,
@@ -76,12 +83,16 @@ pub fn emulate_fa2_backward(
 ) -> EmulatedBackward {
     let BackwardInputs { q, k, v, .. } = inputs;
     let (batch, heads, seqlen_q, head_dim) = q.dim();
+    let (heads_kv, seqlen_k) = (k.dim().1, k.dim().2);
     // NaN, like the poison the GPU tests write: an element the emulator forgot stays NaN.
     let unwritten = |dims| Array4::from_elem(dims, f32::NAN);
+    // dK and dV as the main loop stores them: one head per query head (K's shape when
+    // ungrouped, the expanded workspace when grouped).
+    let per_query_head = ndarray::Dim([batch, heads, seqlen_k, head_dim]);
     let mut gradients = Gradients {
         dq: unwritten(q.raw_dim()),
-        dk: unwritten(k.raw_dim()),
-        dv: unwritten(v.raw_dim()),
+        dk: unwritten(per_query_head),
+        dv: unwritten(per_query_head),
     };
     let mut delta = Array3::from_elem((batch, heads, seqlen_q), f32::NAN);
     let mut io = BackwardIoCounts::new(dtype);
@@ -122,11 +133,35 @@ pub fn emulate_fa2_backward(
             postprocess_row_block(rows, &mut hbm, &mut io);
         }
     });
+    if heads_kv != heads {
+        gradients.dk = group_sum(gradients.dk.view(), heads_kv, dtype, &mut io.dk);
+        gradients.dv = group_sum(gradients.dv.view(), heads_kv, dtype, &mut io.dv);
+    }
     EmulatedBackward {
         gradients,
         delta,
         io,
     }
+}
+
+/// The group sum (`bwd::group_sum`): K/V head k's gradient = Σ_m `expanded`\[b, k·group + m\],
+/// added in f32 in the order of m and rounded to `dtype`; the expanded workspace read once and
+/// the sums written, counted in `io`.
+fn group_sum(
+    expanded: ArrayView4<f32>,
+    heads_kv: usize,
+    dtype: DType,
+    io: &mut TensorIo,
+) -> Array4<f32> {
+    let (batch, heads, seqlen_k, head_dim) = expanded.dim();
+    let group = heads / heads_kv;
+    let sums = Array4::from_shape_fn((batch, heads_kv, seqlen_k, head_dim), |(b, kv, j, x)| {
+        let members = (0..group).map(|m| expanded[[b, kv * group + m, j, x]]);
+        round_to(dtype, members.fold(0.0f32, |sum, term| sum + term))
+    });
+    io.elements.read += expanded.len() as u64;
+    io.elements.written += sums.len() as u64;
+    sums
 }
 
 /// The forward's O and L and the dO of one head.

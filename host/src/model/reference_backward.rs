@@ -13,6 +13,11 @@
 //!
 //! A row with no visible key has P = 0, so its dQ and D are 0 and it adds nothing to dK, dV.
 //!
+//! Grouped K/V heads (GQA/MQA: K and V have heads_kv heads, a divisor of Q's, and query head h
+//! reads K/V head h / (heads / heads_kv)): each query head's dK and dV are computed as above
+//! against its K/V head, and K/V head k's gradient is their sum over the query heads that read
+//! it, the chain rule through a K/V head shared by several query heads.
+//!
 //! The computation walks rows and keys, not N × N matrices, so memory stays O(N·d) per head
 //! however long the sequences: one parallel pass per query row gives L_i = log Σ_j e^(S_ij) and
 //! D_i, then P_ij = e^(S_ij − L_i) and dS_ij are recomputed where dQ (per row) and dK, dV (per
@@ -35,7 +40,10 @@ pub struct ReferenceBackward {
 }
 
 /// The exact gradients of softmax(scale·Q·Kᵀ \[causal\])·V with respect to Q, K and V, given dO
-/// (same shape as Q).
+/// (same shape as Q). K and V may have fewer heads than Q (a divisor of Q's: GQA/MQA).
+///
+/// # Panics
+/// If K's heads do not divide Q's ([`crate::Problem::new`] refuses such shapes first).
 pub fn attention_backward_reference(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
@@ -51,6 +59,9 @@ pub fn attention_backward_reference(
 /// forward stored it in `T`), P rounded to `T` before dV = Pᵀ·dO and dS rounded to `T` before
 /// dQ = dS·K and dK = dSᵀ·Q (the operands of those products, as on tensor cores), and the
 /// gradients rounded to `T` at the end; everything else in f64. The inputs should be `T` values.
+/// With grouped K/V heads, each query head's dK and dV are rounded to `T` before the sum over
+/// its group, and the sum rounded again (the GPU's expanded workspace in the dtype, then the
+/// group sum; PyTorch's same-dtype GQA through repeated K and V rounds the same way).
 /// The baseline of a GPU tolerance: a kernel's error against [`attention_backward_reference`]
 /// compared with this computation's.
 pub fn attention_backward_in_dtype<T: Element>(
@@ -74,14 +85,20 @@ fn backward_with_rounding(
     round: impl Fn(f64) -> f64 + Sync,
 ) -> ReferenceBackward {
     let (batch, heads, seqlen_q, _) = q.dim();
+    let heads_kv = k.dim().1;
+    assert!(
+        heads_kv > 0 && heads.is_multiple_of(heads_kv),
+        "K's heads ({heads_kv}) must divide Q's ({heads})"
+    );
+    let group = heads / heads_kv;
     let per_head: Vec<HeadGradients> = (0..batch * heads)
         .into_par_iter()
         .map(|flat| {
             let (b, h) = (flat / heads, flat % heads);
             let head = Head {
                 q: q.slice(s![b, h, .., ..]),
-                k: k.slice(s![b, h, .., ..]),
-                v: v.slice(s![b, h, .., ..]),
+                k: k.slice(s![b, h / group, .., ..]),
+                v: v.slice(s![b, h / group, .., ..]),
                 d_o: d_o.slice(s![b, h, .., ..]),
                 causal,
                 scale,
@@ -89,19 +106,24 @@ fn backward_with_rounding(
             head.gradients(&round)
         })
         .collect();
-    let gather = |dims, part: fn(&HeadGradients) -> &Array2<f64>| {
+    // Query head h's part goes to head h / group: dQ's own head, or the K/V head it read, where
+    // a group's parts add up (in the order of h) and the sum is rounded again.
+    let gather = |dims, group: usize, part: fn(&HeadGradients) -> &Array2<f64>| {
         let mut out = Array4::zeros(dims);
         for (flat, head) in per_head.iter().enumerate() {
-            out.slice_mut(s![flat / heads, flat % heads, .., ..])
-                .assign(part(head));
+            let mut target = out.slice_mut(s![flat / heads, flat % heads / group, .., ..]);
+            target += part(head);
+        }
+        if group > 1 {
+            out.mapv_inplace(&round);
         }
         out
     };
     ReferenceBackward {
         gradients: Gradients {
-            dq: gather(q.raw_dim(), |g| &g.dq),
-            dk: gather(k.raw_dim(), |g| &g.dk),
-            dv: gather(v.raw_dim(), |g| &g.dv),
+            dq: gather(q.raw_dim(), 1, |g| &g.dq),
+            dk: gather(k.raw_dim(), group, |g| &g.dk),
+            dv: gather(v.raw_dim(), group, |g| &g.dv),
         },
         delta: Array3::from_shape_fn((batch, heads, seqlen_q), |(b, h, i)| {
             per_head[b * heads + h].rows[i].delta

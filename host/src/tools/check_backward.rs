@@ -69,34 +69,58 @@ pub fn check_gradients<T: Element>(
     scale: f64,
     got: &Gradients<Array4<f64>>,
 ) -> [GradientCheck; 3] {
-    let [q, k, v, d_o] = [inputs.q, inputs.k, inputs.v, inputs.d_o].map(to_f64);
-    let exact =
-        attention_backward_reference(q.view(), k.view(), v.view(), d_o.view(), causal, scale);
-    let in_dtype = (T::DTYPE != DType::F32).then(|| {
-        attention_backward_in_dtype::<T>(q.view(), k.view(), v.view(), d_o.view(), causal, scale)
-    });
-    let exact = &exact.gradients;
-    let got = [&got.dq, &got.dk, &got.dv];
-    let exact = [&exact.dq, &exact.dk, &exact.dv];
-    let in_dtype = in_dtype.as_ref().map(|r| {
-        let g = &r.gradients;
-        [&g.dq, &g.dk, &g.dv]
-    });
-    std::array::from_fn(|i| {
-        let bound = match &in_dtype {
+    BackwardReference::new(inputs, causal, scale).check(got)
+}
+
+/// The reference gradients of one set of inputs and the bound of each (this module's rule),
+/// computed once to check several runs (algorithms, layouts) against.
+pub struct BackwardReference {
+    exact: Gradients<Array4<f64>>,
+    bounds: [f64; 3],
+}
+
+impl BackwardReference {
+    /// The f64 gradients of `inputs` and, for f16/bf16, the bounds from the same computation
+    /// rounded as a kernel in `T` rounds it.
+    pub fn new<T: Element>(inputs: &BackwardInputs<T>, causal: bool, scale: f64) -> Self {
+        let [q, k, v, d_o] = [inputs.q, inputs.k, inputs.v, inputs.d_o].map(to_f64);
+        let exact =
+            attention_backward_reference(q.view(), k.view(), v.view(), d_o.view(), causal, scale)
+                .gradients;
+        let in_dtype = (T::DTYPE != DType::F32).then(|| {
+            attention_backward_in_dtype::<T>(
+                q.view(),
+                k.view(),
+                v.view(),
+                d_o.view(),
+                causal,
+                scale,
+            )
+            .gradients
+        });
+        let exact_parts = [&exact.dq, &exact.dk, &exact.dv];
+        let bounds = std::array::from_fn(|i| match &in_dtype {
             Some(rounded) => {
-                2.0 * max_error(rounded[i], exact[i])
-                    + T::DTYPE.unit_in_last_place(max_abs(exact[i]))
+                let rounded = [&rounded.dq, &rounded.dk, &rounded.dv];
+                2.0 * max_error(rounded[i], exact_parts[i])
+                    + T::DTYPE.unit_in_last_place(max_abs(exact_parts[i]))
             }
-            None => F32_GRADIENT_TOLERANCE * max_abs(exact[i]).max(1.0),
-        };
-        GradientCheck {
+            None => F32_GRADIENT_TOLERANCE * max_abs(exact_parts[i]).max(1.0),
+        });
+        Self { exact, bounds }
+    }
+
+    /// dQ, dK, dV (as f64, logical (batch, heads, seqlen, head_dim)) against the reference.
+    pub fn check(&self, got: &Gradients<Array4<f64>>) -> [GradientCheck; 3] {
+        let got = [&got.dq, &got.dk, &got.dv];
+        let exact = [&self.exact.dq, &self.exact.dk, &self.exact.dv];
+        std::array::from_fn(|i| GradientCheck {
             name: GRADIENT_NAMES[i],
             error: max_error(got[i], exact[i]),
-            bound,
+            bound: self.bounds[i],
             non_finite: got[i].iter().filter(|x| !x.is_finite()).count(),
-        }
-    })
+        })
+    }
 }
 
 /// The largest |a − b| over elements where both are finite.
@@ -147,7 +171,7 @@ fn check_backward_typed<T: Element>(
     rng: &mut impl Rng,
 ) -> Result<BackwardCheckResult> {
     let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
-    let kv_dims = [p.batch, p.heads, p.seqlen_k, p.head_dim];
+    let kv_dims = [p.batch, p.heads_kv, p.seqlen_k, p.head_dim];
     let (q, k, v, d_o) = (
         random_tensor::<T>(q_dims, rng),
         random_tensor::<T>(kv_dims, rng),
@@ -241,12 +265,13 @@ pub fn describe_backward(r: &BackwardCheckResult) -> String {
         })
         .collect();
     format!(
-        "backward {:<6}{} {:<4} b={} h={} sq={:<5} sk={:<5} d={:<3} causal={:<5} {} [{}] {}",
+        "backward {:<6}{} {:<4} b={} h={} h_kv={} sq={:<5} sk={:<5} d={:<3} causal={:<5} {} [{}] {}",
         r.options.algorithm,
         if r.options.deterministic { " det" } else { "" },
         p.dtype.name(),
         p.batch,
         p.heads,
+        p.heads_kv,
         p.seqlen_q,
         p.seqlen_k,
         p.head_dim,
