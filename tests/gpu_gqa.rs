@@ -1,8 +1,11 @@
 //! Grouped-query attention (GQA, and MQA with one K/V head): K and V with fewer heads than Q, read
-//! in place (query head h reads K/V head h / (heads_q / heads_kv)). The CPU tests check the shape
-//! rules, the reference's head mapping and the plan; the GPU tests run every forward algorithm
-//! against the f64 reference with the tolerance rule of `tools::check` (skipped without a GPU
-//! unless `FLASH_ATTN_REQUIRE_GPU=1`).
+//! in place (query head h reads K/V head h / (heads_q / heads_kv)), and the backward, whose dK
+//! and dV sum over each K/V head's query heads. The CPU tests check the shape rules, the
+//! reference's head mapping and its gradients (a grouped problem is the problem with K/V
+//! repeated per query head, dK and dV summed per group), the backward emulator's group sum and
+//! the plans; the GPU tests run every forward algorithm and every backward against the f64
+//! reference with the tolerance rules of `tools::check` and `tools::check_backward` (skipped
+//! without a GPU unless `FLASH_ATTN_REQUIRE_GPU=1`).
 
 mod common;
 
@@ -15,8 +18,13 @@ use flash_attn::model::reference::attention_reference;
 use flash_attn::model::reference_backward::{
     attention_backward_in_dtype, attention_backward_reference,
 };
-use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
-use flash_attn::{Algorithm, AttentionOptions, DType, Error, Layout, Problem};
+use flash_attn::tools::check::{CheckProblem, check_problem_with, describe, to_f64};
+use flash_attn::tools::check_backward::{
+    BackwardInputs, BackwardReference, random_backward_tensors, run_backward_poisoned,
+};
+use flash_attn::{
+    Algorithm, AttentionOptions, DType, DeviceTensor, Element, Error, Gpu, Layout, Problem,
+};
 use flash_kernels::common::params::TensorView;
 use flash_kernels::registry::{BackwardStage, Family, KERNELS, KernelId};
 use half::bf16;
@@ -556,6 +564,154 @@ fn grouped_gradients_need_no_aligned_rows() {
         .unwrap();
         assert_eq!(plan.fallback.is_some(), falls_back, "{plan}");
     }
+}
+
+/// The other layout (the gradients' when the inputs are in `layout`).
+fn other(layout: Layout) -> Layout {
+    match layout {
+        Layout::BatchHeadSeqDim => Layout::BatchSeqHeadDim,
+        Layout::BatchSeqHeadDim => Layout::BatchHeadSeqDim,
+    }
+}
+
+/// One grouped backward problem: (heads, heads_kv, seqlen_q, seqlen_k, head_dim), batch 2.
+type GroupedShape = (usize, usize, usize, usize, usize);
+
+/// Fresh N(0, 1) Q, K, V, dO for `shape`, the FA2 forward, then every backward of
+/// [`backward_cases`] (fa2-tc deterministic only at head dims that are multiples of 8) with the
+/// inputs in each layout and NaN-poisoned gradients in the other, each against the f64
+/// reference gradients (one reference for them all). Deterministic runs are repeated: the same
+/// bits for dQ, dK, dV. Returns the failures (and asserts the plan: the grouped main kernel,
+/// the group sum last, fa2-tc on tensor cores where it can).
+fn check_grouped_backward<T: Element>(
+    gpu: &Gpu,
+    (heads, heads_kv, seqlen_q, seqlen_k, head_dim): GroupedShape,
+    causal: bool,
+    rng: &mut rand::rngs::StdRng,
+) -> Vec<String> {
+    let q_dims = [2, heads, seqlen_q, head_dim];
+    let kv_dims = [2, heads_kv, seqlen_k, head_dim];
+    let [q, k, v, d_o] = random_backward_tensors::<T>(q_dims, kv_dims, rng);
+    let options = AttentionOptions {
+        causal,
+        ..Default::default()
+    };
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
+    };
+    let reference = BackwardReference::new(&inputs, causal, scale);
+    let mut failures = Vec::new();
+    for layout in Layout::ALL {
+        let upload =
+            |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), layout).expect("upload");
+        let tensors = [upload(&q), upload(&k), upload(&v), upload(&d_o)];
+        let [q_gpu, k_gpu, v_gpu, d_o_gpu] = &tensors;
+        for backward in backward_cases(T::DTYPE) {
+            if backward.deterministic && !head_dim.is_multiple_of(8) {
+                continue; // The scalar kernels refuse deterministic mode (by design).
+            }
+            let run = || {
+                let (gradients, plan) = run_backward_poisoned(
+                    gpu,
+                    [q_gpu, k_gpu, v_gpu, d_o_gpu],
+                    &options,
+                    &backward,
+                    other(layout),
+                )
+                .expect("the backward failed");
+                let download = |t: &DeviceTensor<T>| t.to_array(gpu).expect("download");
+                let got = Gradients {
+                    dq: download(&gradients.dq),
+                    dk: download(&gradients.dk),
+                    dv: download(&gradients.dv),
+                };
+                (got, plan)
+            };
+            let (got, plan) = run();
+            let what = format!(
+                "{} {heads}/{heads_kv} {seqlen_q}×{seqlen_k} d {head_dim} causal {causal} \
+                 inputs {layout:?} {backward:?} [{}]",
+                T::DTYPE,
+                plan.kernel_names()
+            );
+            let names = plan.kernel_names();
+            assert!(
+                names.ends_with(&format!("backward_group_sum_{}", T::DTYPE)),
+                "{what}"
+            );
+            if backward.algorithm != BackwardAlgorithm::Standard {
+                assert!(names.contains("_grouped"), "{what}");
+            }
+            let tensor_cores = T::DTYPE != DType::F32 && head_dim.is_multiple_of(8);
+            if backward.algorithm == BackwardAlgorithm::Fa2Tc && tensor_cores {
+                assert_eq!(plan.fallback, None, "{what}");
+                assert!(names.contains("fa2tc_backward_"), "{what}");
+            }
+            let as_f64 = Gradients {
+                dq: to_f64(&got.dq),
+                dk: to_f64(&got.dk),
+                dv: to_f64(&got.dv),
+            };
+            for check in reference.check(&as_f64) {
+                println!("{what}: {check:?}");
+                if !check.passed() {
+                    failures.push(format!("{what}: {check:?}"));
+                }
+            }
+            if backward.deterministic {
+                let (again, _) = run();
+                let bits = |g: &Gradients<Array4<T>>| {
+                    [&g.dq, &g.dk, &g.dv]
+                        .map(|a| a.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>())
+                };
+                assert_eq!(bits(&got), bits(&again), "{what}: a second run differs");
+            }
+        }
+    }
+    failures
+}
+
+/// The grouped backward on the GPU: groups of 2 and 4 and MQA (8 query heads on 1, and 3 on 1),
+/// every backward algorithm (standard, fa2, fa2-tc, fa2-tc deterministic) in f32, f16 and bf16,
+/// causal and not, seqlen_q ≠ seqlen_k both ways (113 × 203, 203 × 113, 1 × 17) and equal,
+/// head dims 59 (the scalar kernels), 64, 128 and 256, both layouts, against the f64 reference
+/// gradients with `tools::check_backward`'s rule.
+#[test]
+fn grouped_backward_matches_the_reference() {
+    let test = "grouped_backward_matches_the_reference";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    let mut shapes = Vec::new();
+    for (heads, heads_kv) in [(8, 4), (8, 2), (8, 1), (3, 1)] {
+        for d in [59, 64, 128] {
+            for (sq, sk) in [(113, 203), (203, 113), (1, 17)] {
+                shapes.push((heads, heads_kv, sq, sk, d));
+            }
+        }
+    }
+    shapes.extend([(8, 2, 300, 300, 256), (4, 1, 129, 250, 256)]);
+    let (mut problems, mut failures) = (0, Vec::new());
+    for shape in shapes {
+        for causal in [false, true] {
+            for dtype in DType::ALL {
+                failures.extend(flash_attn::with_element!(dtype, T => {
+                    check_grouped_backward::<T>(&gpu, shape, causal, &mut rng)
+                }));
+                problems += 1;
+            }
+        }
+    }
+    println!(
+        "{test}: {problems} problems, {} failed checks",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Every forward algorithm (fa3 where the GPU has it) over the GQA ratios, causal both ways,

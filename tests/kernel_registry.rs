@@ -399,6 +399,9 @@ fn backward_kernel_names_read_back() {
         "fa2_backward_postprocess_f16",
         "fa2tc_backward_bf16_d128",
         "fa2tc_backward_f16_d256",
+        "fa2_backward_main_f32_d64_grouped",
+        "fa2tc_backward_bf16_d128_grouped",
+        "backward_group_sum_f16",
     ] {
         let id: KernelId = name.parse().unwrap();
         assert_eq!(id.to_string(), name);
@@ -409,6 +412,9 @@ fn backward_kernel_names_read_back() {
         "fa2_backward_middle_f32",
         "fa2_backward_f32",
         "fa2tc_backward_bf16",
+        "fa2tc_backward_bf16_d128_grouped_grouped",
+        "fa2_backward_preprocess_f32_grouped",
+        "backward_group_sum_f64",
     ] {
         assert!(bad.parse::<KernelId>().is_err(), "{bad:?} parsed");
     }

@@ -638,14 +638,29 @@ fn check_run_command(test: &str, heads_q: usize, heads_kv: usize, extra: &[&str]
 /// reference; the backward plan in the file's metadata.
 #[test]
 fn run_backward_command_matches_the_reference_gradients_on_a_gpu() {
+    check_run_backward_command(
+        "run_backward_command_matches_the_reference_gradients_on_a_gpu",
+        2,
+    );
+}
+
+/// The same with one K/V head for both query heads (MQA): dK and dV summed over them, the
+/// group sum in the plan.
+#[test]
+fn run_backward_command_takes_grouped_kv_heads_on_a_gpu() {
+    check_run_backward_command("run_backward_command_takes_grouped_kv_heads_on_a_gpu", 1);
+}
+
+/// One check of [`run_backward_command_matches_the_reference_gradients_on_a_gpu`]: 2 query
+/// heads on `heads_kv` K/V heads.
+fn check_run_backward_command(test: &str, heads_kv: usize) {
     use flash_attn::tools::check_backward::{BackwardInputs, check_gradients};
-    let test = "run_backward_command_matches_the_reference_gradients_on_a_gpu";
     let Some(gpu) = common::gpu_or_skip(test) else {
         return;
     };
     drop(gpu);
     let mut rng = common::seeded_rng(test);
-    let (q_dims, kv_dims) = ([1, 2, 71, 64], [1, 2, 90, 64]);
+    let (q_dims, kv_dims) = ([1, 2, 71, 64], [1, heads_kv, 90, 64]);
     let random = |dims, rng: &mut rand::rngs::StdRng| {
         flash_attn::tools::check::random_tensor::<bf16>(dims, rng)
     };
@@ -707,6 +722,11 @@ fn run_backward_command_matches_the_reference_gradients_on_a_gpu() {
             _ => "standard_backward_dkdv",
         };
         assert!(kernels.contains(expected_family), "{kernels}");
+        assert_eq!(
+            kernels.ends_with("backward_group_sum_bf16"),
+            heads_kv != 2,
+            "{kernels}"
+        );
         let gradient = |name: &str, dims: [usize; 4]| {
             let (dtype, shape, values) = tensor_values(&file, name);
             assert_eq!((dtype, shape), (Dtype::BF16, dims.to_vec()), "{name}");

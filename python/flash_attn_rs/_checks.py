@@ -69,16 +69,24 @@ def check_inputs(q, k, v, layout):
     q_dims, _ = dims_and_strides(q, layout)
     k_dims, _ = dims_and_strides(k, layout)
     v_dims, _ = dims_and_strides(v, layout)
-    for axis, axis_name in [(0, "batch"), (1, "heads"), (3, "head_dim")]:
+    for axis, axis_name in [(0, "batch"), (3, "head_dim")]:
         for name, dims, tensor in [("k", k_dims, k), ("v", v_dims, v)]:
             if dims[axis] != q_dims[axis]:
                 raise ValueError(
                     f"{name} has shape {tuple(tensor.shape)} and q {tuple(q.shape)}: their "
                     f"{axis_name} must be equal (layout {layout})"
                 )
-    if v_dims[2] != k_dims[2]:
+    # Grouped-query attention: K and V may have fewer heads than Q, a divisor of Q's (query
+    # head h reads K/V head h // (heads_q // heads_kv)); the backward sums dK, dV per group.
+    if k_dims[1] == 0 or q_dims[1] % k_dims[1] != 0:
         raise ValueError(
-            f"v has shape {tuple(v.shape)} and k {tuple(k.shape)}: their seqlen must be equal "
-            f"(layout {layout})"
+            f"k has shape {tuple(k.shape)} and q {tuple(q.shape)}: k's heads ({k_dims[1]}) must "
+            f"divide q's ({q_dims[1]}) (layout {layout})"
         )
+    for axis, axis_name in [(1, "heads"), (2, "seqlen")]:
+        if v_dims[axis] != k_dims[axis]:
+            raise ValueError(
+                f"v has shape {tuple(v.shape)} and k {tuple(k.shape)}: their {axis_name} must be "
+                f"equal (layout {layout})"
+            )
     return DTYPES[str(q.dtype)]

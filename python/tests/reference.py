@@ -11,6 +11,9 @@
 
 Tensors here are in SDPA's layout (batch, heads, seqlen, head_dim); the exact reference is
 float64 PyTorch math (its gradients by autograd), with FlashAttention's bottom-right causal mask.
+K and V may have fewer heads than Q (grouped-query attention): they are repeated per query head
+(query head h reads K/V head h // group), so autograd sums dK and dV over each group; in the
+dtype, each query head's part is rounded before the group's sum, and the sum rounded again.
 """
 
 import math
@@ -30,8 +33,22 @@ def causal_mask(seqlen_q, seqlen_k, device):
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def repeat_kv(t, heads):
+    """K or V with each of its heads repeated for the query heads that read it."""
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _group_sum(per_query_head, heads_kv, dtype):
+    """dK or dV of one head per query head summed over each group, rounded to `dtype`."""
+    b, h, n, d = per_query_head.shape
+    if h == heads_kv:
+        return per_query_head
+    return _round(per_query_head.reshape(b, heads_kv, h // heads_kv, n, d).sum(2), dtype)
+
+
 def _probabilities(q, k, causal, scale):
     """P (exact softmax, 0 on rows that see no key), L (-inf there) and the visibility mask."""
+    k = repeat_kv(k, q.shape[1])
     s = scale * (q @ k.transpose(-1, -2))
     seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
     if causal:
@@ -49,7 +66,7 @@ def _probabilities(q, k, causal, scale):
 def attention64(q, k, v, causal, scale):
     """O and L in float64 (inputs: float64, SDPA layout); differentiable in q, k, v."""
     p, lse = _probabilities(q, k, causal, scale)
-    return p @ v, lse
+    return p @ repeat_kv(v, q.shape[1]), lse
 
 
 def _round(x, dtype):
@@ -59,12 +76,14 @@ def _round(x, dtype):
 def attention_in_dtype(q, k, v, causal, scale, dtype):
     """Standard attention as it would run in `dtype`: P and O rounded (the forward baseline)."""
     p, _ = _probabilities(q, k, causal, scale)
-    return _round(_round(p, dtype) @ v, dtype)
+    return _round(_round(p, dtype) @ repeat_kv(v, q.shape[1]), dtype)
 
 
 def backward_in_dtype(q, k, v, d_o, causal, scale, dtype):
     """The backward as a kernel in `dtype` rounds it (the backward baseline)."""
+    heads_kv = k.shape[1]
     p, _ = _probabilities(q, k, causal, scale)
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     o = p @ v
     delta = (_round(o, dtype) * d_o).sum(-1, keepdim=True)
     d_p = d_o @ v.transpose(-1, -2)
@@ -72,7 +91,7 @@ def backward_in_dtype(q, k, v, d_o, causal, scale, dtype):
     dv = _round(_round(p, dtype).transpose(-1, -2) @ d_o, dtype)
     dq = _round(scale * (d_s @ k), dtype)
     dk = _round(scale * (d_s.transpose(-1, -2) @ q), dtype)
-    return dq, dk, dv
+    return dq, _group_sum(dk, heads_kv, dtype), _group_sum(dv, heads_kv, dtype)
 
 
 def gradients64(q, k, v, d_o, causal, scale):

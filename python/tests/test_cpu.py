@@ -177,17 +177,26 @@ def test_not_4d_is_a_value_error():
 @pytest.mark.parametrize(
     "layout, k_shape, v_shape, message",
     [
-        (FLASH_ATTN, (2, 128, 4, 64), (2, 128, 8, 64), "^k .* heads must be equal"),
+        (FLASH_ATTN, (2, 128, 3, 64), (2, 128, 3, 64), r"^k .* heads \(3\) must divide q's \(8\)"),
+        (FLASH_ATTN, (2, 128, 16, 64), (2, 128, 16, 64), "^k .* must divide q's"),
+        (FLASH_ATTN, (2, 128, 4, 64), (2, 128, 8, 64), "^v .* heads must be equal"),
         (FLASH_ATTN, (1, 128, 8, 64), (2, 128, 8, 64), "^k .* batch must be equal"),
         (FLASH_ATTN, (2, 128, 8, 64), (2, 128, 8, 32), "^v .* head_dim must be equal"),
         (FLASH_ATTN, (2, 100, 8, 64), (2, 99, 8, 64), "^v .* seqlen must be equal"),
-        (SDPA, (2, 4, 128, 64), (2, 4, 128, 64), "^k .* heads must be equal"),
+        (SDPA, (2, 5, 128, 64), (2, 5, 128, 64), "^k .* must divide q's"),
     ],
 )
 def test_shapes_that_disagree_are_value_errors(layout, k_shape, v_shape, message):
     q = FakeTensor((2, 128, 8, 64) if layout == FLASH_ATTN else (2, 8, 128, 64))
     with pytest.raises(ValueError, match=message):
         check_inputs(q, FakeTensor(k_shape), FakeTensor(v_shape), layout)
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2, 1])
+def test_k_and_v_may_have_fewer_heads_a_divisor_of_qs(heads_kv):
+    q = FakeTensor((2, 128, 8, 64))
+    k = v = FakeTensor((2, 100, heads_kv, 64))
+    assert check_inputs(q, k, v, FLASH_ATTN) == "bf16"
 
 
 def test_seqlen_k_may_differ_from_seqlen_q():
@@ -216,3 +225,10 @@ def test_native_backward_checks_without_a_device():
         native_backward(d_o=(d_o[0], d_o[1], [*d_o[2][:3], 2]))
     with pytest.raises(ValueError, match="`logsumexp`"):
         native_backward(lse=(BASE, [1, 2, 24], [48, 24, 1]))
+
+
+def test_native_backward_takes_grouped_kv_heads():
+    """One K/V head for both query heads (MQA): dK and dV have K's one head."""
+    assert native_backward(dims_kv=(1, 1, 24, 64)) is None
+    with pytest.raises(ValueError, match="`dk`"):
+        native_backward(dims_kv=(1, 1, 24, 64), dk=sdpa(6, (1, 2, 24, 64)))

@@ -33,6 +33,11 @@
 //! 2·T_c·N_q·d (Q, dO) + 2·T_c·N_q·d (dQ accumulator, f32) + 2·N_k·d (dK, dV) + 4·N_q·d (pre- and
 //! post-pass) + N_q·d (dQ): the mirror of the forward's 2·T_r·N_k·d, with Q, dO and dQ re-read
 //! per key block instead of K and V per row block, and nothing of size N × N.
+//!
+//! The formulas are per head of an ungrouped problem ([`IoShape`] has one head count). With
+//! grouped K/V heads each query head's blocks move the same traffic (K_j and V_j read per query
+//! head), plus the group sum: the expanded dK and dV read once and the sums written (the
+//! emulator counts it under dK and dV; `tests/gpu_gqa.rs` checks that count).
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -172,12 +172,7 @@ fn check_backward_typed<T: Element>(
 ) -> Result<BackwardCheckResult> {
     let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
     let kv_dims = [p.batch, p.heads_kv, p.seqlen_k, p.head_dim];
-    let (q, k, v, d_o) = (
-        random_tensor::<T>(q_dims, rng),
-        random_tensor::<T>(kv_dims, rng),
-        random_tensor::<T>(kv_dims, rng),
-        random_tensor::<T>(q_dims, rng),
-    );
+    let [q, k, v, d_o] = random_backward_tensors::<T>(q_dims, kv_dims, rng);
     let options = AttentionOptions {
         causal: p.causal,
         ..Default::default()
@@ -216,6 +211,15 @@ fn check_backward_typed<T: Element>(
         gradients: checks,
         kernels: plan.kernel_names(),
     })
+}
+
+/// Fresh N(0, 1) Q and dO of `q_dims`, K and V of `kv_dims`, in `T`: [Q, K, V, dO].
+pub fn random_backward_tensors<T: Element>(
+    q_dims: [usize; 4],
+    kv_dims: [usize; 4],
+    rng: &mut impl Rng,
+) -> [Array4<T>; 4] {
+    [q_dims, kv_dims, kv_dims, q_dims].map(|dims| random_tensor::<T>(dims, rng))
 }
 
 /// The FA2 forward on device Q, K, V, then the backward `backward` asks for with dO, into

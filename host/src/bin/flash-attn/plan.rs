@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use flash_attn::attention::{
-    Algorithm, AttentionOptions, CompiledLimits, LaunchLimits, Plan, Problem,
-    parse_optional_fa2_tc_tiling,
+    Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BackwardPlan, CompiledLimits,
+    LaunchLimits, Plan, Problem, parse_optional_fa2_tc_tiling,
 };
 use flash_attn::{DType, Gpu};
 
@@ -32,6 +32,10 @@ pub struct PlanArgs {
     /// FA2-TC's tiling, e.g. 4x2s1c64 (default: measured per head dim).
     #[arg(long, value_name = "TILING")]
     fa2_tc_tiling: Option<String>,
+    /// Also plan the backward: each backward algorithm (with grouped K/V heads, the group sum
+    /// and its workspace show).
+    #[arg(long)]
+    backward: bool,
 }
 
 pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
@@ -75,6 +79,16 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
     for algorithm in algorithms {
         let plan = Plan::new(limits, algorithm, args.dtype, &problem, &options, None)?;
         println!("{plan}");
+    }
+    if args.backward {
+        for algorithm in BackwardAlgorithm::ALL {
+            let backward = BackwardOptions {
+                algorithm,
+                deterministic: false,
+            };
+            let plan = BackwardPlan::new(limits, args.dtype, &problem, &backward, None)?;
+            println!("{plan}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
