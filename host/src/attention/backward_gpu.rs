@@ -16,6 +16,8 @@
 
 use std::fmt;
 
+use cudarc::driver::CudaSlice;
+
 use flash_kernels::bwd::fa2::config as fa2_backward;
 use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
 use flash_kernels::bwd::group_sum::config as group_sum;
@@ -674,8 +676,8 @@ pub(super) fn launch_backward(
 /// The expanded dK and dV of a grouped call: one head per query head, (batch·heads_q,
 /// seqlen_k, head_dim) contiguous, in the dtype (bytes).
 struct ExpandedGradients {
-    dk: cudarc::driver::CudaSlice<u8>,
-    dv: cudarc::driver::CudaSlice<u8>,
+    dk: CudaSlice<u8>,
+    dv: CudaSlice<u8>,
 }
 
 impl ExpandedGradients {
