@@ -304,7 +304,8 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
 /// One consumer warpgroup: its 64 rows of Q_i against every K/V block, then O and L. Seed 001's
 /// pipeline inside the warpgroup: while the softmax of block j runs on the SFU and FMA units,
 /// Õ += P̃_{j−1}·V_{j−1} runs on the tensor cores (issued together with S_j = Q_i·K_jᵀ, waited for
-/// after the softmax); Õ's rescale by block j's α waits for that product.
+/// after the softmax); Õ's rescale by block j's α runs once that product has landed, while
+/// S_{j+1} runs, just before P̃_j·V_j is issued.
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3Config>(
     p: &Fa3Params,
@@ -353,28 +354,30 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warpgroup.land_scores::<0, _>(0, &mut scores);
         let (probabilities, _) = warpgroup.softmax::<C>(0, &scores, &mut stats);
         let mut p_tilde = pack::<T, C>(&probabilities);
+        // α of the last softmax, for Õ before the next product adds to it.
+        let mut pending_alpha = None;
         for j in 1..count {
             // S_j and P̃_{j−1}·V_{j−1} in flight together; the softmax of j while the second runs.
             warpgroup.turns.take();
             warpgroup.wait_operands(Some(j), Some(j - 1));
             warpgroup.issue_scores::<T, C>(j, &mut scores);
+            // Õ = diag(α_{j−1})·Õ while S_j runs on the tensor cores (FlashAttention-3's place).
+            // The rescale is decided per warp; the fence after it, which orders its writes
+            // before the product reads Õ, runs in every warp of the warpgroup at one pc.
+            rescale(&mut acc, pending_alpha);
+            arch::wgmma_fence();
             warpgroup.issue_pv::<T, C>(j - 1, &p_tilde, &mut acc);
             warpgroup.turns.pass();
             warpgroup.land_scores::<1, _>(j, &mut scores);
             let (probabilities, alpha) = warpgroup.softmax::<C>(j, &scores, &mut stats);
             warpgroup.land_pv(j - 1, &mut acc, &mut p_tilde);
-            // Õ = diag(α_j)·Õ once P̃_{j−1}·V_{j−1} has landed in it. (Between the issue of S_j
-            // and of P̃_{j−1}·V_{j−1}, FlashAttention-3's place, the rescale needs a wgmma.fence
-            // there that every warp of the warpgroup executes; the rescale is decided per warp.)
-            if let Some(alpha) = alpha {
-                scale_row(&mut acc, 0, alpha[0]);
-                scale_row(&mut acc, 1, alpha[1]);
-            }
+            pending_alpha = alpha;
             // Packed only now: P̃_j's 16-bit fragments must not be written while P̃_{j−1}·V_{j−1},
             // which reads the previous ones, is in flight.
             p_tilde = pack::<T, C>(&probabilities);
         }
         release_q();
+        rescale(&mut acc, pending_alpha);
         warpgroup.turns.take();
         warpgroup.wait_operands(None, Some(count - 1));
         warpgroup.issue_pv::<T, C>(count - 1, &p_tilde, &mut acc);
@@ -393,6 +396,16 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         &stats,
         &acc,
     );
+}
+
+/// Õ = diag(α)·Õ for the lane's two rows, when the softmax moved their max (FA2's conditional
+/// rescale: `None` when neither row's max moved).
+#[inline(always)]
+fn rescale<const O_TILES: usize>(acc: &mut [[f32; 4]; O_TILES], alpha: Option<[f32; 2]>) {
+    if let Some(alpha) = alpha {
+        scale_row(acc, 0, alpha[0]);
+        scale_row(acc, 1, alpha[1]);
+    }
 }
 
 /// Inter-warpgroup overlap (FlashAttention-3's ping-pong): the consumer warpgroups take turns

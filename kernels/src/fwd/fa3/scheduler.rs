@@ -1,16 +1,22 @@
 //! Which tiles (one row block of Q_i for one head) a block of the FA3 grid computes, in which
 //! order.
 //!
-//! Tiles are numbered head-major, t = batch_head · row_blocks + r, and within a head causal rows
-//! run heaviest first (r counts down from the last row block), which is the order in which the
-//! hardware starts the blocks of the one-tile grid (⌈seqlen_q/B_r⌉, batch·heads): the blocks
-//! running at once share few heads' K and V, which stay in L2, and the long causal rows start
-//! early so the grid's tail is short. On that grid block (x, y) computes tile y·grid_x + x. On
-//! the persistent grid (one block per SM, `Fa3Tiling::persistent`) block b starts at tile b and
+//! Without a mask, tiles are numbered head-major, t = batch_head · row_blocks + r: the blocks
+//! running at once share few heads' K and V, which stay in L2. With the causal mask the tiles
+//! differ in length (row block r visits about r + 1 key blocks), and the grid's tail is shortest
+//! when the longest tiles start first and the shortest end it (longest-processing-time-first,
+//! FlashAttention-3's `SingleTileLPTScheduler`). Across all heads at once that order would make
+//! the blocks running together read as many heads' K and V as there are SMs, more than L2
+//! holds, so the heads are cut into sections whose K and V fit in [`L2_SECTION_BYTES`]: section by
+//! section, row blocks from the last (longest) to the first, and within a row block every head
+//! of the section. The hardware starts the one-tile grid's blocks (⌈seqlen_q/B_r⌉, batch·heads)
+//! in order of their linear index, and block (x, y) computes tile y·grid_x + x. On the
+//! persistent grid (one block per SM, `Fa3Tiling::persistent`) block b starts at tile b and
 //! then takes the next number from a counter in global memory (`tile::global::TileCounters`),
 //! FlashAttention-3's dynamic scheduler: the same order, and a block that drew short tiles takes
 //! more of them.
 
+#[cfg(target_arch = "nvptx64")]
 use crate::arch;
 use crate::common::block::{BlockInfo, KeyBlocks};
 use crate::common::params::AttentionShape;
@@ -48,27 +54,114 @@ impl<'a> TileScheduler<'a> {
     }
 
     /// This block's first tile: its index in the grid.
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     pub fn first(&self) -> u32 {
         arch::block_idx_y() * arch::grid_dim_x() + arch::block_idx_x()
+    }
+
+    /// Heads per causal section: as many as have K and V (2·seqlen_k·d elements of 2 bytes each)
+    /// within [`L2_SECTION_BYTES`], at least one.
+    #[inline(always)]
+    fn section_heads(&self) -> u32 {
+        let head_bytes = (4 * self.shape.head_dim).saturating_mul(self.shape.seqlen_k);
+        (L2_SECTION_BYTES / head_bytes.max(1)).max(1)
     }
 
     /// Tile `t`, if the problem has it.
     #[inline(always)]
     pub fn tile(&self, t: u32) -> Option<Tile> {
         let row_blocks = self.row_blocks();
-        let tiles = row_blocks * self.shape.batch * self.shape.heads;
-        (t < tiles).then(|| {
-            let info = BlockInfo::new(self.shape, t / row_blocks);
-            let r = t % row_blocks;
-            // Causal: the last row blocks see the most keys; start them first.
-            let row_block = if info.causal { row_blocks - 1 - r } else { r };
-            let row_start = row_block * self.block_rows;
-            Tile {
-                info,
-                row_start,
-                blocks: info.key_blocks(row_start, self.block_rows, self.block_cols),
-            }
+        let heads = self.shape.batch * self.shape.heads;
+        if t >= row_blocks * heads {
+            return None;
+        }
+        let (batch_head, row_block) = if self.shape.causal != 0 {
+            // Section by section; in one, r counts row blocks down from the longest, and the
+            // section's heads take turns at each (the last section may have fewer heads).
+            let section = self.section_heads().min(heads);
+            let first_head = t / (section * row_blocks) * section;
+            let section_heads = section.min(heads - first_head);
+            let u = t - first_head * row_blocks;
+            let r = u / section_heads;
+            (first_head + u % section_heads, row_blocks - 1 - r)
+        } else {
+            (t / row_blocks, t % row_blocks)
+        };
+        let info = BlockInfo::new(self.shape, batch_head);
+        let row_start = row_block * self.block_rows;
+        Some(Tile {
+            info,
+            row_start,
+            blocks: info.key_blocks(row_start, self.block_rows, self.block_cols),
         })
+    }
+}
+
+/// The K and V bytes of one causal section's heads: a part of the H100's and H200's 50 MB of L2,
+/// the share FlashAttention-3's scheduler gives them (32 MiB), so that the other operands and the
+/// running blocks' neighbours stay too.
+pub const L2_SECTION_BYTES: u32 = 32 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    fn shape(batch: u32, heads: u32, seqlen_q: u32, seqlen_k: u32, causal: bool) -> AttentionShape {
+        AttentionShape {
+            batch,
+            heads,
+            seqlen_q,
+            seqlen_k,
+            head_dim: 128,
+            softmax_scale: 1.0,
+            causal: causal as u32,
+            kv_group: 1,
+        }
+    }
+
+    /// Every (head, row block) exactly once, as `(batch_head, row_start, key blocks)` in tile order.
+    fn walk(shape: &AttentionShape) -> Vec<(u32, u32, u32)> {
+        let scheduler = TileScheduler::new(shape, 128, 128);
+        let tiles: Vec<_> = (0..)
+            .map_while(|t| scheduler.tile(t))
+            .map(|tile| (tile.info.batch_head, tile.row_start, tile.blocks.count()))
+            .collect();
+        let mut seen: Vec<_> = tiles.iter().map(|&(h, r, _)| (h, r)).collect();
+        seen.sort();
+        seen.dedup();
+        let rows = shape.seqlen_q.div_ceil(128);
+        assert_eq!(seen.len(), tiles.len(), "a tile twice");
+        assert_eq!(tiles.len() as u32, shape.batch * shape.heads * rows);
+        tiles
+    }
+
+    #[test]
+    fn without_a_mask_tiles_run_head_by_head() {
+        let tiles = walk(&shape(2, 3, 300, 300, false));
+        let order: Vec<_> = tiles.iter().map(|&(h, r, _)| (h, r / 128)).collect();
+        assert_eq!(&order[..4], &[(0, 0), (0, 1), (0, 2), (1, 0)]);
+    }
+
+    #[test]
+    fn causal_tiles_run_longest_first_within_each_l2_section() {
+        // K and V of one head at seqlen_k = 32k, d = 128: 16 MiB, so two heads a section.
+        let causal = shape(1, 5, 640, 32768, true);
+        assert_eq!(TileScheduler::new(&causal, 128, 128).section_heads(), 2);
+        let tiles = walk(&causal);
+        let sections = [0..10, 10..20, 20..25];
+        for section in sections {
+            let part = &tiles[section.clone()];
+            assert!(part.windows(2).all(|w| w[0].2 >= w[1].2), "{part:?}");
+            // The last section holds the fifth head alone.
+            if section.start == 20 {
+                assert!(part.iter().all(|&(h, _, _)| h == 4));
+            }
+        }
+        // Short problems: one section of every head, so the grid ends on the shortest tiles.
+        let tiles = walk(&shape(4, 8, 2048, 2048, true));
+        assert!(tiles.windows(2).all(|w| w[0].2 >= w[1].2));
+        assert_eq!(tiles.last().unwrap().2, 1);
     }
 }
