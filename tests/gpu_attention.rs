@@ -58,6 +58,8 @@ fn problem(
         seqlen_k,
         head_dim,
         causal,
+        window: None,
+        softcap: 0.0,
         dtype,
     }
 }

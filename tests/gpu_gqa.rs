@@ -227,6 +227,8 @@ fn grouped_kv_heads_match_the_reference() {
                             seqlen_k: sk,
                             head_dim: d,
                             causal,
+                            window: None,
+                            softcap: 0.0,
                             dtype,
                         };
                         let algorithms: Vec<Algorithm> = match dtype {
@@ -309,6 +311,8 @@ fn every_fa3_tiling_takes_grouped_kv_heads() {
                 seqlen_k: sk,
                 head_dim: head_dim as usize,
                 causal,
+                window: None,
+                softcap: 0.0,
                 dtype: DType::Bf16,
             };
             for r in check_problem_with(

@@ -1,8 +1,9 @@
 //! Which tiles (one row block of Q_i for one head) a block of the FA3 grid computes, in which
 //! order.
 //!
-//! Tiles are numbered head-major, t = batch_head · row_blocks + r, and within a head causal rows
-//! run heaviest first (r counts down from the last row block), which is the order in which the
+//! Tiles are numbered head-major, t = batch_head · row_blocks + r, and within a head the rows
+//! run heaviest first where their key-block counts differ (r counts down from the last row
+//! block when the window's right side is bounded, causal included: `BlockInfo::heaviest_rows_last`), which is the order in which the
 //! hardware starts the blocks of the one-tile grid (⌈seqlen_q/B_r⌉, batch·heads): the blocks
 //! running at once share few heads' K and V, which stay in L2, and the long causal rows start
 //! early so the grid's tail is short. On that grid block (x, y) computes tile y·grid_x + x. On
@@ -61,8 +62,12 @@ impl<'a> TileScheduler<'a> {
         (t < tiles).then(|| {
             let info = BlockInfo::new(self.shape, t / row_blocks);
             let r = t % row_blocks;
-            // Causal: the last row blocks see the most keys; start them first.
-            let row_block = if info.causal { row_blocks - 1 - r } else { r };
+            // Causal or windowed: the last row blocks see the most keys; start them first.
+            let row_block = if info.heaviest_rows_last() {
+                row_blocks - 1 - r
+            } else {
+                r
+            };
             let row_start = row_block * self.block_rows;
             Tile {
                 info,
