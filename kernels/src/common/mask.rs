@@ -74,7 +74,8 @@ impl AttentionMask {
     #[inline(always)]
     pub fn new(window: KeyWindow, seqlen_q: u32, seqlen_k: u32) -> Self {
         let diagonal_offset = seqlen_k as i64 - seqlen_q as i64;
-        let clip = |offset: i64| offset.clamp(-UNBOUNDED, UNBOUNDED) as i32;
+        // Exact in i32: the host clips each side to seqlen_q + seqlen_k (`Problem::shape`).
+        let clip = |offset: i64| offset as i32;
         Self {
             enabled: window.is_bounded(),
             first_offset: clip(
@@ -82,13 +83,11 @@ impl AttentionMask {
                     .left
                     .map_or(-UNBOUNDED, |left| diagonal_offset - left as i64),
             ),
-            // Without a left side either, the mask is off and this offset unused: the diagonal's,
-            // so that a mask known causal-or-nothing at compile time needs no select.
-            last_offset: clip(match (window.right, window.left) {
-                (Some(right), _) => diagonal_offset + right as i64,
-                (None, None) => diagonal_offset,
-                (None, Some(_)) => UNBOUNDED,
-            }),
+            last_offset: clip(
+                window
+                    .right
+                    .map_or(UNBOUNDED, |right| diagonal_offset + right as i64),
+            ),
         }
     }
 
@@ -99,6 +98,7 @@ impl AttentionMask {
     }
 
     /// Whether some key may be hidden.
+    #[inline(always)]
     pub fn is_bounded(&self) -> bool {
         self.enabled
     }
@@ -112,10 +112,10 @@ impl AttentionMask {
     /// Whether `query` may attend to `key`.
     #[inline(always)]
     pub fn visible(&self, query: u32, key: u32) -> bool {
+        // No test of `enabled`: an unbounded side's offset hides no key.
         let (query, key) = (query as i32, key as i32);
-        !self.enabled
-            || (key <= query + self.last_offset
-                && (!self.is_left_bounded() || key >= query + self.first_offset))
+        key <= query + self.last_offset
+            && (!self.is_left_bounded() || key >= query + self.first_offset)
     }
 
     /// One past the last key visible to `query`, clipped to [0, seqlen_k].

@@ -55,7 +55,10 @@ impl ScoreBlock {
                 let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
                 let key =
                     self.key_start + tile as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
-                if key >= self.seqlen_k || !self.mask.visible(row, key) {
+                // The mask's own test only where it has a bounded side: a block that is masked
+                // for the seqlen_k tail alone then compares the key with seqlen_k only.
+                if key >= self.seqlen_k || (self.mask.is_bounded() && !self.mask.visible(row, key))
+                {
                     *value = f32::NEG_INFINITY;
                 }
             }
