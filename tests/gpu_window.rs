@@ -28,7 +28,8 @@ fn tensor_core_algorithms(gpu: &Gpu) -> Vec<Algorithm> {
 }
 
 /// Runs every case of `problems` on `algorithms`, checking that the tensor-core families ran
-/// their own kernels (no fallback); returns the failures' descriptions.
+/// their own kernels (no fallback); returns the number of cases, the failures' descriptions and
+/// the result closest to its bound.
 fn run_cases(
     gpu: &Gpu,
     problems: &[CheckProblem],
@@ -41,14 +42,7 @@ fn run_cases(
         let results = check_problem_with(gpu, problem, algorithms, &Layout::ALL, options, rng)
             .unwrap_or_else(|e| panic!("{problem:?}: the launch failed: {e}"));
         for r in results {
-            let family = match r.algorithm {
-                Algorithm::Fa3 => Some("fa3_forward_"),
-                Algorithm::Fa2Tc => Some("fa2tc_forward_"),
-                _ => None,
-            };
-            if let Some(family) = family {
-                assert!(r.kernels.starts_with(family), "ran {}", r.kernels);
-            }
+            common::assert_own_kernels(&r);
             if !r.passed {
                 println!("FAILED {}", describe(&r));
                 failures.push(describe(&r));
@@ -62,29 +56,20 @@ fn run_cases(
     (cases, failures, worst)
 }
 
-fn problem(
-    (seqlen_q, seqlen_k): (usize, usize),
-    head_dim: usize,
-    causal: bool,
-    window: Option<(i64, i64)>,
-    softcap: f32,
-    dtype: DType,
-) -> CheckProblem {
-    CheckProblem {
-        batch: 2,
-        heads: 3,
-        heads_kv: 3,
-        seqlen_q,
-        seqlen_k,
-        head_dim,
-        causal,
-        window,
-        softcap,
-        dtype,
-    }
-}
-
-fn report(test: &str, (cases, failures, worst): (usize, Vec<String>, Option<CheckResult>)) {
+/// One GPU test: `problems` on the algorithms `algorithms` picks for the GPU, with the default
+/// options; fails with every failure's description.
+fn check_cases(
+    test: &str,
+    problems: &[CheckProblem],
+    algorithms: impl FnOnce(&Gpu) -> Vec<Algorithm>,
+) {
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    let algorithms = algorithms(&gpu);
+    let options = AttentionOptions::default();
+    let (cases, failures, worst) = run_cases(&gpu, problems, &algorithms, &options, &mut rng);
     println!("{test}: {cases} cases, {} failed", failures.len());
     if let Some(worst) = worst {
         println!("closest to its bound: {}", describe(&worst));
@@ -92,15 +77,25 @@ fn report(test: &str, (cases, failures, worst): (usize, Vec<String>, Option<Chec
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+fn problem(
+    lengths: (usize, usize),
+    head_dim: usize,
+    causal: bool,
+    window: Option<(i64, i64)>,
+    softcap: f32,
+    dtype: DType,
+) -> CheckProblem {
+    CheckProblem {
+        window,
+        softcap,
+        ..CheckProblem::new(2, 3, lengths, head_dim, causal, dtype)
+    }
+}
+
 /// fa2-tc and fa3 on every window, causal both ways, every length pair, f16 and bf16, head
 /// dims 64 and 128 (the compiled defaults) and 96 and 256 (the one-block-per-tile FA3 kernels).
 #[test]
 fn sliding_windows_match_the_reference() {
-    let test = "sliding_windows_match_the_reference";
-    let Some(gpu) = common::gpu_or_skip(test) else {
-        return;
-    };
-    let mut rng = common::seeded_rng(test);
     let mut problems = Vec::new();
     for d in [64, 96, 128, 256] {
         for lengths in LENGTHS {
@@ -113,26 +108,17 @@ fn sliding_windows_match_the_reference() {
             }
         }
     }
-    let algorithms = tensor_core_algorithms(&gpu);
-    let outcome = run_cases(
-        &gpu,
+    check_cases(
+        "sliding_windows_match_the_reference",
         &problems,
-        &algorithms,
-        &AttentionOptions::default(),
-        &mut rng,
+        tensor_core_algorithms,
     );
-    report(test, outcome);
 }
 
 /// Soft-capping at 30 (Gemma 2's attention cap) and 5 (most scores near the cap), with and
 /// without the causal mask and a window, on both tensor-core families and `standard`.
 #[test]
 fn soft_capping_matches_the_reference() {
-    let test = "soft_capping_matches_the_reference";
-    let Some(gpu) = common::gpu_or_skip(test) else {
-        return;
-    };
-    let mut rng = common::seeded_rng(test);
     let mut problems = Vec::new();
     for d in [64, 128] {
         for lengths in [(113, 203), (300, 300), (1024, 1000)] {
@@ -145,26 +131,16 @@ fn soft_capping_matches_the_reference() {
             }
         }
     }
-    let mut algorithms = tensor_core_algorithms(&gpu);
-    algorithms.push(Algorithm::Standard);
-    let outcome = run_cases(
-        &gpu,
-        &problems,
-        &algorithms,
-        &AttentionOptions::default(),
-        &mut rng,
-    );
-    report(test, outcome);
+    check_cases("soft_capping_matches_the_reference", &problems, |gpu| {
+        let mut algorithms = tensor_core_algorithms(gpu);
+        algorithms.push(Algorithm::Standard);
+        algorithms
+    });
 }
 
 /// `standard` with windows in every dtype (f32 included): the baseline the issue asks for.
 #[test]
 fn the_standard_forward_takes_windows() {
-    let test = "the_standard_forward_takes_windows";
-    let Some(gpu) = common::gpu_or_skip(test) else {
-        return;
-    };
-    let mut rng = common::seeded_rng(test);
     let mut problems = Vec::new();
     for lengths in [(113, 203), (203, 113)] {
         for window in WINDOWS {
@@ -175,14 +151,9 @@ fn the_standard_forward_takes_windows() {
             }
         }
     }
-    let outcome = run_cases(
-        &gpu,
-        &problems,
-        &[Algorithm::Standard],
-        &AttentionOptions::default(),
-        &mut rng,
-    );
-    report(test, outcome);
+    check_cases("the_standard_forward_takes_windows", &problems, |_| {
+        vec![Algorithm::Standard]
+    });
 }
 
 /// Every compiled tiling of fa2-tc at d = 64 and 128 and every FA3 tiling (the persistent grids
@@ -217,13 +188,7 @@ fn every_tiling_takes_windows_and_soft_capping() {
         }
     }
     if gpu.has_hopper_module() {
-        for kernel in flash_kernels::registry::HOPPER_KERNELS.iter() {
-            let flash_kernels::registry::Family::Fa3 { head_dim, tiling } = kernel.family else {
-                continue;
-            };
-            if kernel.dtype != flash_kernels::registry::ElementType::Bf16 {
-                continue;
-            }
+        for (head_dim, tiling) in common::fa3_tilings() {
             let options = AttentionOptions {
                 fa3_tiling: Some(tiling),
                 ..Default::default()

@@ -50,6 +50,30 @@ pub struct CheckProblem {
 }
 
 impl CheckProblem {
+    /// `batch` × `heads` (as many K/V heads) of `seqlen_q` × `seqlen_k` at `head_dim`, with the
+    /// causal mask or not, no window and no soft-capping.
+    pub fn new(
+        batch: usize,
+        heads: usize,
+        (seqlen_q, seqlen_k): (usize, usize),
+        head_dim: usize,
+        causal: bool,
+        dtype: DType,
+    ) -> Self {
+        Self {
+            batch,
+            heads,
+            heads_kv: heads,
+            seqlen_q,
+            seqlen_k,
+            head_dim,
+            causal,
+            window: None,
+            softcap: 0.0,
+            dtype,
+        }
+    }
+
     /// Whether the problem has a window or soft-capping, which only `fa2-tc`, `fa3` (f16/bf16 at
     /// their head dims) and `standard` take.
     pub fn has_window_or_softcap(&self) -> bool {

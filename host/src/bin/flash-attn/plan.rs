@@ -29,17 +29,8 @@ pub struct PlanArgs {
     algorithms: Option<Vec<Algorithm>>,
     #[arg(long)]
     causal: bool,
-    /// Sliding window L,R (flash-attn's window_size; −1: unbounded side).
-    #[arg(long, value_name = "L,R", allow_negative_numbers = true, value_parser = crate::run::parse_window)]
-    window: Option<(i64, i64)>,
-    /// Soft-capping of the scores (0: off).
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    softcap: f32,
+    #[command(flatten)]
+    scoring: crate::run::ScoringArgs,
     /// FA2-TC's tiling, e.g. 4x2s1c64 (default: measured per head dim).
     #[arg(long, value_name = "TILING")]
     fa2_tc_tiling: Option<String>,
@@ -48,8 +39,8 @@ pub struct PlanArgs {
 pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
     let options = AttentionOptions {
         causal: args.causal,
-        window: args.window,
-        softcap: args.softcap,
+        window: args.scoring.window,
+        softcap: args.scoring.softcap,
         fa2_tc_tiling: parse_optional_fa2_tc_tiling(args.fa2_tc_tiling.as_deref())?,
         ..Default::default()
     };

@@ -40,20 +40,8 @@ pub struct RunArgs {
     /// Softmax scale multiplying Q·Kᵀ (default 1/√head_dim).
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     scale: Option<f32>,
-    /// Sliding-window (local) attention as flash-attn's window_size: query i sees key j iff
-    /// i + offset − L ≤ j ≤ i + offset + R (offset = seqlen_k − seqlen_q); −1 leaves a side
-    /// unbounded; with --causal, R is 0. fa2-tc, fa3 and standard take it.
-    #[arg(long, value_name = "L,R", allow_negative_numbers = true, value_parser = parse_window)]
-    window: Option<(i64, i64)>,
-    /// Logit soft-capping (Gemma 2): scores become X·tanh(scale·q·k / X) before the softmax
-    /// (0, the default, is off). fa2-tc, fa3 and standard take it.
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    softcap: f32,
+    #[command(flatten)]
+    scoring: ScoringArgs,
     /// FA1's SRAM budget M in f32 elements (default: the most that fits in shared memory).
     #[arg(long, value_name = "M")]
     fa1_sram_floats: Option<u32>,
@@ -127,8 +115,8 @@ impl RunArgs {
         }
         Ok(AttentionOptions {
             causal: self.causal,
-            window: self.window,
-            softcap: self.softcap,
+            window: self.scoring.window,
+            softcap: self.scoring.softcap,
             softmax_scale: self.scale,
             fa1_sram_floats: self.fa1_sram_floats,
             fa2_blocks: self.fa2_blocks,
@@ -146,6 +134,25 @@ impl RunArgs {
     }
 }
 
+/// `--window` and `--softcap`, shared by `run` and `plan`.
+#[derive(clap::Args)]
+pub struct ScoringArgs {
+    /// Sliding-window (local) attention as flash-attn's window_size: query i sees key j iff
+    /// i + offset − L ≤ j ≤ i + offset + R (offset = seqlen_k − seqlen_q); −1 leaves a side
+    /// unbounded; with --causal, R is 0. fa2-tc, fa3 and standard take it.
+    #[arg(long, value_name = "L,R", allow_hyphen_values = true, value_parser = parse_window)]
+    pub window: Option<(i64, i64)>,
+    /// Logit soft-capping (Gemma 2): scores become X·tanh(scale·q·k / X) before the softmax
+    /// (0, the default, is off). fa2-tc, fa3 and standard take it.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub softcap: f32,
+}
+
 /// Splits a comma-separated list into exactly `N` non-empty items.
 fn split_exact<const N: usize>(list: &str, what: &str) -> Result<[String; N], String> {
     let items: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
@@ -160,7 +167,7 @@ fn parse_names(list: &str) -> Result<[String; 3], String> {
 }
 
 /// `--window L,R`: two integers (the library checks their range and names `window`).
-pub(crate) fn parse_window(list: &str) -> Result<(i64, i64), String> {
+fn parse_window(list: &str) -> Result<(i64, i64), String> {
     let [left, right] = split_exact(list, "window sides (L,R)")?;
     let parse = |s: &str| {
         s.parse::<i64>()
