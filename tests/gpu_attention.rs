@@ -50,16 +50,7 @@ fn problem(
     causal: bool,
     dtype: DType,
 ) -> CheckProblem {
-    CheckProblem {
-        batch: 2,
-        heads: 3,
-        heads_kv: 3,
-        seqlen_q,
-        seqlen_k,
-        head_dim,
-        causal,
-        dtype,
-    }
+    CheckProblem::new(2, 3, (seqlen_q, seqlen_k), head_dim, causal, dtype)
 }
 
 #[test]

@@ -799,6 +799,8 @@ fn grouped_kv_heads_match_the_reference() {
                             seqlen_k: sk,
                             head_dim: d,
                             causal,
+                            window: None,
+                            softcap: 0.0,
                             dtype,
                         };
                         let algorithms: Vec<Algorithm> = match dtype {
@@ -821,14 +823,7 @@ fn grouped_kv_heads_match_the_reference() {
                         )
                         .expect("the launch failed");
                         for r in results {
-                            let family = match r.algorithm {
-                                Algorithm::Fa3 => Some("fa3_forward_"),
-                                Algorithm::Fa2Tc => Some("fa2tc_forward_"),
-                                _ => None,
-                            };
-                            if let Some(family) = family {
-                                assert!(r.kernels.starts_with(family), "ran {}", r.kernels);
-                            }
+                            common::assert_own_kernels(&r);
                             if !r.passed {
                                 println!("FAILED {}", describe(&r));
                                 failures.push(describe(&r));
@@ -857,13 +852,7 @@ fn every_fa3_tiling_takes_grouped_kv_heads() {
     }
     let mut rng = common::seeded_rng("every_fa3_tiling_takes_grouped_kv_heads");
     let mut failures = Vec::new();
-    for kernel in flash_kernels::registry::HOPPER_KERNELS.iter() {
-        let flash_kernels::registry::Family::Fa3 { head_dim, tiling } = kernel.family else {
-            continue;
-        };
-        if kernel.dtype != flash_kernels::registry::ElementType::Bf16 {
-            continue;
-        }
+    for (head_dim, tiling) in common::fa3_tilings() {
         let options = AttentionOptions {
             fa3_tiling: Some(tiling),
             ..Default::default()
@@ -881,6 +870,8 @@ fn every_fa3_tiling_takes_grouped_kv_heads() {
                 seqlen_k: sk,
                 head_dim: head_dim as usize,
                 causal,
+                window: None,
+                softcap: 0.0,
                 dtype: DType::Bf16,
             };
             for r in check_problem_with(

@@ -258,6 +258,8 @@ fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
         seqlen_k: 100,
         head_dim: 64,
         causal: false,
+        window: None,
+        softcap: 0.0,
         dtype: DType::Bf16,
     };
     for r in check_problem(
@@ -293,6 +295,8 @@ fn two_hundred_random_cases_pass_the_tolerance_rule() {
             seqlen_k: rng.random_range(1..=5000),
             head_dim: HEAD_DIMS[rng.random_range(0..HEAD_DIMS.len())],
             causal: rng.random(),
+            window: None,
+            softcap: 0.0,
             dtype: DType::ALL[rng.random_range(0..3)],
         };
         let algorithm = Algorithm::ALL[rng.random_range(0..Algorithm::ALL.len())];

@@ -460,6 +460,26 @@ fn cli_refuses_backward_options_without_backward_and_fa1_with_it() {
     }
 }
 
+#[test]
+fn cli_names_bad_windows_and_soft_caps_before_looking_for_a_gpu() {
+    let dir = temp_dir();
+    let input = qkv_file(&dir, Dtype::F32);
+    let output = dir.path().join("out.safetensors");
+    let io = ["--input", path_str(&input), "--output", path_str(&output)];
+    for (extra, expected) in [
+        (&["--window", "-2,0"][..], "invalid argument `window`"),
+        (&["--window", "5"][..], "comma-separated window sides"),
+        (&["--softcap", "-1"][..], "invalid argument `softcap`"),
+        (&["--softcap", "inf"][..], "invalid argument `softcap`"),
+    ] {
+        let result = run_cli(&[&["run"][..], &io, extra].concat());
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{extra:?}: {stderr}");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+        assert!(!output.exists(), "no output after an error");
+    }
+}
+
 fn run_cli(args: &[&str]) -> Output {
     Command::new(common::cli())
         .args(args)

@@ -24,6 +24,34 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     }
 }
 
+/// A tensor-core family (`fa2-tc`, `fa3`) ran its own kernels, not a fallback's.
+pub fn assert_own_kernels(result: &flash_attn::tools::check::CheckResult) {
+    let family = match result.algorithm {
+        flash_attn::Algorithm::Fa3 => "fa3_forward_",
+        flash_attn::Algorithm::Fa2Tc => "fa2tc_forward_",
+        _ => return,
+    };
+    assert!(
+        result.kernels.starts_with(family),
+        "{} ran {}",
+        result.algorithm,
+        result.kernels
+    );
+}
+
+/// Every compiled FA3 tiling with its head dim (the bf16 kernels; f16 has the same list).
+pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
+    use flash_kernels::registry::{ElementType, Family, HOPPER_KERNELS};
+    HOPPER_KERNELS
+        .iter()
+        .filter(|k| k.dtype == ElementType::Bf16)
+        .filter_map(|k| match k.family {
+            Family::Fa3 { head_dim, tiling } => Some((head_dim, tiling)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The `flash-attn` CLI: cargo's build of it, or the copy beside this test binary (where
 /// `cargo xtask bundle` puts both: on the GPU machine there is no cargo build tree).
 pub fn cli() -> PathBuf {

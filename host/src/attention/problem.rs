@@ -1,11 +1,14 @@
 //! What the caller asks for, checked: the algorithm, the options, and the problem's shape.
 
+use flash_kernels::common::mask::KeyWindow;
 use flash_kernels::common::params::AttentionShape;
+use flash_kernels::common::softcap::Softcap;
 use flash_kernels::fwd::fa2_tc::config::{DEFAULT_BLOCK_COLS, Fa2TcTiling};
 use flash_kernels::fwd::fa3::config::Fa3Tiling;
 use flash_kernels::fwd::standard::config::MATMUL_TILE;
 
 use crate::error::{Error, Result};
+use crate::model::scoring::Scoring;
 
 /// Largest head dim any algorithm takes.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -77,6 +80,17 @@ impl std::str::FromStr for Algorithm {
 pub struct AttentionOptions {
     /// Causal mask, aligned to the bottom-right corner (see `flash_kernels::mask`).
     pub causal: bool,
+    /// Sliding-window (local) attention, flash-attn's `window_size = (left, right)`: query i sees
+    /// key j iff i + offset − left ≤ j ≤ i + offset + right (offset = seqlen_k − seqlen_q, the
+    /// causal mask's bottom-right alignment); −1 leaves a side unbounded, `None` is (−1, −1).
+    /// With `causal`, right is 0 whatever it says here. A row that sees no key (possible with
+    /// seqlen_q > seqlen_k) gets O = 0 and L = −∞, as in flash-attn. `fa2-tc`, `fa3` and
+    /// `standard` take it; `fa1`, `fa2` and the backward pass refuse it.
+    pub window: Option<(i64, i64)>,
+    /// Logit soft-capping (Gemma 2, flash-attn's `softcap`): scores s = scale·q·k become
+    /// softcap·tanh(s / softcap) before the mask and the softmax; 0 (the default) is off. Finite
+    /// and ≥ 0; taken by the same algorithms as `window`.
+    pub softcap: f32,
     /// Multiplies Q·Kᵀ; default 1/√head_dim.
     pub softmax_scale: Option<f32>,
     /// FA1's SRAM budget M in f32 elements (B_c = ⌈M/4d⌉, B_r = min(B_c, d)); default: the largest
@@ -106,6 +120,11 @@ pub struct Problem {
     pub head_dim: usize,
     pub softmax_scale: f32,
     pub causal: bool,
+    /// The window as asked (unbounded sides `None`); [`Problem::scoring`] merges it with
+    /// `causal`.
+    pub window: KeyWindow,
+    /// 0: off.
+    pub softcap: f32,
 }
 
 impl Problem {
@@ -171,6 +190,8 @@ impl Problem {
             ));
         }
         let softmax_scale = checked_softmax_scale(options.softmax_scale, head_dim)?;
+        let window = checked_window(options.window)?;
+        let softcap = checked_softcap(options.softcap)?;
         let problem = Self {
             batch: q[0],
             heads: q[1],
@@ -180,6 +201,8 @@ impl Problem {
             head_dim,
             softmax_scale,
             causal: options.causal,
+            window,
+            softcap,
         };
         problem.check_index_ranges()?;
         Ok(problem)
@@ -245,7 +268,58 @@ impl Problem {
         [self.batch, self.heads_kv, self.seqlen_k, self.head_dim]
     }
 
+    /// How each row's scores are formed: soft-capping and the mask, the window merged with the
+    /// causal mask (right = 0), as the kernels merge them (`AttentionShape::window`).
+    pub fn scoring(&self) -> Scoring {
+        Scoring {
+            window: KeyWindow {
+                left: self.window.left,
+                right: if self.causal {
+                    Some(0)
+                } else {
+                    self.window.right
+                },
+            },
+            softcap: self.softcap as f64,
+        }
+    }
+
+    /// The window as flash-attn's `window_size` writes it: (left, right), −1 for an unbounded
+    /// side (as asked: `causal` is not merged in).
+    pub fn window_size(&self) -> (i64, i64) {
+        let side = |bound: Option<u32>| bound.map_or(-1, i64::from);
+        (side(self.window.left), side(self.window.right))
+    }
+
+    /// The most keys one query row sees: seqlen_k, or fewer when the window bounds both sides
+    /// (left + 1 + right; right is 0 with the causal mask).
+    pub fn keys_per_row(&self) -> usize {
+        let window = self.scoring().window;
+        match (window.left, window.right) {
+            (Some(left), Some(right)) => (left as usize + 1 + right as usize).min(self.seqlen_k),
+            _ => self.seqlen_k,
+        }
+    }
+
+    /// Whether the call asks for a window or soft-capping, which only `fa2-tc`, `fa3` and
+    /// `standard` run: the argument and its value to name in the others' refusal.
+    pub fn window_or_softcap(&self) -> Option<(&'static str, String)> {
+        if self.window.is_bounded() {
+            let (left, right) = self.window_size();
+            Some(("window", format!("({left}, {right})")))
+        } else if self.softcap > 0.0 {
+            Some(("softcap", self.softcap.to_string()))
+        } else {
+            None
+        }
+    }
+
     pub(crate) fn shape(&self) -> AttentionShape {
+        // A side wider than both sequences sees as much as an unbounded one; clipped there, it
+        // fits in the kernels' i32 (sequences are below 2^28, `check_index_ranges`).
+        let widest = self.seqlen_q + self.seqlen_k;
+        let side = |bound: Option<u32>| bound.map_or(-1, |n| (n as usize).min(widest) as i32);
+        let softcap = Softcap::new(self.softmax_scale, self.softcap);
         AttentionShape {
             batch: self.batch as u32,
             heads: self.heads as u32,
@@ -255,6 +329,10 @@ impl Problem {
             softmax_scale: self.softmax_scale,
             causal: self.causal as u32,
             kv_group: self.kv_group() as u32,
+            window_left: side(self.window.left),
+            window_right: side(self.window.right),
+            softcap_inside: softcap.inside,
+            softcap_outside: softcap.outside,
         }
     }
 
@@ -275,6 +353,41 @@ pub(crate) fn checked_softmax_scale(requested: Option<f32>, head_dim: usize) -> 
         ));
     }
     Ok(softmax_scale)
+}
+
+/// The window a call asked for: each side −1 (unbounded) or at least 0, at most u32::MAX.
+pub(crate) fn checked_window(requested: Option<(i64, i64)>) -> Result<KeyWindow> {
+    let Some((left, right)) = requested else {
+        return Ok(KeyWindow::FULL);
+    };
+    let side = |n: i64| -> Result<Option<u32>> {
+        match n {
+            -1 => Ok(None),
+            n => u32::try_from(n).map(Some).map_err(|_| {
+                Error::invalid(
+                    "window",
+                    format!("({left}, {right})"),
+                    "each side must be -1 (unbounded) or a key count from 0 to 4294967295",
+                )
+            }),
+        }
+    };
+    Ok(KeyWindow {
+        left: side(left)?,
+        right: side(right)?,
+    })
+}
+
+/// The soft-cap a call asked for: finite and ≥ 0 (0 is off).
+pub(crate) fn checked_softcap(softcap: f32) -> Result<f32> {
+    if !softcap.is_finite() || softcap < 0.0 {
+        return Err(Error::invalid(
+            "softcap",
+            softcap,
+            "must be finite and ≥ 0 (0: no soft-capping)",
+        ));
+    }
+    Ok(softcap)
 }
 
 /// Parses an FA2-TC tiling: `WxR`, optionally followed by `sS` and `cC` (warps, row tiles per

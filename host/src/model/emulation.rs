@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use flash_kernels::common::mask::CausalMask;
+use flash_kernels::common::mask::AttentionMask;
 use flash_kernels::common::softmax::LOG2_E;
 use ndarray::{
     ArrayView, ArrayView1, ArrayView2, ArrayView4, ArrayViewMut, ArrayViewMut1, Axis, Dimension,
@@ -13,6 +13,7 @@ use ndarray::{
 use half::{bf16, f16};
 
 use crate::dtype::DType;
+use crate::model::scoring::Scoring;
 use crate::model::traffic::{IoCounts, TensorIo};
 
 /// One (batch, head) of the inputs, as one kernel block sees it.
@@ -21,9 +22,12 @@ pub(super) struct HeadInputs<'a> {
     pub(super) q: ArrayView2<'a, f32>,
     k: ArrayView2<'a, f32>,
     v: ArrayView2<'a, f32>,
-    mask: CausalMask,
+    mask: AttentionMask,
     /// scale·log2 e: the kernels fold log2 e into the scale so that each e^x is one exp2.
     score_scale: f32,
+    /// Soft-capping as the kernels run it (`ScoreBlock::apply_softcap`): `Some((scale / softcap,
+    /// softcap·log2 e))`, the multiplier inside the tanh and the one after it.
+    softcap: Option<(f32, f32)>,
 }
 
 impl HeadInputs<'_> {
@@ -49,6 +53,25 @@ impl HeadInputs<'_> {
             as usize
     }
 
+    /// The K/V blocks row block `row_block` visits, as `KeyBlocks` gives them to the kernels:
+    /// from the first the window reaches to the last, with the block's unclipped end.
+    pub(super) fn key_blocks(
+        &self,
+        row_block: usize,
+        block_rows: usize,
+        block_cols: usize,
+    ) -> Range<usize> {
+        let row_start = (row_block * block_rows) as u32;
+        let first =
+            self.mask
+                .first_key_block_needed(row_start, self.seqlen_k() as u32, block_cols as u32)
+                as usize;
+        first
+            ..self
+                .key_blocks_needed(row_block, block_rows, block_cols)
+                .max(first)
+    }
+
     /// The first row block that key block `key_block` needs (FA2's backward skips the earlier
     /// ones, which are fully masked for it).
     pub(super) fn first_row_block_needed(
@@ -69,15 +92,20 @@ pub(super) fn for_each_head(
     q: ArrayView4<f32>,
     k: ArrayView4<f32>,
     v: ArrayView4<f32>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f32,
     mut f: impl FnMut(usize, usize, HeadInputs<'_>),
 ) {
+    let scoring = scoring.into();
     let (batch, heads, seqlen_q, _) = q.dim();
     let seqlen_k = k.dim().2;
     // Grouped K/V heads (GQA): query head h reads K/V head h / group, as `BlockInfo` maps it.
     let group = heads / k.dim().1.max(1);
-    let mask = CausalMask::new(causal, seqlen_q as u32, seqlen_k as u32);
+    let mask = scoring.mask(seqlen_q, seqlen_k);
+    let softcap = (scoring.softcap > 0.0).then(|| {
+        let softcap = scoring.softcap as f32;
+        (scale / softcap, softcap * LOG2_E)
+    });
     for b in 0..batch {
         for h in 0..heads {
             let head = HeadInputs {
@@ -86,6 +114,7 @@ pub(super) fn for_each_head(
                 v: v.slice(s![b, h / group, .., ..]),
                 mask,
                 score_scale: scale * LOG2_E,
+                softcap,
             };
             f(b, h, head);
         }
@@ -169,8 +198,9 @@ impl<'a> KeyTile<'a> {
         self.first_key..self.first_key + self.keys.nrows()
     }
 
-    /// One row of S_ij in log2 units: scale·log2 e·(q·k) for visible keys, −∞ for masked ones.
-    /// The dot product runs over d in order, from 0, as in both kernels.
+    /// One row of S_ij in log2 units: scale·log2 e·(q·k) (soft-capped: softcap·log2 e·
+    /// tanh(q·k·scale / softcap)) for visible keys, −∞ for masked ones. The dot product runs over
+    /// d in order, from 0, as in the kernels.
     pub(super) fn scores(
         &self,
         head: &HeadInputs,
@@ -183,7 +213,11 @@ impl<'a> KeyTile<'a> {
             .enumerate()
             .map(|(c, k_row)| {
                 if head.mask.visible(query as u32, (self.first_key + c) as u32) {
-                    dot(q_row, k_row) * head.score_scale
+                    let dot = dot(q_row, k_row);
+                    match head.softcap {
+                        Some((inside, outside)) => (dot * inside).tanh() * outside,
+                        None => dot * head.score_scale,
+                    }
                 } else {
                     f32::NEG_INFINITY
                 }

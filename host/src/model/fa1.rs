@@ -20,7 +20,7 @@ use crate::model::traffic::IoCounts;
 /// Per (batch, head): line 2 sets the f32 O accumulator to 0, m to −∞ and ℓ to 0 in HBM (and the
 /// final O to 0 for rows of row blocks that see no key, which no step will visit); then for each
 /// K/V block j (loaded once), for each Q block i not fully masked
-/// (`CausalMask::key_blocks_needed`): read Q_i, O_i, m_i, ℓ_i; m̃ = rowmax(S_ij),
+/// (`AttentionMask::key_blocks_needed`): read Q_i, O_i, m_i, ℓ_i; m̃ = rowmax(S_ij),
 /// P̃ = e^(S_ij − m̃), ℓ̃ = rowsum(P̃); m_new = max(m_i, m̃), α = e^(m_i − m_new),
 /// β = e^(m̃ − m_new), ℓ_new = α·ℓ_i + β·ℓ̃ (`fa1_merge`);
 /// O_i ← diag(ℓ_new)⁻¹(diag(ℓ_i)·α·O_i + β·P̃·V_j), written to the accumulator, or to O on the

@@ -8,13 +8,16 @@ use crate::model::emulation::{
     HeadInputs, KeyTile, existing_rows, exponentiate, for_each_head, read_rows, round_to, row_max,
     write_rows,
 };
+use crate::model::scoring::Scoring;
 use crate::model::traffic::IoCounts;
 
 /// FA2's forward pass on the CPU, as `kernels/src/fa2.rs` runs it, with every HBM access counted.
 /// Returns O (rounded to `dtype`), L = m + ln ℓ (−∞ for rows with no visible key), and the traffic.
+/// `scoring` (a `bool` for the causal mask or none) may add a sliding window and soft-capping,
+/// which `fa2-tc` and `fa3` run with this loop (the scalar FA2 kernel refuses them).
 ///
 /// Per (row block i, batch, head), the kernel's grid: read Q_i once; for each K/V block j the row
-/// block needs (`CausalMask::key_blocks_needed`): m^(j) = max(m^(j−1), rowmax S),
+/// block needs (`KeyBlocks`: from the first the window reaches to the last): m^(j) = max(m^(j−1), rowmax S),
 /// α = e^(m^(j−1) − m^(j)) (`fa2_rescale`), P̃ = e^(S − m^(j)), ℓ^(j) = α·ℓ^(j−1) + rowsum P̃,
 /// Õ^(j) = α·Õ^(j−1) + P̃·V_j; then O_i = diag(ℓ)⁻¹·Õ_i and L_i = m_i + log ℓ_i, written once.
 ///
@@ -25,7 +28,7 @@ pub fn emulate_fa2(
     q: ArrayView4<f32>,
     k: ArrayView4<f32>,
     v: ArrayView4<f32>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f32,
     blocks: (u32, u32),
     dtype: DType,
@@ -35,7 +38,7 @@ pub fn emulate_fa2(
     let mut logsumexp = Array3::from_elem((batch, heads, seqlen_q), f32::NAN);
     let mut io = IoCounts::new(dtype);
     let (block_rows, block_cols) = (blocks.0 as usize, blocks.1 as usize);
-    for_each_head(q, k, v, causal, scale, |b, h, head| {
+    for_each_head(q, k, v, scoring, scale, |b, h, head| {
         let mut out = Fa2Outputs {
             o: o.slice_mut(s![b, h, .., ..]),
             logsumexp: logsumexp.slice_mut(s![b, h, ..]),
@@ -70,7 +73,7 @@ fn emulate_fa2_row_block(
     let q_tile = read_rows(head.q, rows.clone(), &mut io.q);
     let mut stats = vec![RowStats::EMPTY; rows.len()];
     let mut acc = Array2::<f32>::zeros(q_tile.raw_dim());
-    for j in 0..head.key_blocks_needed(row_block, block_rows, block_cols) {
+    for j in head.key_blocks(row_block, block_rows, block_cols) {
         let tile = KeyTile::load(&head, j, block_cols, io);
         for (r, query) in rows.clone().enumerate() {
             let mut probabilities = tile.scores(&head, query, q_tile.row(r));

@@ -7,7 +7,7 @@
 //! 1. pre-pass, per row block: D_i = rowsum(dO_i ∘ O_i), and the f32 dQ accumulator set to 0;
 //! 2. main loop, one thread block per (key block j, batch, head): K_j, V_j loaded once, dK_j and
 //!    dV_j accumulated on chip; for each row block i the causal mask does not hide from it
-//!    (`CausalMask::first_row_block_needed`): load Q_i, dO_i, L_i, D_i;
+//!    (`AttentionMask::first_row_block_needed`): load Q_i, dO_i, L_i, D_i;
 //!    S = Q_i·K_jᵀ, P = exp(S − L_i), dV_j += Pᵀ·dO_i, dP = dO_i·V_jᵀ, dS = P ∘ (dP − D_i),
 //!    dK_j += dSᵀ·Q_i, and dQ_i += dS·K_j into the accumulator in HBM (read and written per
 //!    visit; atomic adds on the GPU, since every key block adds to every dQ_i);

@@ -20,4 +20,5 @@ pub mod io_table;
 pub mod prediction;
 pub mod reference;
 pub mod reference_backward;
+pub mod scoring;
 pub mod traffic;

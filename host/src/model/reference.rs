@@ -4,6 +4,7 @@ use ndarray::{Array3, Array4, ArrayView4, s};
 use rayon::prelude::*;
 
 use crate::dtype::Element;
+use crate::model::scoring::Scoring;
 
 /// O and the per-row logsumexp L.
 pub struct Reference {
@@ -13,9 +14,11 @@ pub struct Reference {
     pub logsumexp: Array3<f64>,
 }
 
-/// softmax(scale·Q·Kᵀ \[causal\])·V in f64, with the causal mask aligned to the bottom-right
-/// (query q sees key k iff k ≤ q + seqlen_k − seqlen_q). Rows with no visible key give O = 0 and
-/// L = −∞. K and V may have fewer heads than Q (GQA/MQA): query head h reads K/V head
+/// softmax(mask(cap(scale·Q·Kᵀ)))·V in f64 under `scoring` (a `bool` is the causal mask or none):
+/// soft-capping, then the causal or sliding-window mask aligned to the bottom-right (query q sees
+/// key k iff q + offset − left ≤ k ≤ q + offset + right, offset = seqlen_k − seqlen_q; causal is
+/// (unbounded, 0)). Rows with no visible key give O = 0 and L = −∞, as flash-attn returns them.
+/// K and V may have fewer heads than Q (GQA/MQA): query head h reads K/V head
 /// h / (heads_q / heads_kv).
 ///
 /// # Panics
@@ -24,11 +27,11 @@ pub fn attention_reference(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
 ) -> Reference {
     let all: Vec<usize> = (0..q.dim().2).collect();
-    attention_reference_rows(q, k, v, causal, scale, &all)
+    attention_reference_rows(q, k, v, scoring, scale, &all)
 }
 
 /// [`attention_reference`] for the query rows `rows` only (row indices into seqlen_q, which the
@@ -37,11 +40,11 @@ pub fn attention_reference_rows(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
     rows: &[usize],
 ) -> Reference {
-    attention_with_rounding(q, k, v, causal, scale, rows, |p| p, |o| o)
+    attention_with_rounding(q, k, v, scoring.into(), scale, rows, |p| p, |o| o)
 }
 
 /// Standard attention as it would run in `T`: the inputs are `T` values, P is rounded to `T`
@@ -51,11 +54,11 @@ pub fn attention_in_dtype<T: Element>(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
     rows: &[usize],
 ) -> Array4<f64> {
-    attention_with_rounding(q, k, v, causal, scale, rows, T::round, T::round).o
+    attention_with_rounding(q, k, v, scoring.into(), scale, rows, T::round, T::round).o
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -63,7 +66,7 @@ fn attention_with_rounding(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
-    causal: bool,
+    scoring: Scoring,
     scale: f64,
     query_rows: &[usize],
     round_prob: impl Fn(f64) -> f64 + Sync,
@@ -77,7 +80,6 @@ fn attention_with_rounding(
     );
     let group = heads / heads_kv;
     let n_rows = query_rows.len();
-    let offset = seqlen_k as i64 - seqlen_q as i64;
     // One task per query row, spread over the machine's cores.
     let rows: Vec<(Vec<f64>, f64)> = (0..batch * heads * n_rows)
         .into_par_iter()
@@ -87,23 +89,21 @@ fn attention_with_rounding(
                 flat / n_rows % heads,
                 query_rows[flat % n_rows],
             );
-            let visible = if causal {
-                (i as i64 + offset + 1).clamp(0, seqlen_k as i64) as usize
-            } else {
-                seqlen_k
-            };
-            if visible == 0 {
+            // The window is one range of keys: [start, end), empty for a row that sees none.
+            let visible = scoring.visible_keys(i, seqlen_q, seqlen_k);
+            if visible.is_empty() {
                 return (vec![round_out(0.0); head_dim], f64::NEG_INFINITY);
             }
             let qi = q.slice(s![b, h, i, ..]);
             let kv_head = h / group;
-            let scores: Vec<f64> = (0..visible)
-                .map(|j| scale * qi.dot(&k.slice(s![b, kv_head, j, ..])))
+            let scores: Vec<f64> = visible
+                .clone()
+                .map(|j| scoring.cap(scale * qi.dot(&k.slice(s![b, kv_head, j, ..]))))
                 .collect();
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
             let mut acc = vec![0.0f64; head_dim];
-            for (j, s) in scores.iter().enumerate() {
+            for (j, s) in visible.zip(&scores) {
                 let p = round_prob((s - max).exp() / sum);
                 for (a, x) in acc.iter_mut().zip(v.slice(s![b, kv_head, j, ..])) {
                     *a += p * x;

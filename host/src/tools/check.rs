@@ -30,7 +30,7 @@ pub const HALF_ABSOLUTE_SLACK: f64 = 1e-5;
 /// Bound on |L − L_ref| where L_ref is finite.
 pub const LOGSUMEXP_TOLERANCE: f64 = 1e-4;
 
-/// One problem to check: shapes, dtype, mask.
+/// One problem to check: shapes, dtype, mask, soft-capping.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct CheckProblem {
     pub batch: usize,
@@ -42,7 +42,43 @@ pub struct CheckProblem {
     pub seqlen_k: usize,
     pub head_dim: usize,
     pub causal: bool,
+    /// flash-attn's `window_size` (`AttentionOptions::window`); `None`: no window.
+    pub window: Option<(i64, i64)>,
+    /// 0: no soft-capping.
+    pub softcap: f32,
     pub dtype: DType,
+}
+
+impl CheckProblem {
+    /// `batch` × `heads` (as many K/V heads) of `seqlen_q` × `seqlen_k` at `head_dim`, with the
+    /// causal mask or not, no window and no soft-capping.
+    pub fn new(
+        batch: usize,
+        heads: usize,
+        (seqlen_q, seqlen_k): (usize, usize),
+        head_dim: usize,
+        causal: bool,
+        dtype: DType,
+    ) -> Self {
+        Self {
+            batch,
+            heads,
+            heads_kv: heads,
+            seqlen_q,
+            seqlen_k,
+            head_dim,
+            causal,
+            window: None,
+            softcap: 0.0,
+            dtype,
+        }
+    }
+
+    /// Whether the problem has a window or soft-capping, which only `fa2-tc`, `fa3` (f16/bf16 at
+    /// their head dims) and `standard` take.
+    pub fn has_window_or_softcap(&self) -> bool {
+        self.window.is_some_and(|w| w != (-1, -1)) || self.softcap != 0.0
+    }
 }
 
 /// The outcome of one (problem, algorithm, layout).
@@ -124,7 +160,8 @@ pub fn check_problem(
     )
 }
 
-/// [`check_problem`] with block-size overrides from `overrides` (its `causal` is the problem's).
+/// [`check_problem`] with block-size overrides from `overrides` (its `causal`, `window` and
+/// `softcap` are the problem's).
 pub fn check_problem_with(
     gpu: &Gpu,
     problem: CheckProblem,
@@ -135,6 +172,8 @@ pub fn check_problem_with(
 ) -> Result<Vec<CheckResult>> {
     let options = AttentionOptions {
         causal: problem.causal,
+        window: problem.window,
+        softcap: problem.softcap,
         ..*overrides
     };
     with_element!(problem.dtype, T => {
@@ -171,11 +210,12 @@ fn check_typed<T: Element>(
     let problem = Problem::new(q_dims, kv_dims, kv_dims, options)?;
     let scale = problem.softmax_scale as f64;
     let rows = rows_to_compare(p.seqlen_q, rng);
+    let scoring = problem.scoring();
     let reference =
-        attention_reference_rows(q64.view(), k64.view(), v64.view(), p.causal, scale, &rows);
+        attention_reference_rows(q64.view(), k64.view(), v64.view(), scoring, scale, &rows);
     let baseline_error = (T::DTYPE != DType::F32).then(|| {
         let in_dtype =
-            attention_in_dtype::<T>(q64.view(), k64.view(), v64.view(), p.causal, scale, &rows);
+            attention_in_dtype::<T>(q64.view(), k64.view(), v64.view(), scoring, scale, &rows);
         max_abs_difference(in_dtype.view(), reference.o.view()).0
     });
     let max_ref = reference.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -282,7 +322,7 @@ fn max_abs_difference(a: ArrayView4<f64>, b: ArrayView4<f64>) -> (f64, usize) {
 pub fn describe(r: &CheckResult) -> String {
     let p = &r.problem;
     format!(
-        "{:<8} {:<4} {:<4} b={} h={} h_kv={} sq={:<5} sk={:<5} d={:<3} causal={:<5} max_abs={:.3e} rel={:.3e} bound={:.3e} L_err={:.2e}{} {}",
+        "{:<8} {:<4} {:<4} b={} h={} h_kv={} sq={:<5} sk={:<5} d={:<3} causal={:<5}{} max_abs={:.3e} rel={:.3e} bound={:.3e} L_err={:.2e}{} {}",
         r.algorithm.name(),
         p.dtype.name(),
         r.layout.name(),
@@ -293,6 +333,7 @@ pub fn describe(r: &CheckResult) -> String {
         p.seqlen_k,
         p.head_dim,
         p.causal,
+        scoring_words(p),
         r.max_abs_error,
         r.relative_error,
         r.bound,
@@ -304,4 +345,16 @@ pub fn describe(r: &CheckResult) -> String {
         },
         if r.passed { "ok" } else { "FAIL" }
     )
+}
+
+/// " window=(l,r)" and " softcap=x" where the problem has them.
+fn scoring_words(p: &CheckProblem) -> String {
+    let mut words = String::new();
+    if let Some((left, right)) = p.window {
+        words.push_str(&format!(" window=({left},{right})"));
+    }
+    if p.softcap != 0.0 {
+        words.push_str(&format!(" softcap={}", p.softcap));
+    }
+    words
 }

@@ -1,5 +1,5 @@
 //! The intrinsics every architecture the kernels target has (sm_80 and later): thread and block
-//! indices, barriers, dynamic shared memory, warp shuffles and votes, fast `exp2`/`log2`, FMA,
+//! indices, barriers, dynamic shared memory, warp shuffles and votes, fast `exp2`/`log2`/`tanh`, FMA,
 //! conversions between f32 and the 16-bit float formats, and raw memory access.
 
 use core::arch::{asm, nvptx};
@@ -24,6 +24,8 @@ unsafe extern "C" {
     fn nvvm_bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
     fn nvvm_ex2_approx_ftz(x: f32) -> f32;
+    #[link_name = "llvm.nvvm.tanh.approx.f32"]
+    fn nvvm_tanh_approx(x: f32) -> f32;
     #[link_name = "llvm.nvvm.lg2.approx.ftz.f"]
     fn nvvm_lg2_approx_ftz(x: f32) -> f32;
     #[link_name = "llvm.fma.f32"]
@@ -158,6 +160,15 @@ pub fn vote_any(predicate: bool) -> bool {
 pub fn exp2(x: f32) -> f32 {
     // SAFETY: a pure arithmetic instruction.
     unsafe { nvvm_ex2_approx_ftz(x) }
+}
+
+/// tanh(x) on the special-function unit (`tanh.approx.f32`, sm_75 and later; maximum relative
+/// error about 2^-11, below the 16-bit P̃ it feeds): soft-capping's one SFU instruction per
+/// score. `tanh(±inf) = ±1`.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic instruction.
+    unsafe { nvvm_tanh_approx(x) }
 }
 
 /// a·b + c with one rounding (`fma.rn.f32`); Rust does not contract a·b + c on its own.

@@ -1,9 +1,9 @@
 //! Where one thread block's work sits in the problem: its batch and head, the K/V head it reads,
-//! the row and key ranges of its sequence, and which key blocks the causal mask lets it skip or
-//! must apply element-wise. Every kernel starts from a [`BlockInfo`], so grouped K/V heads (GQA)
+//! the row and key ranges of its sequence, and which key blocks the mask (causal or a sliding
+//! window, `common::mask`) lets it skip or must apply element-wise. Every kernel starts from a [`BlockInfo`], so grouped K/V heads (GQA)
 //! and packed variable-length batches change this file, not the kernels.
 
-use crate::common::mask::CausalMask;
+use crate::common::mask::{AttentionMask, KeyWindow};
 use crate::common::params::{AttentionShape, DecodeParams};
 
 /// One (batch, head) of the problem, as a block sees it.
@@ -22,8 +22,9 @@ pub struct BlockInfo {
     pub seqlen_q: u32,
     /// Keys of this head's sequence.
     pub seqlen_k: u32,
-    /// Whether the causal mask applies (see [`BlockInfo::mask`]).
-    pub causal: bool,
+    /// Which keys each query sees around its diagonal (causal, a sliding window, or all; see
+    /// [`BlockInfo::mask`]).
+    pub window: KeyWindow,
 }
 
 impl BlockInfo {
@@ -46,7 +47,7 @@ impl BlockInfo {
             batch_head,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
-            causal: shape.causal != 0,
+            window: shape.window(),
         }
     }
 
@@ -59,11 +60,33 @@ impl BlockInfo {
         if grouped { self.head } else { self.kv_head }
     }
 
-    /// The causal mask of this head's sequences (a no-op when not causal). Made where it is used,
-    /// so its diagonal offset is computed where the kernel first needs it.
+
+    /// The block of a kernel that takes the causal mask or none, not a window (`fa1`, `fa2` and
+    /// the backward pass: the host refuses windows there): its mask's left side is unbounded at
+    /// compile time, so its masked tiles cost what they did before windows existed.
     #[inline(always)]
-    pub fn mask(&self) -> CausalMask {
-        CausalMask::new(self.causal, self.seqlen_q, self.seqlen_k)
+    pub fn causal_only(shape: &AttentionShape, batch_head: u32) -> Self {
+        Self {
+            window: KeyWindow::causal(shape.causal != 0),
+            ..Self::new(shape, batch_head)
+        }
+    }
+
+    /// The mask of this head's sequences (a no-op without causal mask or window). Made where it
+    /// is used, so its offsets are computed where the kernel first needs them.
+    #[inline(always)]
+    pub fn mask(&self) -> AttentionMask {
+        AttentionMask::new(self.window, self.seqlen_q, self.seqlen_k)
+    }
+
+    /// Whether the last row blocks visit the most key blocks, so a grid should start them first
+    /// (its tail is then short): with the window's right side bounded (causal, or a window) a
+    /// row block's key range ends further right the later it is, and starts at 0 or moves by the
+    /// same amount; with the right side unbounded every row block visits as many blocks, or the
+    /// first ones the most (a left bound only), and the grid runs in order.
+    #[inline(always)]
+    pub fn heaviest_rows_last(&self) -> bool {
+        self.window.right.is_some()
     }
 
     /// The key blocks of `block_cols` keys that the row block `[row_start, row_start + block_rows)`
@@ -94,22 +117,30 @@ impl BlockInfo {
     }
 }
 
-/// The key blocks one row block visits: [`KeyBlocks::count`] of them from key 0 (the causal
-/// mask hides every later block from all its rows, so those are never loaded), and which need the
-/// element-wise mask ([`KeyBlocks::needs_mask`]).
+/// The key blocks one row block visits: [`KeyBlocks::count`] of them from block
+/// [`KeyBlocks::first`] (the window hides every earlier block and every later one from all its
+/// rows, so those are never loaded), and which need the element-wise mask
+/// ([`KeyBlocks::needs_mask`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyBlocks {
     seqlen_k: u32,
-    mask: CausalMask,
+    mask: AttentionMask,
     row_start: u32,
     block_rows: u32,
     block_cols: u32,
 }
 
 impl KeyBlocks {
-    /// How many key blocks, from key 0, the rows see.
+    /// The first key block some row sees (0 unless the window's left side is bounded).
     #[inline(always)]
-    pub fn count(&self) -> u32 {
+    pub fn first(&self) -> u32 {
+        self.mask
+            .first_key_block_needed(self.row_start, self.seqlen_k, self.block_cols)
+    }
+
+    /// One past the last key block some row sees.
+    #[inline(always)]
+    pub fn end(&self) -> u32 {
         self.mask.key_blocks_needed(
             self.row_start + self.block_rows,
             self.seqlen_k,
@@ -117,20 +148,35 @@ impl KeyBlocks {
         )
     }
 
-    /// Whether the key block starting at `key_start` runs past seqlen_k or crosses the causal
-    /// diagonal, so its step is the one compiled with `MASK = true`; every other block runs the
-    /// step with `MASK = false`.
+    /// How many key blocks, from [`KeyBlocks::first`], the rows see (0 when none sees a key).
+    #[inline(always)]
+    pub fn count(&self) -> u32 {
+        self.end().saturating_sub(self.first())
+    }
+
+    /// The first key of the `n`-th block the rows visit.
+    #[inline(always)]
+    pub fn key_start(&self, n: u32) -> u32 {
+        (self.first() + n) * self.block_cols
+    }
+
+    /// Whether the key block starting at `key_start` runs past seqlen_k or crosses an edge of the
+    /// window (the causal diagonal among them), so its step is the one compiled with
+    /// `MASK = true`; every other block runs the step with `MASK = false`.
     #[inline(always)]
     pub fn needs_mask(&self, key_start: u32) -> bool {
         key_start + self.block_cols > self.seqlen_k
-            || self
-                .mask
-                .tile_needs_mask(self.row_start, key_start + self.block_cols)
+            || self.mask.tile_needs_mask(
+                self.row_start,
+                self.row_start + self.block_rows,
+                key_start,
+                key_start + self.block_cols,
+            )
     }
 
     /// The mask the masked steps apply element by element.
     #[inline(always)]
-    pub fn mask(&self) -> CausalMask {
+    pub fn mask(&self) -> AttentionMask {
         self.mask
     }
 }
@@ -142,7 +188,7 @@ impl KeyBlocks {
 pub struct RowBlocks {
     seqlen_q: u32,
     seqlen_k: u32,
-    mask: CausalMask,
+    mask: AttentionMask,
     key_start: u32,
     block_cols: u32,
     block_rows: u32,
@@ -163,19 +209,22 @@ impl RowBlocks {
     }
 
     /// Whether the tile (rows from `row_start`, this key block) runs past seqlen_q or seqlen_k
-    /// or crosses the causal diagonal, so its step is the one compiled with `MASK = true`.
+    /// or crosses an edge of the window, so its step is the one compiled with `MASK = true`.
     #[inline(always)]
     pub fn needs_mask(&self, row_start: u32) -> bool {
         row_start + self.block_rows > self.seqlen_q
             || self.key_start + self.block_cols > self.seqlen_k
-            || self
-                .mask
-                .tile_needs_mask(row_start, self.key_start + self.block_cols)
+            || self.mask.tile_needs_mask(
+                row_start,
+                row_start + self.block_rows,
+                self.key_start,
+                self.key_start + self.block_cols,
+            )
     }
 
     /// The mask the masked steps apply element by element.
     #[inline(always)]
-    pub fn mask(&self) -> CausalMask {
+    pub fn mask(&self) -> AttentionMask {
         self.mask
     }
 }
@@ -297,21 +346,25 @@ impl DecodeBlock {
     /// The causal mask of the new tokens against the cache: token t is position
     /// seqlen − q_tokens + t of the sequence (a no-op when not causal).
     #[inline(always)]
-    pub fn mask(&self) -> CausalMask {
-        CausalMask::new(self.causal, self.q_tokens, self.seqlen)
+    pub fn mask(&self) -> AttentionMask {
+        AttentionMask::causal(self.causal, self.q_tokens, self.seqlen)
     }
 
     /// Whether the step of `step_keys` keys from `key_start` runs past the sequence or crosses
     /// the causal diagonal of the first token, so it runs with the element-wise mask.
     #[inline(always)]
     pub fn step_needs_mask(&self, key_start: u32, step_keys: u32) -> bool {
-        key_start + step_keys > self.seqlen || self.mask().tile_needs_mask(0, key_start + step_keys)
+        key_start + step_keys > self.seqlen
+            || self
+                .mask()
+                .tile_needs_mask(0, 1, key_start, key_start + step_keys)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::format;
 
     fn shape(heads: u32, seqlen_q: u32, seqlen_k: u32, causal: bool) -> AttentionShape {
         AttentionShape {
@@ -323,6 +376,7 @@ mod tests {
             softmax_scale: 0.125,
             causal: causal as u32,
             kv_group: 1,
+            ..Default::default()
         }
     }
 
@@ -420,6 +474,132 @@ mod tests {
         assert_eq!((blocks.first(), blocks.end()), (0, 2));
         assert!(!blocks.needs_mask(0));
         assert!(blocks.needs_mask(64));
+    }
+
+    fn windowed(seqlen_q: u32, seqlen_k: u32, causal: bool, left: i32, right: i32) -> BlockInfo {
+        let windowed = AttentionShape {
+            window_left: left,
+            window_right: right,
+            ..shape(1, seqlen_q, seqlen_k, causal)
+        };
+        BlockInfo::new(&windowed, 0)
+    }
+
+    #[test]
+    fn a_window_skips_key_blocks_on_both_sides() {
+        // 512 × 512, window (64, 64), B_r = B_c = 64: rows 256..320 see keys 192..384, blocks
+        // 3, 4 and 5 (3 and 5 cross the window's edges, 4 lies inside it).
+        let blocks = windowed(512, 512, false, 64, 64).key_blocks(256, 64, 64);
+        assert_eq!((blocks.first(), blocks.end(), blocks.count()), (3, 6, 3));
+        assert_eq!(blocks.key_start(0), 192);
+        assert!(blocks.needs_mask(192));
+        assert!(!blocks.needs_mask(256));
+        assert!(blocks.needs_mask(320));
+        // The first row block: the window starts at key 0, so no block is skipped on the left.
+        let blocks = windowed(512, 512, false, 64, 64).key_blocks(0, 64, 64);
+        assert_eq!((blocks.first(), blocks.count()), (0, 2));
+        assert!(!blocks.needs_mask(0) || blocks.needs_mask(64));
+    }
+
+    #[test]
+    fn a_window_with_causal_takes_the_diagonal_as_its_right_edge() {
+        // Causal + left 150 (right 7 ignored): row 256 sees keys 106..=256, row 319 keys
+        // 169..=319, so blocks 1..5: 1 and 2 cross the left edge, 3 is inside, 4 holds the
+        // diagonal.
+        let info = windowed(512, 512, true, 150, 7);
+        assert_eq!(
+            info.window,
+            KeyWindow {
+                left: Some(150),
+                right: Some(0)
+            }
+        );
+        let blocks = info.key_blocks(256, 64, 64);
+        assert_eq!((blocks.first(), blocks.end()), (1, 5));
+        assert!(blocks.needs_mask(64) && blocks.needs_mask(128));
+        assert!(!blocks.needs_mask(192));
+        assert!(blocks.needs_mask(256));
+        assert!(info.heaviest_rows_last());
+        // Causal alone is (unbounded, 0): the same blocks as before windows existed.
+        let causal = windowed(512, 512, true, -1, -1).key_blocks(256, 64, 64);
+        assert_eq!((causal.first(), causal.end()), (0, 5));
+        assert!(!causal.needs_mask(0) && causal.needs_mask(256));
+    }
+
+    #[test]
+    fn a_left_window_alone_skips_blocks_before_it_and_runs_the_grid_in_order() {
+        // Window (256, unbounded), seqlen_q = 100 < seqlen_k = 1000: offset 900, so rows 0..64
+        // see keys from 644 (row 0) or 707 (row 63): blocks 10..16 of 64, blocks 10 and 11
+        // crossing the left edge and 15 the tail.
+        let info = windowed(100, 1000, false, 256, -1);
+        let blocks = info.key_blocks(0, 64, 64);
+        assert_eq!((blocks.first(), blocks.end()), (10, 16));
+        assert!(blocks.needs_mask(640) && blocks.needs_mask(704));
+        assert!(!blocks.needs_mask(768));
+        assert!(blocks.needs_mask(960));
+        assert!(!info.heaviest_rows_last());
+    }
+
+    #[test]
+    fn key_block_ranges_match_a_brute_force_search() {
+        // For every window, shape and row block: first..end is exactly the blocks with a visible
+        // pair, and a block is masked iff it hides a pair or runs past seqlen_k.
+        for (left, right) in [
+            (-1, -1),
+            (-1, 0),
+            (0, 0),
+            (17, 0),
+            (5, 9),
+            (3, -1),
+            (40, 40),
+        ] {
+            for causal in [false, true] {
+                for (seqlen_q, seqlen_k) in [(113, 203), (203, 113), (64, 64), (1, 70)] {
+                    let info = windowed(seqlen_q, seqlen_k, causal, left, right);
+                    let mask = info.mask();
+                    for (rows, cols) in [(16, 16), (64, 32), (32, 64)] {
+                        for row_start in (0..seqlen_q).step_by(rows as usize) {
+                            let row_end = (row_start + rows).min(seqlen_q);
+                            let blocks = info.key_blocks(row_start, rows, cols);
+                            let visible = |block: u32| {
+                                let keys = block * cols..((block + 1) * cols).min(seqlen_k);
+                                (row_start..row_end)
+                                    .any(|q| keys.clone().any(|k| mask.visible(q, k)))
+                            };
+                            let seen: std::vec::Vec<u32> = (0..seqlen_k.div_ceil(cols))
+                                .filter(|&b| visible(b))
+                                .collect();
+                            let what = format!(
+                                "({left}, {right}) causal={causal} {seqlen_q}×{seqlen_k} \
+                                 {rows}×{cols} rows {row_start}"
+                            );
+                            match (seen.first(), seen.last()) {
+                                (Some(&first), Some(&last)) => {
+                                    assert_eq!(
+                                        (blocks.first(), blocks.end()),
+                                        (first, last + 1),
+                                        "{what}"
+                                    );
+                                }
+                                _ => assert_eq!(blocks.count(), 0, "{what}"),
+                            }
+                            for n in 0..blocks.count() {
+                                let key_start = blocks.key_start(n);
+                                let key_end = key_start + cols;
+                                let hides = key_end > seqlen_k
+                                    || (row_start..row_start + rows)
+                                        .any(|q| (key_start..key_end).any(|k| !mask.visible(q, k)));
+                                assert_eq!(
+                                    blocks.needs_mask(key_start),
+                                    hides,
+                                    "{what} key {key_start}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn decode_params(heads_q: u32, heads_kv: u32, q_tokens: u32, causal: bool) -> DecodeParams {

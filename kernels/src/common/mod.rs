@@ -7,6 +7,7 @@ pub mod block;
 pub mod limits;
 pub mod mask;
 pub mod params;
+pub mod softcap;
 pub mod softmax;
 
 #[cfg(target_arch = "nvptx64")]

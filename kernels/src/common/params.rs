@@ -22,10 +22,11 @@ impl TensorView {
     }
 }
 
-/// The problem every attention kernel solves: O = softmax(scale·Q·Kᵀ [+ causal mask])·V for each of
-/// `batch × heads` query heads, each against its K/V head (`kv_group` query heads share one).
+/// The problem every attention kernel solves: O = softmax(mask(cap(scale·Q·Kᵀ)))·V for each of
+/// `batch × heads` query heads, each against its K/V head (`kv_group` query heads share one),
+/// where cap is the optional soft-capping and mask the causal or sliding-window mask.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
     pub batch: u32,
     pub heads: u32,
@@ -39,6 +40,50 @@ pub struct AttentionShape {
     /// Query heads per K/V head (GQA/MQA; 1 when K and V have as many heads as Q): query head h
     /// reads K/V head h / kv_group, and K and V have heads / kv_group heads. At least 1.
     pub kv_group: u32,
+    /// The sliding-window (local) mask, flash-attn's `window_size`: query q sees key k only if
+    /// q + offset − window_left ≤ k ≤ q + offset + window_right (offset = seqlen_k − seqlen_q,
+    /// `common::mask`); −1 leaves a side unbounded. With `causal`, the right side is 0.
+    pub window_left: i32,
+    pub window_right: i32,
+    /// Soft-capping (Gemma 2, flash-attn's `softcap`): each score s = scale·q·k becomes
+    /// softcap·tanh(s / softcap) before the mask and the softmax, which the kernels compute as
+    /// tanh(q·k·softcap_inside)·softcap_outside·scale (`common::softcap`): softcap_inside =
+    /// scale / softcap, softcap_outside = softcap / scale, both 0 when capping is off.
+    pub softcap_inside: f32,
+    pub softcap_outside: f32,
+}
+
+impl Default for AttentionShape {
+    /// Every field 0 but the window, which is unbounded on both sides (a zero window would show
+    /// each query its diagonal key only).
+    fn default() -> Self {
+        Self {
+            batch: 0,
+            heads: 0,
+            seqlen_q: 0,
+            seqlen_k: 0,
+            head_dim: 0,
+            softmax_scale: 0.0,
+            causal: 0,
+            kv_group: 0,
+            window_left: -1,
+            window_right: -1,
+            softcap_inside: 0.0,
+            softcap_outside: 0.0,
+        }
+    }
+}
+
+impl AttentionShape {
+    /// Which keys each query sees around its diagonal.
+    #[inline(always)]
+    pub fn window(&self) -> crate::common::mask::KeyWindow {
+        crate::common::mask::KeyWindow::from_params(
+            self.causal != 0,
+            self.window_left,
+            self.window_right,
+        )
+    }
 }
 
 /// Q, K, V in, O out: the four operands of every algorithm.

@@ -24,6 +24,7 @@ use crate::arch;
 use crate::common::block::DecodeBlock;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::DecodeParams;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::{LOG2_E, RowStats, fa1_merge, needs_rescale};
 use crate::tile::accumulator::ScoreBlock;
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col};
@@ -145,6 +146,8 @@ fn step<T: TensorCoreElement, C: DecodeConfig, const MASK: bool>(
         key_start,
         seqlen_k: block.seqlen,
         mask: block.mask(),
+        // Decoding takes no soft-capping (yet).
+        softcap: Softcap::OFF,
         score_scale: inputs.score_scale,
     };
     if MASK {

@@ -11,24 +11,41 @@
 
 use crate::arch;
 use crate::common::element::TensorCoreElement;
-use crate::common::mask::CausalMask;
+use crate::common::mask::AttentionMask;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::{RowStats, fa2_rescale, pairwise};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector};
 
 /// Where a block of scores S = Q_i·K_jᵀ sits and how it becomes probabilities: its first key,
-/// the keys that exist, the causal mask, and scale·log2 e (the softmax runs in the exp2 domain).
+/// the keys that exist, the mask, soft-capping, and scale·log2 e (the softmax runs in the exp2
+/// domain).
 #[derive(Clone, Copy)]
 pub struct ScoreBlock {
     pub key_start: u32,
     pub seqlen_k: u32,
-    pub mask: CausalMask,
+    pub mask: AttentionMask,
+    pub softcap: Softcap,
     pub score_scale: f32,
 }
 
 impl ScoreBlock {
-    /// −∞ where the key is past seqlen_k or hidden by the causal mask, for the warp's 16 rows
-    /// starting at row `first_row` of the sequence.
+    /// Soft-capping, when on: each raw product x = q·k becomes tanh(x·scale/softcap)·softcap/scale
+    /// (one `tanh.approx` per score; `common::softcap`), before the mask. The test is uniform
+    /// across the grid, so with capping off it costs one compare per block.
+    #[inline(always)]
+    pub fn apply_softcap<const TILES: usize>(&self, scores: &mut [[f32; 4]; TILES]) {
+        if self.softcap.is_on() {
+            for values in scores.iter_mut() {
+                for value in values.iter_mut() {
+                    *value = self.softcap.apply(*value, arch::tanh);
+                }
+            }
+        }
+    }
+
+    /// −∞ where the key is past seqlen_k or hidden by the mask (causal or a window), for the
+    /// warp's 16 rows starting at row `first_row` of the sequence.
     #[inline(always)]
     pub fn apply_mask<const TILES: usize>(&self, scores: &mut [[f32; 4]; TILES], first_row: u32) {
         let lane = arch::lane_idx();
@@ -38,17 +55,22 @@ impl ScoreBlock {
                 let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
                 let key =
                     self.key_start + tile as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
-                if key >= self.seqlen_k || !self.mask.visible(row, key) {
+                // The mask's own test only where it has a bounded side: a block that is masked
+                // for the seqlen_k tail alone then compares the key with seqlen_k only.
+                if key >= self.seqlen_k || (self.mask.is_bounded() && !self.mask.visible(row, key))
+                {
                     *value = f32::NEG_INFINITY;
                 }
             }
         }
     }
 
-    /// The same mask as [`apply_mask`](Self::apply_mask), as one end per row: each of the lane's
-    /// two rows sees the keys below `visible_key_end` (the causal diagonal clipped to seqlen_k),
-    /// so each element is one compare of its constant column within the block against that end
-    /// counted from the lane's first column: two live values, not a key index per element.
+    /// The same mask as [`apply_mask`](Self::apply_mask), as ends per row: each of the lane's
+    /// two rows sees the keys below `visible_key_end` (the causal diagonal or the window's right
+    /// edge, clipped to seqlen_k) and, where the window has a left side (a uniform branch), from
+    /// its `window_start`, so each element is one compare of its constant column within the
+    /// block against an end counted from the lane's first column: two live values, not a key
+    /// index per element. The left pass keeps one: the second row's start is the first's + 8.
     ///
     /// FA3 uses this form, FA2-TC the element-wise one: each is the faster in its kernel, timed
     /// against the other in one call (FA3 +3–6% where blocks are masked, call 11; FA2-TC −3–4%,
@@ -62,18 +84,16 @@ impl ScoreBlock {
         let lane = arch::lane_idx();
         let lane_row = first_row + accumulator_row(lane);
         let lane_key = (self.key_start + accumulator_col(lane)) as i32;
-        let visible_cols: [i32; 2] = core::array::from_fn(|h| {
-            let row = lane_row + h as u32 * LDMATRIX_SIDE;
-            self.mask.visible_key_end(row, self.seqlen_k) as i32 - lane_key
+        let row = |h: usize| lane_row + h as u32 * LDMATRIX_SIDE;
+        let end_cols: [i32; 2] = core::array::from_fn(|h| {
+            self.mask.visible_key_end(row(h), self.seqlen_k) as i32 - lane_key
         });
-        for (tile, values) in scores.iter_mut().enumerate() {
-            for (e, value) in values.iter_mut().enumerate() {
-                let col = (tile as u32 * MMA_N + e as u32 % 2) as i32;
-                if col >= visible_cols[e / 2] {
-                    *value = f32::NEG_INFINITY;
-                }
-            }
-        }
+        // Unbounded on the left, the window's start is far below the block: nothing hidden.
+        let first_col = self.mask.window_start(lane_row) - lane_key;
+        let row_shift = |h: usize| (h as u32 * LDMATRIX_SIDE) as i32;
+        mask_columns(scores, |col, h| {
+            col >= end_cols[h] || col - row_shift(h) < first_col
+        });
     }
 
     /// max_k S[row, k] · scale · log2 e for the lane's row `h`, complete across the quad (lanes
@@ -149,6 +169,23 @@ impl ScoreBlock {
             }
             stats[h].sum += row_reduce(scores, h, |a, b| a + b);
             on_row(h, scores);
+        }
+    }
+}
+
+/// −∞ at each element whose column within the block (`tile`·8 + its place in the lane's pair)
+/// and row (`h`, of the lane's two) `hidden` picks.
+#[inline(always)]
+fn mask_columns<const TILES: usize>(
+    scores: &mut [[f32; 4]; TILES],
+    hidden: impl Fn(i32, usize) -> bool,
+) {
+    for (tile, values) in scores.iter_mut().enumerate() {
+        for (e, value) in values.iter_mut().enumerate() {
+            let col = (tile as u32 * MMA_N + e as u32 % 2) as i32;
+            if hidden(col, e / 2) {
+                *value = f32::NEG_INFINITY;
+            }
         }
     }
 }

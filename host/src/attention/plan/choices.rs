@@ -248,10 +248,12 @@ pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Resul
         })
         .collect();
     match tiling {
+        // The default asks how long a tile's rows are: a window bounds them by its width, and
+        // masks them as the causal mask does (not measured with windows yet).
         None => Ok(Fa3Tiling::default_for(
             d,
-            problem.causal,
-            problem.seqlen_k as u32,
+            problem.causal || problem.window.is_bounded(),
+            problem.keys_per_row() as u32,
         )),
         Some(t) if tilings.contains(&t) => Ok(t),
         Some(t) => {

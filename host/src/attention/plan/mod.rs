@@ -26,6 +26,7 @@ pub(crate) use limits::{check_shared, check_threads};
 
 use std::fmt;
 
+use flash_kernels::common::block::BlockInfo;
 use flash_kernels::common::params::Operands;
 use flash_kernels::fwd::fa1::config::{self as fa1, Fa1Blocks};
 use flash_kernels::fwd::fa2::config as fa2;
@@ -163,6 +164,7 @@ impl Plan {
         match algorithm {
             Algorithm::Standard => plan.launches = standard_launches(problem, element),
             Algorithm::Fa1 => {
+                plan.refuse_window_or_softcap(Algorithm::Fa1)?;
                 let (sram_floats, blocks) =
                     fa1_blocks(problem.head_dim, shared_limit, options.fa1_sram_floats)?;
                 let kernel = KernelId::new(Family::Fa1, element);
@@ -279,6 +281,51 @@ impl Plan {
         Ok(())
     }
 
+    /// The faithful kernels (`fa1`, `fa2`) run the articles' algorithms as written: no window,
+    /// no soft-capping. An error naming the option, and the fallback that led here if one did.
+    fn refuse_window_or_softcap(&self, family: Algorithm) -> Result<()> {
+        let Some((name, value)) = self.problem.window_or_softcap() else {
+            return Ok(());
+        };
+        let route = self.fallback.as_deref().map_or(String::new(), |reason| {
+            format!(" (reached as the fallback: {reason})")
+        });
+        Err(Error::invalid(
+            name,
+            value,
+            format!(
+                "`{family}` takes neither a window nor soft-capping{route}; `fa2-tc` and `fa3` \
+                 (f16/bf16 at their compiled head dims) and `standard` take both"
+            ),
+        ))
+    }
+
+    /// The K/V blocks the row blocks of one head visit, of all (row blocks × key blocks), for
+    /// the tiled families that skip blocks (`fa2`, `fa2-tc`, `fa3`; `KeyBlocks`, the kernels'
+    /// own count): the causal mask and a window skip the rest.
+    pub fn key_blocks_visited(&self) -> Option<(u64, u64)> {
+        let (block_rows, block_cols) = match self.blocks {
+            Blocks::Fa2 {
+                block_rows,
+                block_cols,
+            } => (block_rows, block_cols),
+            Blocks::Fa2Tc(tiling) => (tiling.block_rows(), tiling.block_cols),
+            Blocks::Fa3 { tiling, .. } => (tiling.block_rows(), tiling.block_cols),
+            Blocks::Standard | Blocks::Fa1 { .. } => return None,
+        };
+        let shape = self.problem.shape();
+        let info = BlockInfo::new(&shape, 0);
+        let row_blocks = shape.seqlen_q.div_ceil(block_rows);
+        let visited = (0..row_blocks)
+            .map(|r| {
+                info.key_blocks(r * block_rows, block_rows, block_cols)
+                    .count() as u64
+            })
+            .sum();
+        let all = row_blocks as u64 * shape.seqlen_k.div_ceil(block_cols) as u64;
+        Some((visited, all))
+    }
+
     fn add_fallback(&mut self, from: Algorithm, to: Algorithm, reason: String) {
         let step = format!("{from} falls back to {to}: {reason}");
         self.fallback = Some(match self.fallback.take() {
@@ -295,6 +342,7 @@ impl Plan {
         element: ElementType,
         options: &AttentionOptions,
     ) -> Result<()> {
+        self.refuse_window_or_softcap(Algorithm::Fa2)?;
         let problem = self.problem;
         let d = problem.head_dim as u32;
         let kernel_for = |block_cols: u32| -> Result<KernelId> {

@@ -23,7 +23,8 @@ pub struct CheckArgs {
     /// Fail, instead of skipping, when there is no GPU.
     #[arg(long)]
     require_gpu: bool,
-    /// `standard`: the check shapes below; `sanitizer`: the odd shapes compute-sanitizer runs
+    /// `standard`: the check shapes below, with and without sliding windows and soft-capping;
+    /// `window`: only those with them; `sanitizer`: the odd shapes compute-sanitizer runs
     /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; batch 1, heads 1).
     #[arg(long, default_value = "standard")]
     shapes: String,
@@ -109,12 +110,30 @@ const STANDARD_SHAPES: [Shape; 15] = [
     (1, 16, 2, 129, 250, 256),
 ];
 
-/// The shapes of `set` whose head dim is in `head_dims` and whose seqlen_q is in `seqlens` (an
-/// empty filter keeps every shape); an error names what the set has when a filter leaves nothing.
-fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Result<Vec<Shape>> {
+/// A shape with its window (flash-attn's `window_size`) and soft-cap (0: off).
+type Case = (Shape, Option<(i64, i64)>, f32);
+
+/// Sliding windows and soft-capping on odd lengths (113 × 203 and its mirror), seqlen_q ≠
+/// seqlen_k, a window of one key (0, 0), one sided windows, grouped K/V heads, at the head
+/// dims `fa2-tc` and `fa3` compile (each case also runs with causal on: right = 0).
+const WINDOW_CASES: [Case; 9] = [
+    ((2, 3, 3, 113, 203, 64), Some((17, 0)), 0.0),
+    ((2, 2, 2, 203, 113, 128), Some((0, 0)), 0.0),
+    ((1, 2, 2, 1000, 1000, 64), Some((64, 64)), 0.0),
+    ((1, 2, 2, 1000, 1000, 128), Some((256, -1)), 0.0),
+    ((1, 2, 2, 257, 1000, 96), Some((100, 50)), 0.0),
+    ((1, 2, 2, 300, 300, 128), None, 30.0),
+    ((1, 1, 1, 300, 300, 256), None, 5.0),
+    ((2, 6, 3, 113, 203, 64), Some((64, 64)), 5.0),
+    ((1, 2, 2, 129, 250, 32), Some((40, 3)), 30.0),
+];
+
+/// The cases of `set` whose head dim is in `head_dims` and whose seqlen_q is in `seqlens` (an
+/// empty filter keeps every case); an error names what the set has when a filter leaves nothing.
+fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Result<Vec<Case>> {
     let mut kept = shapes_of_set(set)?;
-    let head_dim_of: fn(&Shape) -> usize = |s| s.5;
-    let seqlen_q_of: fn(&Shape) -> usize = |s| s.3;
+    let head_dim_of: fn(&Case) -> usize = |c| c.0.5;
+    let seqlen_q_of: fn(&Case) -> usize = |c| c.0.3;
     for (name, filter, value_of) in [
         ("head-dims", head_dims, head_dim_of),
         ("seqlens", seqlens, seqlen_q_of),
@@ -137,19 +156,41 @@ fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Resu
     Ok(kept)
 }
 
-fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Shape>> {
+fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Case>> {
+    let plain = |shape: Shape| (shape, None, 0.0);
     match set {
-        "standard" => Ok(STANDARD_SHAPES.to_vec()),
+        "standard" => Ok(STANDARD_SHAPES
+            .into_iter()
+            .map(plain)
+            .chain(WINDOW_CASES)
+            .collect()),
+        "window" => Ok(WINDOW_CASES.to_vec()),
         "sanitizer" => Ok([1, 17, 1000]
             .into_iter()
-            .flat_map(|n| [8, 40, 64, 128, 256].map(|d| (1, 1, 1, n, n, d)))
+            .flat_map(|n| [8, 40, 64, 128, 256].map(|d| plain((1, 1, 1, n, n, d))))
             .collect()),
         other => Err(flash_attn::Error::InvalidArgument {
             name: "shapes",
             value: other.into(),
-            allowed: "allowed: standard, sanitizer".into(),
+            allowed: "allowed: standard, window, sanitizer".into(),
         }),
     }
+}
+
+/// The algorithms of `algorithms` that take `problem`: all of them, but with a window or
+/// soft-capping only `fa2-tc` and `fa3` (f16/bf16: for f32 they fall back to the scalar `fa2`,
+/// which refuses both) and `standard`.
+fn algorithms_for(algorithms: &[Algorithm], problem: &CheckProblem) -> Vec<Algorithm> {
+    let takes = |algorithm: &Algorithm| match algorithm {
+        Algorithm::Standard => true,
+        Algorithm::Fa2Tc | Algorithm::Fa3 => problem.dtype != DType::F32,
+        Algorithm::Fa1 | Algorithm::Fa2 => false,
+    };
+    algorithms
+        .iter()
+        .copied()
+        .filter(|a| !problem.has_window_or_softcap() || takes(a))
+        .collect()
 }
 
 /// Every item parsed (an error names the bad one and the allowed values), or `all` when empty.
@@ -198,7 +239,7 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (mut passed, mut failed) = (0, 0);
     for &dtype in &dtypes {
-        for &(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim) in &shapes {
+        for &((batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim), window, softcap) in &shapes {
             for &causal in &causal_settings {
                 let problem = CheckProblem {
                     batch,
@@ -208,12 +249,14 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
                     seqlen_k,
                     head_dim,
                     causal,
+                    window,
+                    softcap,
                     dtype,
                 };
                 for result in check_problem_with(
                     &gpu,
                     problem,
-                    &algorithms,
+                    &algorithms_for(&algorithms, &problem),
                     &[Layout::BatchHeadSeqDim],
                     &overrides,
                     &mut rng,
@@ -225,7 +268,8 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
                         failed += 1;
                     }
                 }
-                if !args.backward {
+                // The backward takes no window or soft-capping yet.
+                if !args.backward || problem.has_window_or_softcap() {
                     continue;
                 }
                 for backward in backward_cases(&backward_algorithms, dtype, head_dim) {

@@ -29,6 +29,8 @@ pub struct PlanArgs {
     algorithms: Option<Vec<Algorithm>>,
     #[arg(long)]
     causal: bool,
+    #[command(flatten)]
+    scoring: crate::run::ScoringArgs,
     /// FA2-TC's tiling, e.g. 4x2s1c64 (default: measured per head dim).
     #[arg(long, value_name = "TILING")]
     fa2_tc_tiling: Option<String>,
@@ -41,6 +43,8 @@ pub struct PlanArgs {
 pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
     let options = AttentionOptions {
         causal: args.causal,
+        window: args.scoring.window,
+        softcap: args.scoring.softcap,
         fa2_tc_tiling: parse_optional_fa2_tc_tiling(args.fa2_tc_tiling.as_deref())?,
         ..Default::default()
     };
@@ -77,8 +81,20 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
     }
     let algorithms = args.algorithms.clone().unwrap_or(Algorithm::ALL.to_vec());
     for algorithm in algorithms {
-        let plan = Plan::new(limits, algorithm, args.dtype, &problem, &options, None)?;
-        println!("{plan}");
+        match Plan::new(limits, algorithm, args.dtype, &problem, &options, None) {
+            Ok(plan) => {
+                println!("{plan}");
+                if let Some((visited, all)) = plan.key_blocks_visited().filter(|(v, a)| v < a) {
+                    println!(
+                        "  K/V blocks per head: {visited} of {all} visited, {} skipped (mask)",
+                        all - visited
+                    );
+                }
+            }
+            // A window or soft-capping that the faithful kernels refuse: say so, plan the rest.
+            Err(e) if problem.window_or_softcap().is_some() => println!("{algorithm}: {e}"),
+            Err(e) => return Err(e),
+        }
     }
     if args.backward {
         for algorithm in BackwardAlgorithm::ALL {

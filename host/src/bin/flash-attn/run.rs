@@ -40,6 +40,8 @@ pub struct RunArgs {
     /// Softmax scale multiplying Q·Kᵀ (default 1/√head_dim).
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     scale: Option<f32>,
+    #[command(flatten)]
+    scoring: ScoringArgs,
     /// FA1's SRAM budget M in f32 elements (default: the most that fits in shared memory).
     #[arg(long, value_name = "M")]
     fa1_sram_floats: Option<u32>,
@@ -113,6 +115,8 @@ impl RunArgs {
         }
         Ok(AttentionOptions {
             causal: self.causal,
+            window: self.scoring.window,
+            softcap: self.scoring.softcap,
             softmax_scale: self.scale,
             fa1_sram_floats: self.fa1_sram_floats,
             fa2_blocks: self.fa2_blocks,
@@ -130,6 +134,25 @@ impl RunArgs {
     }
 }
 
+/// `--window` and `--softcap`, shared by `run` and `plan`.
+#[derive(clap::Args)]
+pub struct ScoringArgs {
+    /// Sliding-window (local) attention as flash-attn's window_size: query i sees key j iff
+    /// i + offset − L ≤ j ≤ i + offset + R (offset = seqlen_k − seqlen_q); −1 leaves a side
+    /// unbounded; with --causal, R is 0. fa2-tc, fa3 and standard take it.
+    #[arg(long, value_name = "L,R", allow_hyphen_values = true, value_parser = parse_window)]
+    pub window: Option<(i64, i64)>,
+    /// Logit soft-capping (Gemma 2): scores become X·tanh(scale·q·k / X) before the softmax
+    /// (0, the default, is off). fa2-tc, fa3 and standard take it.
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub softcap: f32,
+}
+
 /// Splits a comma-separated list into exactly `N` non-empty items.
 fn split_exact<const N: usize>(list: &str, what: &str) -> Result<[String; N], String> {
     let items: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
@@ -143,6 +166,16 @@ fn parse_names(list: &str) -> Result<[String; 3], String> {
     split_exact(list, "tensor names (q,k,v)")
 }
 
+/// `--window L,R`: two integers (the library checks their range and names `window`).
+fn parse_window(list: &str) -> Result<(i64, i64), String> {
+    let [left, right] = split_exact(list, "window sides (L,R)")?;
+    let parse = |s: &str| {
+        s.parse::<i64>()
+            .map_err(|e| format!("window side `{s}`: {e}"))
+    };
+    Ok((parse(&left)?, parse(&right)?))
+}
+
 fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
     let [rows, cols] = split_exact(list, "block sizes (B_r,B_c)")?;
     let parse = |s: &str| {
@@ -150,6 +183,21 @@ fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
             .map_err(|e| format!("block size `{s}`: {e}"))
     };
     Ok((parse(&rows)?, parse(&cols)?))
+}
+
+/// "causal ", "window (l, r) ", "softcap X " as the call asks, for the summary line.
+fn scoring_words(problem: &Problem) -> String {
+    let mut words = String::new();
+    if problem.causal {
+        words.push_str("causal ");
+    }
+    if problem.window.is_bounded() {
+        words.push_str(&format!("window {:?} ", problem.window_size()));
+    }
+    if problem.softcap > 0.0 {
+        words.push_str(&format!("softcap {} ", problem.softcap));
+    }
+    words
 }
 
 /// `--kv-heads`: the file's K/V heads must be the ones asked for (the problem already checked
@@ -206,7 +254,7 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
     println!(
         "{} {}{dtype}: q {q_dims:?}, k {k_dims:?}, v {v_dims:?} ({names}) on {}: {milliseconds:.3} ms; wrote {}",
         args.algorithm,
-        if problem.causal { "causal " } else { "" },
+        scoring_words(&problem),
         gpu.info().name,
         args.output.display()
     );
@@ -350,6 +398,8 @@ impl Run<'_> {
         HashMap::from([
             ("algorithm".into(), self.args.algorithm.to_string()),
             ("causal".into(), self.problem.causal.to_string()),
+            ("window".into(), format!("{:?}", self.problem.window_size())),
+            ("softcap".into(), self.problem.softcap.to_string()),
             (
                 "softmax_scale".into(),
                 self.problem.softmax_scale.to_string(),

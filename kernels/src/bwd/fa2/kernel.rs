@@ -119,7 +119,7 @@ struct BackwardBlock {
 pub fn backward<T: Element, C: Fa2BackwardConfig>(p: &Fa2BackwardParams) {
     let () = C::CHECKED;
     let shape = &p.shape;
-    let info = BlockInfo::new(shape, arch::block_idx_y());
+    let info = BlockInfo::causal_only(shape, arch::block_idx_y());
     let (block_rows, block_cols, head_dim) = (C::BLOCK_ROWS, BLOCK_COLS, shape.head_dim);
     let blk = BackwardBlock {
         info,

@@ -32,7 +32,7 @@ use super::config::{Fa2TcBackwardConfig, ds_row_stride, shared_row_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
-use crate::common::mask::CausalMask;
+use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2TcBackwardParams;
 use crate::common::softmax::{LOG2_E, recomputation_base};
 use crate::tile::accumulator::pack_row;
@@ -121,7 +121,7 @@ struct BackwardTcBlock {
     /// `Some` in deterministic mode.
     flags: Option<RowBlockFlags>,
     sram: BackwardTcSram,
-    mask: CausalMask,
+    mask: AttentionMask,
     key_block: u32,
     key_start: u32,
     head_dim: u32,
@@ -142,7 +142,7 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
     let () = C::CHECKED;
     let p = &params.base;
     let shape = &p.shape;
-    let info = BlockInfo::new(shape, arch::block_idx_y());
+    let info = BlockInfo::causal_only(shape, arch::block_idx_y());
     let (block_rows, block_cols) = (C::BLOCK_ROWS, C::BLOCK_COLS);
     let capacity = C::HEAD_DIM_CAPACITY;
     let threads = C::WARPS * WARP_SIZE;

@@ -99,7 +99,7 @@ impl Fa1Sram {
 #[inline(always)]
 pub fn forward<T: Element>(p: &Fa1Params) {
     let shape = &p.shape;
-    let blk = BlockInfo::new(shape, arch::block_idx_x());
+    let blk = BlockInfo::causal_only(shape, arch::block_idx_x());
     let h = Fa1Head::<T> {
         q: HeadRows::new(&p.operands.q, blk.batch, blk.head, blk.seqlen_q),
         k: HeadRows::new(&p.operands.k, blk.batch, blk.kv_head, blk.seqlen_k),

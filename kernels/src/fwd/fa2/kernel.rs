@@ -54,7 +54,7 @@ struct Fa2Block {
 pub fn forward<T: Element, C: Fa2Config>(p: &Fa2Params) {
     let () = C::CHECKED;
     let shape = &p.shape;
-    let info = BlockInfo::new(shape, arch::block_idx_y());
+    let info = BlockInfo::causal_only(shape, arch::block_idx_y());
     let block_rows = p.block_rows;
     let block_cols = C::BLOCK_COLS;
     let head_dim = shape.head_dim;

@@ -39,8 +39,9 @@ use super::config::{Fa2TcConfig, shared_row_stride as fa2_tc_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
-use crate::common::mask::CausalMask;
+use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2Params;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::tile::accumulator::{ScoreBlock, store_rows};
 use crate::tile::copy::copy_rows_async;
@@ -123,8 +124,9 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
     let shape = &p.shape;
     let batch_head = arch::block_idx_y();
     let info = BlockInfo::new(shape, batch_head);
-    // Causal: the last row blocks see the most keys; start them first so the grid's tail is short.
-    let row_block = if info.causal {
+    // Causal or windowed: the last row blocks see the most keys; start them first so the grid's
+    // tail is short.
+    let row_block = if info.heaviest_rows_last() {
         arch::grid_dim_x() - 1 - arch::block_idx_x()
     } else {
         arch::block_idx_x()
@@ -140,15 +142,17 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
         copy_rows_async(rows, first, block_cols, head_dim, threads, dst);
     };
 
-    // Q_i and K_0 (and V_0, with two stages) in flight together.
+    // The window's blocks: `key_blocks` of them from block `first_block` (0 unless the window
+    // has a left side); step j computes block first_block + j.
+    let (first_block, key_blocks) = (blocks.first(), blocks.count());
+    // Q_i and the first K (and V, with two stages) in flight together.
     copy_rows_async(&q, row_start, block_rows, head_dim, threads, tiles.q);
-    copy_block(&k, 0, tiles.k(0));
+    copy_block(&k, first_block, tiles.k(0));
     if C::KV_STAGES == 2 {
-        copy_block(&v, 0, tiles.v(0));
+        copy_block(&v, first_block, tiles.v(0));
     }
     arch::copy_async_commit();
 
-    let key_blocks = blocks.count();
     let warp_rows = WarpRows {
         first_row: arch::warp_idx() * MMA_M * C::ROW_TILES as u32,
     };
@@ -164,6 +168,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
         key_start: 0,
         row_start,
         mask: blocks.mask(),
+        softcap: Softcap::of(shape),
         seqlen_k: info.seqlen_k,
         score_scale: shape.softmax_scale * LOG2_E,
     };
@@ -186,13 +191,13 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
             // Block j + 1 into the other stage, in flight while block j is computed.
             if j + 1 < key_blocks {
                 let next = (j + 1) % 2;
-                copy_block(&k, j + 1, tiles.k(next));
-                copy_block(&v, j + 1, tiles.v(next));
+                copy_block(&k, first_block + j + 1, tiles.k(next));
+                copy_block(&v, first_block + j + 1, tiles.v(next));
                 arch::copy_async_commit();
             }
         } else {
             // One stage (FlashAttention-2's schedule): V_j lands while S = Q_i·K_jᵀ is computed.
-            copy_block(&v, j, tiles.v(0));
+            copy_block(&v, first_block + j, tiles.v(0));
             arch::copy_async_commit();
         }
         // With one stage, V_j must have landed, and every warp be done reading K_j, before
@@ -204,12 +209,12 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
                 arch::copy_async_wait_all();
                 arch::sync_threads();
                 if j + 1 < key_blocks {
-                    copy_block(&k, j + 1, tiles.k(0));
+                    copy_block(&k, first_block + j + 1, tiles.k(0));
                     arch::copy_async_commit();
                 }
             }
         };
-        let key_start = j * block_cols;
+        let key_start = (first_block + j) * block_cols;
         let step = BlockStep {
             stage: j % C::KV_STAGES,
             key_start,
@@ -219,9 +224,12 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
         // through `KeyBlocks`, the same test changes this kernel's machine code (PERF.md, the
         // house refactor), which is kept identical to the measured v6.
         if key_start + block_cols > shape.seqlen_k
-            || blocks
-                .mask()
-                .tile_needs_mask(row_start, key_start + block_cols)
+            || blocks.mask().tile_needs_mask(
+                row_start,
+                row_start + block_rows,
+                key_start,
+                key_start + block_cols,
+            )
         {
             step.run::<T, C, true>(&warp_rows, &q_registers, &mut state, before_pv);
         } else {
@@ -254,7 +262,8 @@ struct BlockStep<'a> {
     stage: u32,
     key_start: u32,
     row_start: u32,
-    mask: CausalMask,
+    mask: AttentionMask,
+    softcap: Softcap,
     seqlen_k: u32,
     score_scale: f32,
 }
@@ -262,8 +271,9 @@ struct BlockStep<'a> {
 impl BlockStep<'_> {
     /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S) when the max jumps by more than
     /// `RESCALE_THRESHOLD` for some row of the warp (else m^(j) = m^(j−1)); P̃ = exp2(S − m^(j));
-    /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles. `MASK`: apply the causal mask and the
-    /// seqlen_k tail element-wise. `before_pv` runs between the softmax and P̃·V_j: the
+    /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles, S soft-capped first
+    /// when capping is on. `MASK`: apply the mask (causal or a window) and the seqlen_k tail
+    /// element-wise. `before_pv` runs between the softmax and P̃·V_j: the
     /// one-stage pipeline waits for V_j and refills K there.
     #[inline(always)]
     fn run<T: TensorCoreElement, C: Fa2TcConfig, const MASK: bool>(
@@ -278,11 +288,13 @@ impl BlockStep<'_> {
             key_start: self.key_start,
             seqlen_k: self.seqlen_k,
             mask: self.mask,
+            softcap: self.softcap,
             score_scale: self.score_scale,
         };
         let mut block_max = [[0.0f32; 2]; C::ROW_TILES];
         let mut any_row_needs_rescale = false;
         for (tile, tile_scores) in scores.iter_mut().enumerate() {
+            block.apply_softcap(tile_scores);
             if MASK {
                 block.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
             }

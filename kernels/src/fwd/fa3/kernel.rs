@@ -32,6 +32,7 @@ use crate::arch::{self, MBarrier, SharedAddress};
 use crate::common::block::KeyBlocks;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
@@ -290,7 +291,7 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
     q.load(&sram.q, C::PANELS, row_start, sram.q_full());
     for j in 0..blocks.count() {
         let (stage, phase) = ring(walk.ring_base + j);
-        let key_start = j * C::BLOCK_COLS;
+        let key_start = blocks.key_start(j);
         // The stage's previous block (j − 2) must be released first.
         sram.k_empty(stage).wait(phase ^ 1);
         sram.k_full(stage).arrive_expect_bytes(C::KV_BYTES);
@@ -329,6 +330,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warp_row: row_start + group_row + arch::warp_idx() % 4 * MMA_M,
         blocks: &blocks,
         seqlen_k: info.seqlen_k,
+        softcap: Softcap::of(&p.shape),
         score_scale: p.shape.softmax_scale * LOG2_E,
         turns,
         ring_base: walk.ring_base,
@@ -478,6 +480,7 @@ struct Consumer<'a> {
     warp_row: u32,
     blocks: &'a KeyBlocks,
     seqlen_k: u32,
+    softcap: Softcap,
     score_scale: f32,
     turns: GemmTurns,
     /// The ring blocks of earlier tiles: block j of this tile is ring block `ring_base + j`.
@@ -561,7 +564,7 @@ impl Consumer<'_> {
         release(self.sram.v_empty(ring(self.ring_base + j).0));
     }
 
-    /// The softmax of block j: the mask where the block needs it, m and ℓ updated as in FA2 (the
+    /// The softmax of the tile's block j (the j-th its window reaches): the mask where the block needs it, m and ℓ updated as in FA2 (the
     /// max moved only when it jumps, at d ≤ 128). Returns P̃_j in f32, and α for Õ's two rows of
     /// the lane when the max moved.
     #[inline(always)]
@@ -572,9 +575,10 @@ impl Consumer<'_> {
         stats: &mut [RowStats; 2],
     ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
         let block = ScoreBlock {
-            key_start: j * C::BLOCK_COLS,
+            key_start: self.blocks.key_start(j),
             seqlen_k: self.seqlen_k,
             mask: self.blocks.mask(),
+            softcap: self.softcap,
             score_scale: self.score_scale,
         };
         if self.blocks.needs_mask(block.key_start) {
@@ -584,8 +588,8 @@ impl Consumer<'_> {
         }
     }
 
-    /// [`Consumer::softmax`] for one `MASK`: apply the causal mask and the seqlen_k tail
-    /// element-wise, or not. S's registers are only read: the next block's S = Q_i·K_jᵀ
+    /// [`Consumer::softmax`] for one `MASK`: apply the mask (causal or a window) and the
+    /// seqlen_k tail element-wise, or not; soft-capping first when it is on. S's registers are only read: the next block's S = Q_i·K_jᵀ
     /// accumulates into them while this block's P̃·V runs, and ptxas serializes the products when
     /// other instructions write a wgmma's accumulators inside its pipeline stage.
     #[inline(always)]
@@ -596,6 +600,7 @@ impl Consumer<'_> {
         stats: &mut [RowStats; 2],
     ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
         let mut probabilities = *scores;
+        block.apply_softcap(&mut probabilities);
         if MASK {
             block.apply_mask_by_row_ends(&mut probabilities, self.warp_row);
         }

@@ -2,8 +2,9 @@
 //! order.
 //!
 //! Without a mask, tiles are numbered head-major, t = batch_head · row_blocks + r: the blocks
-//! running at once share few heads' K and V, which stay in L2. With the causal mask the tiles
-//! differ in length (row block r visits about r + 1 key blocks), and the grid's tail is shortest
+//! running at once share few heads' K and V, which stay in L2. With the causal mask or a window
+//! bounded on the right (`BlockInfo::heaviest_rows_last`) the tiles differ in length (causal row
+//! block r visits about r + 1 key blocks), and the grid's tail is shortest
 //! when the longest tiles start first and the shortest end it (longest-processing-time-first,
 //! FlashAttention-3's `SingleTileLPTScheduler`). Across all heads at once that order would make
 //! the blocks running together read as many heads' K and V as there are SMs, more than L2
@@ -76,7 +77,7 @@ impl<'a> TileScheduler<'a> {
         if t >= row_blocks * heads {
             return None;
         }
-        let (batch_head, row_block) = if self.shape.causal != 0 {
+        let (batch_head, row_block) = if BlockInfo::new(self.shape, 0).heaviest_rows_last() {
             // Section by section; in one, r counts row blocks down from the longest, and the
             // section's heads take turns at each (the last section may have fewer heads).
             let section = self.section_heads().min(heads);

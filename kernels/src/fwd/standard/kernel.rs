@@ -15,6 +15,7 @@ use crate::arch;
 use crate::common::block::BlockInfo;
 use crate::common::element::Element;
 use crate::common::params::StandardParams;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::{LOG2_E, RowStats, fa1_merge};
 use crate::tile::global::{HeadRows, HeadVector};
 use crate::tile::shared::SharedTile;
@@ -77,7 +78,8 @@ pub(crate) fn tile_product(
     acc
 }
 
-/// Kernel 1: S = scale·Q·Kᵀ. Grid (⌈seqlen_k/16⌉, ⌈seqlen_q/16⌉, batch·heads), 256 threads.
+/// Kernel 1: S = scale·Q·Kᵀ, soft-capped when capping is on (softcap·tanh(S / softcap),
+/// computed as `common::softcap` does). Grid (⌈seqlen_k/16⌉, ⌈seqlen_q/16⌉, batch·heads), 256 threads.
 #[inline(always)]
 pub fn scores<T: Element>(p: &StandardParams) {
     let shape = &p.shape;
@@ -102,11 +104,17 @@ pub fn scores<T: Element>(p: &StandardParams) {
         arch::thread_idx_x() % MATMUL_TILE,
     );
     if tile_col + tx < shape.seqlen_k {
+        let softcap = Softcap::of(shape);
+        let dot = if softcap.is_on() {
+            softcap.apply(dot, arch::tanh)
+        } else {
+            dot
+        };
         s.write(tile_row + ty, tile_col + tx, dot * shape.softmax_scale);
     }
 }
 
-/// Kernel 2: P = softmax(S) with the causal mask, and L = logsumexp of each row. One warp per row:
+/// Kernel 2: P = softmax(S) with the mask (causal or a window: each row's keys are one range), and L = logsumexp of each row. One warp per row:
 /// a first pass keeps per-lane online-softmax statistics and merges them across the warp, a second
 /// writes P. Grid (⌈seqlen_q/8⌉, batch·heads), 256 threads.
 #[inline(always)]
@@ -119,13 +127,15 @@ pub fn softmax<T: Element>(p: &StandardParams) {
     }
     let s = HeadRows::<f32>::contiguous(p.scores, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
     let probs = HeadRows::<T>::contiguous(p.probs, blk.batch_head, blk.seqlen_q, blk.seqlen_k);
-    let visible_end = blk.mask().visible_key_end(row, blk.seqlen_k);
+    let mask = blk.mask();
+    let visible =
+        mask.visible_key_start(row, blk.seqlen_k)..mask.visible_key_end(row, blk.seqlen_k);
     let lanes = arch::WARP_SIZE;
 
     // Pass 1: per-lane (m, ℓ) over the lane's keys, then the warp's merge of the 32 partial rows.
     let mut lane_stats = RowStats::EMPTY;
-    let mut key = arch::lane_idx();
-    while key < visible_end {
+    let mut key = visible.start + arch::lane_idx();
+    while key < visible.end {
         let score = s.read(row, key) * LOG2_E;
         lane_stats = fa1_merge(
             lane_stats,
@@ -150,7 +160,7 @@ pub fn softmax<T: Element>(p: &StandardParams) {
     let base = RowStats::exp_base(row_max);
     let mut key = arch::lane_idx();
     while key < shape.seqlen_k {
-        let prob = if key < visible_end {
+        let prob = if visible.contains(&key) {
             arch::exp2(s.read(row, key) * LOG2_E - base) * inverse_sum
         } else {
             0.0
