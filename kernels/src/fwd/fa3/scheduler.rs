@@ -118,7 +118,7 @@ mod tests {
             head_dim: 128,
             softmax_scale: 1.0,
             causal: causal as u32,
-            kv_group: 1,
+            ..Default::default()
         }
     }
 
@@ -160,6 +160,22 @@ mod tests {
                 assert!(part.iter().all(|&(h, _, _)| h == 4));
             }
         }
+        // A sliding window bounded on the right is ordered as causal; one bounded on the left
+        // only (every row block but the first ones as long) runs head by head.
+        let sliding = AttentionShape {
+            window_left: 256,
+            window_right: 0,
+            ..shape(2, 3, 1000, 1000, false)
+        };
+        let tiles = walk(&sliding);
+        assert_eq!(tiles[0].1, 896, "{tiles:?}");
+        let left_only = AttentionShape {
+            window_left: 256,
+            window_right: -1,
+            ..shape(2, 3, 1000, 1000, false)
+        };
+        let order: Vec<_> = walk(&left_only).iter().map(|&(h, r, _)| (h, r)).collect();
+        assert_eq!(&order[..3], &[(0, 0), (0, 128), (0, 256)]);
         // Short problems: one section of every head, so the grid ends on the shortest tiles.
         let tiles = walk(&shape(4, 8, 2048, 2048, true));
         assert!(tiles.windows(2).all(|w| w[0].2 >= w[1].2));
