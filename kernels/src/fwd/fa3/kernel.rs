@@ -576,6 +576,7 @@ impl Consumer<'_> {
             seqlen_k: self.seqlen_k,
             mask: self.blocks.mask(),
             score_scale: self.score_scale,
+            exp2_split: C::EXP2_SPLIT,
         };
         if self.blocks.needs_mask(block.key_start) {
             self.block_softmax::<C, true>(&block, scores, stats)
