@@ -19,6 +19,8 @@ fn main() {
         );
     }
     println!("cargo:rerun-if-env-changed=FLASH_ATTN_PTX_ARCH");
+    // An experiment's build-time setting of the kernels (`fwd::fa3::config::exp2_split`).
+    println!("cargo:rerun-if-env-changed=FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY");
     let arch = match std::env::var("FLASH_ATTN_PTX_ARCH") {
         Ok(name) => name.parse().unwrap_or_else(|e: String| fail(&e)),
         Err(_) => ptx_build::Arch::Sm90,

@@ -8,8 +8,10 @@ registration (``AttentionInterface.register``)::
 
 Q, K and V are read in place (the model's (batch, heads, seqlen, head_dim) views of its
 projections); the output comes back in the (batch, seqlen, heads, head_dim) layout the model
-reshapes next, so the call adds no copy. Grouped-query attention repeats K and V per group, as
-transformers' SDPA path does without ``enable_gqa``. What the kernels do not have is refused with
+reshapes next, so the call adds no copy. Grouped-query attention passes K and V with their own
+(fewer) heads: the kernels read K/V head h // groups for query head h in place, forward and
+backward (dK and dV summed over each group), where transformers' SDPA path without
+``enable_gqa`` repeats them first. What the kernels do not have is refused with
 a ValueError, never silently dropped: a padding or custom attention mask, dropout, a position
 bias, a sliding window, attention weights (``output_attentions``).
 """
@@ -48,12 +50,6 @@ def make_attention_forward(algorithm=None):
         for name in ("position_bias", "sliding_window", "softcap", "s_aux"):
             if kwargs.get(name) is not None:
                 _refuse(name, kwargs[name], "the kernels have no such term")
-        groups = getattr(module, "num_key_value_groups", 1)
-        if groups > 1:
-            # (batch, kv_heads, seqlen, d) -> (batch, kv_heads * groups, seqlen, d), as
-            # transformers' repeat_kv: query head h reads K/V head h // groups.
-            key = key.repeat_interleave(groups, dim=1)
-            value = value.repeat_interleave(groups, dim=1)
         if is_causal is None:
             is_causal = getattr(module, "is_causal", True)
         # Bottom-right alignment: also right for decoding with a cache (one query sees every key).

@@ -1,8 +1,8 @@
 """The PyTorch-facing wiring on the CPU, with the two launches replaced by float64 math: the
 autograd Function (what it saves, what backward returns, which layout each tensor is in), the
-transformers registration (layouts, grouped-query heads, scaling, the mask and dropout refusals)
-and the example's agreement check. The kernels themselves are the GPU tests' job
-(test_gpu_*.py). Skipped where PyTorch (or transformers) is not installed."""
+transformers registration (layouts, grouped-query heads, scaling, the mask and dropout refusals),
+the tolerance rule's slack, and the example's agreement check. The kernels themselves are the GPU
+tests' job (test_gpu_*.py). Skipped where PyTorch (or transformers) is not installed."""
 
 import importlib.util
 import pathlib
@@ -139,3 +139,14 @@ def test_example_agreement_runs(cpu_launches):
     text = "\n".join(lines)
     assert passed, text
     assert "loss after one SGD step" in text and "FAIL" not in text
+
+
+def test_backward_slack_is_one_unit_in_the_last_place_of_the_largest_gradient():
+    """The reference's absolute slack matches the Rust rule (`DType::unit_in_last_place`)."""
+    assert ref.unit_in_last_place(torch.float16, 1.0) == 2.0**-10
+    assert ref.unit_in_last_place(torch.float16, 1.999) == 2.0**-10
+    assert ref.unit_in_last_place(torch.bfloat16, 3.0) == 2.0**-6
+    assert ref.unit_in_last_place(torch.float32, 0.5) == 2.0**-24
+    assert ref.unit_in_last_place(torch.bfloat16, 0.0) == 2.0**-7
+    g = torch.tensor([0.25, -3.0], dtype=torch.float64)
+    assert ref.backward_bound(g, g.clone(), torch.bfloat16) == 2.0**-6

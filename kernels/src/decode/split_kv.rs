@@ -25,7 +25,7 @@ use crate::common::block::DecodeBlock;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::DecodeParams;
 use crate::common::softcap::Softcap;
-use crate::common::softmax::{LOG2_E, RowStats, fa1_merge, needs_rescale};
+use crate::common::softmax::{Exp2Split, LOG2_E, RowStats, fa1_merge, needs_rescale};
 use crate::tile::accumulator::ScoreBlock;
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col};
 use crate::tile::global::{HeadRows16, HeadVector};
@@ -149,6 +149,7 @@ fn step<T: TensorCoreElement, C: DecodeConfig, const MASK: bool>(
         // Decoding takes no soft-capping (yet).
         softcap: Softcap::OFF,
         score_scale: inputs.score_scale,
+        exp2_split: Exp2Split::SFU_ONLY,
     };
     if MASK {
         let lane_col = accumulator_col(arch::lane_idx());

@@ -13,13 +13,13 @@ use crate::arch;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::softcap::Softcap;
-use crate::common::softmax::{RowStats, fa2_rescale, pairwise};
+use crate::common::softmax::{Exp2Split, RowStats, exp2_polynomial, fa2_rescale, pairwise};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector};
 
 /// Where a block of scores S = Q_i·K_jᵀ sits and how it becomes probabilities: its first key,
-/// the keys that exist, the mask, soft-capping, and scale·log2 e (the softmax runs in the exp2
-/// domain).
+/// the keys that exist, the mask, soft-capping, scale·log2 e (the softmax runs in the exp2
+/// domain), and which of its exponentials run on the FMA units rather than the SFU.
 #[derive(Clone, Copy)]
 pub struct ScoreBlock {
     pub key_start: u32,
@@ -27,6 +27,7 @@ pub struct ScoreBlock {
     pub mask: AttentionMask,
     pub softcap: Softcap,
     pub score_scale: f32,
+    pub exp2_split: Exp2Split,
 }
 
 impl ScoreBlock {
@@ -161,10 +162,15 @@ impl ScoreBlock {
                 on_rescale(h, alpha);
             }
             let base = RowStats::exp_base(stats[h].max);
-            for tile in scores.iter_mut() {
+            for (t, tile) in scores.iter_mut().enumerate() {
                 for value in &mut tile[2 * h..2 * h + 2] {
                     // e^(scale·s − m) = 2^(s·scale·log2 e − m′): one FMA and one ex2.
-                    *value = arch::exp2(arch::fma(*value, self.score_scale, -base));
+                    let x = arch::fma(*value, self.score_scale, -base);
+                    *value = if self.exp2_split.on_fma(t) {
+                        exp2_polynomial(x, arch::fma)
+                    } else {
+                        arch::exp2(x)
+                    };
                 }
             }
             stats[h].sum += row_reduce(scores, h, |a, b| a + b);

@@ -42,7 +42,7 @@ use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2Params;
 use crate::common::softcap::Softcap;
-use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
+use crate::common::softmax::{Exp2Split, LOG2_E, RowStats, needs_rescale};
 use crate::tile::accumulator::{ScoreBlock, store_rows};
 use crate::tile::copy::copy_rows_async;
 use crate::tile::fragment::{
@@ -290,6 +290,7 @@ impl BlockStep<'_> {
             mask: self.mask,
             softcap: self.softcap,
             score_scale: self.score_scale,
+            exp2_split: Exp2Split::SFU_ONLY,
         };
         let mut block_max = [[0.0f32; 2]; C::ROW_TILES];
         let mut any_row_needs_rescale = false;

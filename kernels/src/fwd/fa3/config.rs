@@ -3,6 +3,7 @@
 //! of its register arrays, checked at compile time.
 
 use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
+use crate::common::softmax::Exp2Split;
 
 /// Threads of a warpgroup: the 4 warps that issue one `wgmma` together.
 pub const WARPGROUP_THREADS: u32 = 128;
@@ -137,6 +138,35 @@ pub const fn panels(head_dim: u32) -> u32 {
     head_dim.div_ceil(PANEL_COLS)
 }
 
+/// The exponentials a kernel at `head_dim` moves to the FMA units
+/// ([`exp2_polynomial`](crate::common::softmax::exp2_polynomial)): at d = 64 the SFU's 16
+/// exponentials per cycle take as long as a K/V block's two products on the tensor cores, at
+/// d ≥ 128 half as long or less. None until the split is timed (PERF.md, "FA3 on Hopper", v6):
+/// for that A/B, a PTX build with `FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=n` in its environment
+/// moves every n-th 8-key tile's exponentials at d ≤ 64.
+pub const fn exp2_split(head_dim: u32) -> Exp2Split {
+    match option_env!("FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY") {
+        Some(every) if head_dim <= 64 => Exp2Split {
+            polynomial_every: parse_count(every),
+        },
+        _ => Exp2Split::SFU_ONLY,
+    }
+}
+
+/// A decimal count from a build-time setting; anything else fails the build.
+const fn parse_count(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    assert!(!bytes.is_empty(), "an empty count");
+    let mut value = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        assert!(bytes[i].is_ascii_digit(), "a count must be decimal digits");
+        value = value * 10 + (bytes[i] - b'0') as usize;
+        i += 1;
+    }
+    value
+}
+
 /// The head dims FA3 is compiled for; a problem runs on the smallest that holds its head dim.
 pub const HEAD_DIMS: [u32; 5] = [64, 96, 128, 192, 256];
 
@@ -165,6 +195,9 @@ pub trait Fa3Config {
     /// Whether the consumer warpgroups take turns to issue their products (ping-pong, see
     /// `kernel::GemmTurns`), so one's softmax overlaps another's products.
     const PING_PONG: bool = true;
+    /// Which of P̃'s exponentials run as a polynomial on the FMA units instead of on the SFU
+    /// ([`exp2_split`]).
+    const EXP2_SPLIT: Exp2Split = exp2_split(Self::HEAD_DIM);
     /// `TILING.registers()`, as constants `setmaxnreg` takes as immediates.
     type const PRODUCER_REGISTERS: u32;
     type const CONSUMER_REGISTERS: u32;

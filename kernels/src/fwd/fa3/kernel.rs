@@ -580,6 +580,7 @@ impl Consumer<'_> {
             mask: self.blocks.mask(),
             softcap: self.softcap,
             score_scale: self.score_scale,
+            exp2_split: C::EXP2_SPLIT,
         };
         if self.blocks.needs_mask(block.key_start) {
             self.block_softmax::<C, true>(&block, scores, stats)
