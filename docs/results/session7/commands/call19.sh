@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Device call 19 (2026-12-01 seventh session), branch s7 = main + gqa-bwd (GQA backward) + window
-# (sliding window and soft-capping): correctness of both on the GPU, then the window's cost on the
-# dense path of fa2-tc (main's and s7's PTX subsets through FLASH_ATTN_PTX, A B A B), then the
-# standard backward timed at one shape.
-# The bundle (64 MiB at most): `cargo xtask bundle` on s7; remove bin/bench-attention and the
-# CPU-only test binaries (backward_reference, cpu_reference, decode_plan, emulators,
+# Device call 19 (prepared in the seventh session, 2026-12-01), branch window-on-main: main (with
+# the GQA backward) + window (sliding window and soft-capping). Correctness of both on the GPU,
+# then the window's cost on fa2-tc's dense path (main's and window-on-main's PTX subsets through
+# FLASH_ATTN_PTX, A B A B), then the standard backward timed at one shape.
+# The bundle (64 MiB at most): `cargo xtask bundle` on window-on-main; remove bin/bench-attention
+# and the CPU-only test binaries (backward_reference, cpu_reference, decode_plan, emulators,
 # window_reference) and test-gpu_numerics; then
 #   SUBSET='fa2tc_forward_bf16_d(64|128)_.*' scripts/ptx_variants.sh main=a119fc3 s7=.
 # Run: bash docs/results/session7/commands/call19.sh $OUT (carry bundle).
