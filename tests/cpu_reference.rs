@@ -421,24 +421,26 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
         (96, Fa2TcTiling::new(4, 2, 1, 64)),
         (128, Fa2TcTiling::new(4, 2, 1, 64)),
     ] {
-        assert_eq!(fa2_tc_tiling(d, None).unwrap(), expected);
+        assert_eq!(fa2_tc_tiling(d, None, false).unwrap(), expected);
         for tiling in flash_attn::attention::fa2_tc_tilings(d as u32) {
-            assert_eq!(fa2_tc_tiling(d, Some(tiling)).unwrap(), tiling);
+            assert_eq!(fa2_tc_tiling(d, Some(tiling), false).unwrap(), tiling);
         }
     }
     // d = 256: one row tile per warp only (two would need 512 accumulator registers per lane).
     assert_eq!(
-        fa2_tc_tiling(256, None).unwrap(),
+        fa2_tc_tiling(256, None, false).unwrap(),
         Fa2TcTiling::new(4, 1, 1, 64)
     );
-    let err = fa2_tc_tiling(256, Some(default)).unwrap_err().to_string();
+    let err = fa2_tc_tiling(256, Some(default), false)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("fa2_tc_tiling")
             && err.contains("4x2s2c64")
             && err.contains("allowed at head_dim 256: 4x1s2c64, 8x1s2c64, 4x1s1c64, 8x1s1c64"),
         "{err}"
     );
-    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)))
+    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)), false)
         .unwrap_err()
         .to_string();
     assert!(

@@ -3,9 +3,9 @@
 # the GQA backward) + window (sliding window and soft-capping). Correctness of both on the GPU,
 # then the window's cost on fa2-tc's dense path (main's and window-on-main's PTX subsets through
 # FLASH_ATTN_PTX, A B A B), then the standard backward timed at one shape.
-# The bundle (64 MiB at most): `cargo xtask bundle` on window-on-main; remove bin/bench-attention
-# and the CPU-only test binaries (backward_reference, cpu_reference, decode_plan, emulators,
-# window_reference) and test-gpu_numerics; then
+# The bundle (64 MiB at most): `cargo xtask bundle` on window-on-main (main merged; it carries only
+# the tests that need a GPU); remove bin/bench-attention and test-gpu_numerics if it is too large;
+# then
 #   SUBSET='fa2tc_forward_bf16_d(64|128)_.*' scripts/ptx_variants.sh main=a119fc3 s7=.
 # Run: bash docs/results/session7/commands/call19.sh $OUT (carry bundle).
 set -u
@@ -21,9 +21,9 @@ job() { name=$1; limit=$2; shift 2; ( timeout $(left $limit) "$@" > $w/t/$name.l
 job gpu_gqa 300 bin/test-gpu_gqa --test-threads=2
 job gpu_backward 300 bin/test-gpu_backward --test-threads=2
 job gpu_window 300 bin/test-gpu_window --test-threads=2
+job gpu_packed 300 bin/test-gpu_packed --test-threads=2
 job gpu_attention 320 bin/test-gpu_attention --test-threads=2
 job safetensors_bwd 200 bin/test-safetensors_io run_backward --test-threads=1
-job kernel_registry 100 bin/test-kernel_registry
 job check 300 bin/flash-attn check --require-gpu
 job check_backward 300 bin/flash-attn check --require-gpu --backward
 job check_decode 300 bin/flash-attn check --require-gpu --decode
