@@ -204,7 +204,8 @@ impl Problem {
                 return Err(Error::invalid(
                     name,
                     format!("shape {dims:?}"),
-                    "a packed batch is one tensor of every sequence's rows: batch 1,                      (total tokens, heads, head_dim) in flash-attn's layout",
+                    "a packed batch is one tensor of every sequence's rows: batch 1, \
+                     (total tokens, heads, head_dim) in flash-attn's layout",
                 ));
             }
         }
