@@ -421,24 +421,26 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
         (96, Fa2TcTiling::new(4, 2, 1, 64)),
         (128, Fa2TcTiling::new(4, 2, 1, 64)),
     ] {
-        assert_eq!(fa2_tc_tiling(d, None).unwrap(), expected);
+        assert_eq!(fa2_tc_tiling(d, None, false).unwrap(), expected);
         for tiling in flash_attn::attention::fa2_tc_tilings(d as u32) {
-            assert_eq!(fa2_tc_tiling(d, Some(tiling)).unwrap(), tiling);
+            assert_eq!(fa2_tc_tiling(d, Some(tiling), false).unwrap(), tiling);
         }
     }
     // d = 256: one row tile per warp only (two would need 512 accumulator registers per lane).
     assert_eq!(
-        fa2_tc_tiling(256, None).unwrap(),
+        fa2_tc_tiling(256, None, false).unwrap(),
         Fa2TcTiling::new(4, 1, 1, 64)
     );
-    let err = fa2_tc_tiling(256, Some(default)).unwrap_err().to_string();
+    let err = fa2_tc_tiling(256, Some(default), false)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("fa2_tc_tiling")
             && err.contains("4x2s2c64")
             && err.contains("allowed at head_dim 256: 4x1s2c64, 8x1s2c64, 4x1s1c64, 8x1s1c64"),
         "{err}"
     );
-    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)))
+    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -480,4 +482,45 @@ fn check_filters_name_the_bad_value_and_the_allowed_ones() {
         !ok && err.contains("`causal`: got maybe") && err.contains("off, on, both"),
         "{err}"
     );
+}
+
+/// `flash-attn check --decode`: a dtype decoding does not take is refused by name before any GPU
+/// work, the flags of the attention checks conflict with it, and its cases reach the decode
+/// paths (paged with appending, the direct single split, a 128k cache) at compiled head dims.
+#[test]
+fn check_decode_names_what_it_refuses_and_plans_every_case() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(common::cli())
+            .args(["check", "--decode"])
+            .args(args)
+            .output()
+            .expect("the CLI runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run(&["--dtypes", "bf16,f32"]);
+    assert!(
+        !ok && err.contains("`dtypes`: got f32")
+            && err.contains("allowed with --decode: bf16, f16"),
+        "{err}"
+    );
+    let (ok, err) = run(&["--backward"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    for dtype in flash_attn::tools::check_decode::DECODE_DTYPES {
+        let cases = flash_attn::tools::check_decode::standard_decode_cases(dtype);
+        assert!(cases.len() >= 10 && cases.iter().all(|c| c.dtype == dtype));
+        assert!(cases.iter().all(|c| {
+            flash_kernels::decode::config::HEAD_DIMS.contains(&(c.head_dim as u32))
+                && c.heads_q.is_multiple_of(c.heads_kv)
+        }));
+        assert!(
+            cases
+                .iter()
+                .any(|c| c.page_size.is_some() && c.new_tokens > 0)
+        );
+        assert!(cases.iter().any(|c| c.splits == Some(1)));
+        assert!(cases.iter().any(|c| c.cache_seqlens.contains(&131_072)));
+    }
 }

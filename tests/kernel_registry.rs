@@ -42,11 +42,24 @@ fn kernel_names_read_back_as_their_ids() {
         Family::Fa2Tc {
             head_dim: 128,
             tiling: Fa2TcTiling::new(4, 2, 1, 64),
+            packed: false,
         },
         ElementType::Bf16,
     );
     assert_eq!(id.to_string(), "fa2tc_forward_bf16_d128_w4r2s1c64");
     assert_eq!(id.max_threads(), 128);
+    let packed = KernelId::new(
+        Family::Fa2Tc {
+            head_dim: 128,
+            tiling: Fa2TcTiling::new(4, 2, 1, 64),
+            packed: true,
+        },
+        ElementType::F16,
+    );
+    assert_eq!(
+        packed.to_string(),
+        "fa2tc_forward_f16_d128_w4r2s1c64_varlen"
+    );
     for bad in [
         "",
         "fa2_forward_f64_d64_bc64",
@@ -586,5 +599,32 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
             reason.contains(&format!("{name}'s rows are not 16-byte aligned")),
             "{reason}"
         );
+    }
+}
+
+/// The packed-batch kernels are FA2-TC's default tiling at every head dim it compiles, in both
+/// 16-bit dtypes: the plan takes the default for a packed batch, and refuses other tilings.
+#[test]
+fn every_fa2_tc_head_dim_has_a_packed_kernel_at_its_default_tiling() {
+    let packed: Vec<(u32, Fa2TcTiling, ElementType)> = KERNELS
+        .iter()
+        .filter_map(|k| match k.family {
+            Family::Fa2Tc {
+                head_dim,
+                tiling,
+                packed: true,
+            } => Some((head_dim, tiling, k.dtype)),
+            _ => None,
+        })
+        .collect();
+    let head_dims = flash_attn::attention::fa2_tc_head_dims();
+    assert_eq!(packed.len(), 2 * head_dims.len(), "{packed:?}");
+    for d in head_dims {
+        for dtype in [ElementType::F16, ElementType::Bf16] {
+            assert!(
+                packed.contains(&(d, Fa2TcTiling::default_for(d), dtype)),
+                "no packed kernel at d = {d}, {dtype:?}: {packed:?}"
+            );
+        }
     }
 }

@@ -185,13 +185,16 @@ macro_rules! entry_point {
             }
         };
     };
-    (fa2_tc $dtype:ident $d:literal $warps:literal $rows:literal $stages:literal $cols:literal) => {
+    (fa2_tc $dtype:ident $d:literal $warps:literal $rows:literal $stages:literal $cols:literal
+     $($varlen:ident)?) => {
         const _: () = {
             fa2_tc_config!(Config, $d, $warps, $rows, $stages, $cols);
             #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w",
-                $warps, "r", $rows, "s", $stages, "c", $cols))]
+                $warps, "r", $rows, "s", $stages, "c", $cols,
+                $crate::packed_batch_suffix!($($varlen)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2Params) {
-                fa2_tc::kernel::forward::<element!($dtype), Config>(&params)
+                fa2_tc::kernel::forward::<element!($dtype), Config,
+                    { $crate::packed_batch!($($varlen)?) }>(&params)
             }
         };
     };

@@ -1,7 +1,7 @@
 //! `cargo xtask bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
-//! `bundle/bin/` holds the release CLI, the test binaries and the benchmark binary (the PTX is
-//! embedded in each). Scripts:
+//! `bundle/bin/` holds the release CLI, the test binaries that need a GPU and the benchmark
+//! binary (the PTX is embedded in each). Scripts:
 //! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
 //!   skipping); ends with "N passed, N failed";
 //! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, the backward
@@ -14,6 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::{Result, cargo, root};
+
+/// Whether test binary `name` has work for a GPU: the `gpu_*` suites and the safetensors CLI
+/// tests (which run the CLI on the GPU). The CPU-only suites (the references, emulators,
+/// plans, the kernel lists) stay behind: the CI runs them, and each binary carries the embedded
+/// PTX (about 5 MiB) into the GPU machine's 64 MiB transfer.
+fn needs_a_gpu(name: &str) -> bool {
+    name.starts_with("gpu_") || name == "safetensors_io"
+}
 
 /// What travels to the GPU machine must stay under its 64 MiB limit.
 const MAX_BUNDLE_BYTES: u64 = 64 * 1024 * 1024;
@@ -120,6 +128,7 @@ export FLASH_ATTN_REQUIRE_GPU=1
     step_function!(),
     r#"step info bin/flash-attn info
 step check bin/flash-attn check --require-gpu --backward
+step check-decode bin/flash-attn check --require-gpu --decode
 for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
 if [ "${1:-}" != "--quick" ]; then
   for b in bin/bench-*; do step "$(basename "$b")" "$b" --bench --quick; done
@@ -149,7 +158,9 @@ pub fn run(out: &Path) -> Result {
         &["test", "--release", "-p", "flash-attn", "--no-run"],
         "test",
     )? {
-        copies.push((path, format!("test-{name}")));
+        if needs_a_gpu(&name) {
+            copies.push((path, format!("test-{name}")));
+        }
     }
     for (path, name) in compiled(&["bench", "-p", "flash-attn", "--no-run"], "bench")? {
         copies.push((path, format!("bench-{name}")));

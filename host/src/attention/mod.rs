@@ -6,6 +6,7 @@
 //! - [`decode`]: decoding against a KV cache (split-KV, GQA, paged caches), its own API;
 //! - [`borrowed`]: the same call on device memory another library owns (PyTorch's tensors);
 //! - [`borrowed_backward`]: the backward on such memory (the Python bridge's autograd);
+//! - [`packed`]: packed batches of sequences of different lengths (flash-attn's varlen call);
 //! - [`plan`]: which kernels run with which launches, checked against the device;
 //! - this file: the API (allocate outputs and workspace, build parameter blocks, launch the plan).
 
@@ -14,11 +15,14 @@ pub mod backward_gpu;
 pub mod borrowed;
 pub mod borrowed_backward;
 pub mod decode;
+pub mod packed;
 pub mod plan;
 pub mod problem;
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, StandardParams};
+use flash_kernels::common::params::{
+    Fa1Params, Fa2Params, Fa3Params, Operands, PackedSequences, StandardParams,
+};
 use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
@@ -29,6 +33,9 @@ pub use backward_gpu::{
 };
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use borrowed_backward::{BorrowedBackwardArguments, BorrowedRows, attention_backward_borrowed};
+pub use packed::{
+    PackedBatch, PackedOutput, attention_packed, attention_packed_into, new_packed_output,
+};
 pub use plan::{
     Blocks, CompiledLimits, H200_MULTIPROCESSORS, H200_SHARED_MEMORY_PER_BLOCK, Launch,
     LaunchLimits, Plan, PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks,
@@ -329,6 +336,7 @@ fn fa2_params(operands: Operands, problem: &Problem, logsumexp: u64, block_rows:
         logsumexp,
         block_rows,
         _pad: 0,
+        packed: PackedSequences::default(),
     }
 }
 

@@ -125,6 +125,10 @@ pub struct Problem {
     pub window: KeyWindow,
     /// 0: off.
     pub softcap: f32,
+    /// A packed batch of sequences of different lengths (`attention::packed`): `batch` counts
+    /// the sequences and the seqlens are the longest ones; each sequence's own lengths reach
+    /// the kernels through `PackedSequences`.
+    pub packed: bool,
 }
 
 impl Problem {
@@ -203,6 +207,38 @@ impl Problem {
             causal: options.causal,
             window,
             softcap,
+            packed: false,
+        };
+        problem.check_index_ranges()?;
+        Ok(problem)
+    }
+
+    /// The problem of a packed batch: Q (1, heads, total_q, d), K and V (1, heads_kv, total_k,
+    /// d), checked as [`Problem::new`] checks a batch of one, with `sequences` sequences whose
+    /// longest are `max_seqlen_q` and `max_seqlen_k` long (the grid's extent).
+    pub fn packed(
+        [q, k, v]: [[usize; 4]; 3],
+        sequences: usize,
+        [max_seqlen_q, max_seqlen_k]: [usize; 2],
+        options: &AttentionOptions,
+    ) -> Result<Self> {
+        for (name, dims) in [("q", q), ("k", k), ("v", v)] {
+            if dims[0] != 1 {
+                return Err(Error::invalid(
+                    name,
+                    format!("shape {dims:?}"),
+                    "a packed batch is one tensor of every sequence's rows: batch 1, \
+                     (total tokens, heads, head_dim) in flash-attn's layout",
+                ));
+            }
+        }
+        let whole = Self::new(q, k, v, options)?;
+        let problem = Self {
+            batch: sequences,
+            seqlen_q: max_seqlen_q,
+            seqlen_k: max_seqlen_k,
+            packed: true,
+            ..whole
         };
         problem.check_index_ranges()?;
         Ok(problem)

@@ -3,6 +3,7 @@
 use ndarray::{Array3, Array4, ArrayView4, s};
 use rayon::prelude::*;
 
+use crate::attention::PackedBatch;
 use crate::dtype::Element;
 use crate::model::scoring::Scoring;
 
@@ -32,6 +33,41 @@ pub fn attention_reference(
 ) -> Reference {
     let all: Vec<usize> = (0..q.dim().2).collect();
     attention_reference_rows(q, k, v, scoring, scale, &all)
+}
+
+/// [`attention_reference`] of a packed batch: Q (1, heads, total_q, d), K and V (1, heads_kv,
+/// total_k, d), each sequence of `batch` attending to its own keys (its causal mask aligned to
+/// its own bottom-right corner). O is (1, heads, total_q, d) and L (1, heads, total_q), flash-attn's
+/// varlen layout; a sequence without keys gives O = 0 and L = −∞.
+pub fn packed_attention_reference(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    batch: &PackedBatch,
+    causal: bool,
+    scale: f64,
+) -> Reference {
+    let (heads, total_q, head_dim) = (q.dim().1, q.dim().2, q.dim().3);
+    let mut o = Array4::zeros((1, heads, total_q, head_dim));
+    let mut logsumexp = Array3::from_elem((1, heads, total_q), f64::NEG_INFINITY);
+    for b in 0..batch.sequences() {
+        let (queries, keys) = batch.rows(b);
+        if queries.is_empty() || keys.is_empty() {
+            continue;
+        }
+        let part = attention_reference(
+            q.slice(s![.., .., queries.clone(), ..]),
+            k.slice(s![.., .., keys.clone(), ..]),
+            v.slice(s![.., .., keys, ..]),
+            causal,
+            scale,
+        );
+        o.slice_mut(s![.., .., queries.clone(), ..]).assign(&part.o);
+        logsumexp
+            .slice_mut(s![.., .., queries])
+            .assign(&part.logsumexp);
+    }
+    Reference { o, logsumexp }
 }
 
 /// [`attention_reference`] for the query rows `rows` only (row indices into seqlen_q, which the

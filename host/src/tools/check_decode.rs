@@ -39,6 +39,56 @@ pub struct DecodeCheckCase {
     pub splits: Option<u32>,
 }
 
+/// The dtypes the decode kernels take.
+pub const DECODE_DTYPES: [DType; 2] = [DType::Bf16, DType::F16];
+
+/// `flash-attn check --decode`'s cases for one dtype: a compact cut of the GPU tests' grid that
+/// reaches every decode path once. Both head dims, GQA ratios 1, 4 and 32 (MQA), 1, 4 and 16
+/// query tokens, contiguous and paged caches (pages of 16 and 256). One batch mixes lengths 0,
+/// 1, 17, a non-multiple of the split and a few thousand. Appending in the same call, causal off
+/// with several tokens, a forced single split (the direct path) and many splits, and one 128k
+/// cache.
+pub fn standard_decode_cases(dtype: DType) -> Vec<DecodeCheckCase> {
+    let case =
+        |heads: (usize, usize), q_tokens, head_dim, lengths: &[usize], page_size| DecodeCheckCase {
+            heads_q: heads.0,
+            heads_kv: heads.1,
+            q_tokens,
+            head_dim,
+            cache_seqlens: lengths.to_vec(),
+            new_tokens: 0,
+            page_size,
+            causal: true,
+            dtype,
+            splits: None,
+        };
+    let mixed = [0, 1, 17, 1000, 3001];
+    let mut cases = Vec::new();
+    for heads in [(4, 4), (8, 2), (32, 1)] {
+        for (q_tokens, head_dim, page_size) in
+            [(1, 128, None), (4, 64, Some(16)), (16, 128, Some(256))]
+        {
+            cases.push(case(heads, q_tokens, head_dim, &mixed, page_size));
+        }
+    }
+    for (page_size, new_tokens, causal) in [(None, 4, true), (Some(32), 16, true), (None, 0, false)]
+    {
+        cases.push(DecodeCheckCase {
+            new_tokens,
+            causal,
+            ..case((8, 2), 16, 128, &[0, 2, 63, 65, 700], page_size)
+        });
+    }
+    for splits in [1, 64] {
+        cases.push(DecodeCheckCase {
+            splits: Some(splits),
+            ..case((32, 8), 2, 128, &[5000, 64, 1, 0], Some(64))
+        });
+    }
+    cases.push(case((32, 8), 1, 128, &[131_072], None));
+    cases
+}
+
 /// The outcome of one case.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DecodeCheckResult {

@@ -9,6 +9,8 @@ use crate::common::params::{AttentionShape, DecodeParams};
 /// One (batch, head) of the problem, as a block sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockInfo {
+    /// The batch index into the tensors (0 in a packed batch, whose sequences are rows of one
+    /// tensor: [`BlockInfo::packed`]).
     pub batch: u32,
     /// The query head (and O's, and the statistics').
     pub head: u32,
@@ -22,6 +24,10 @@ pub struct BlockInfo {
     pub seqlen_q: u32,
     /// Keys of this head's sequence.
     pub seqlen_k: u32,
+    /// This sequence's first query row and first key row in the tensors: 0, except in a packed
+    /// batch of sequences of different lengths ([`BlockInfo::packed`]).
+    pub q_start: u32,
+    pub k_start: u32,
     /// Which keys each query sees around its diagonal (causal, a sliding window, or all; see
     /// [`BlockInfo::mask`]).
     pub window: KeyWindow,
@@ -47,7 +53,32 @@ impl BlockInfo {
             batch_head,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
+            q_start: 0,
+            k_start: 0,
             window: shape.window(),
+        }
+    }
+
+    /// The block of head `batch_head` of a packed batch (`PackedSequences`): sequence
+    /// b = batch_head / heads spans query rows `query_rows` and key rows `key_rows` of the
+    /// tensors, its offsets `cu_seqlens[b]..cu_seqlens[b + 1]`; the shape's seqlens are the
+    /// longest sequence's, this block's its own. The tensors are one packed batch, so the
+    /// block reads them at batch 0 from its sequence's first rows (`batch_head` still numbers
+    /// the sequence's heads for the grid).
+    #[inline(always)]
+    pub fn packed(
+        shape: &AttentionShape,
+        batch_head: u32,
+        query_rows: [u32; 2],
+        key_rows: [u32; 2],
+    ) -> Self {
+        Self {
+            batch: 0,
+            seqlen_q: query_rows[1].saturating_sub(query_rows[0]),
+            seqlen_k: key_rows[1].saturating_sub(key_rows[0]),
+            q_start: query_rows[0],
+            k_start: key_rows[0],
+            ..Self::new(shape, batch_head)
         }
     }
 
@@ -378,6 +409,19 @@ mod tests {
             kv_group: 1,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_packed_sequence_reads_its_own_rows_at_batch_0() {
+        // Sequence 2 of 4 heads: block row 2·4 + 3, rows 100..130 of Q and 40..41 of K.
+        let info = BlockInfo::packed(&shape(4, 1000, 900, true), 11, [100, 130], [40, 41]);
+        assert_eq!((info.batch, info.head, info.batch_head), (0, 3, 11));
+        assert_eq!((info.seqlen_q, info.seqlen_k), (30, 1));
+        assert_eq!((info.q_start, info.k_start), (100, 40));
+        // Causal within the sequence: its last query sees its one key, its first sees none.
+        assert_eq!(info.key_blocks(0, 64, 64).count(), 1);
+        let dense = BlockInfo::new(&shape(4, 1000, 900, true), 11);
+        assert_eq!((dense.batch, dense.q_start, dense.k_start), (2, 0, 0));
     }
 
     #[test]

@@ -157,6 +157,26 @@ pub struct Fa2Params {
     /// B_r (a multiple of `fwd::fa2::config::ROWS_PER_WARP`, one warp per that many rows).
     pub block_rows: u32,
     pub _pad: u32,
+    /// Where each sequence of a packed batch starts (the `_varlen` FA2-TC kernels); all zero
+    /// otherwise. Last, so that the other kernels' parameters keep their offsets.
+    pub packed: PackedSequences,
+}
+
+/// A packed batch of sequences of different lengths (flash-attn's varlen call): Q and O are one
+/// (total_q, heads, d) tensor, K and V one (total_k, heads_kv, d), seen by the kernels as batch
+/// 1; sequence b's queries are rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` and its keys rows
+/// `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`, each causal mask aligned within its own sequence.
+/// `AttentionShape::batch` counts the sequences and its seqlens are the longest ones (the grid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PackedSequences {
+    /// Device address of batch + 1 u32 offsets into Q's rows, from 0 to total_q.
+    pub cu_seqlens_q: u64,
+    /// Device address of batch + 1 u32 offsets into K's and V's rows, from 0 to total_k.
+    pub cu_seqlens_k: u64,
+    /// Q's rows: L is (heads, total_q) for a packed batch, as flash-attn's.
+    pub total_q: u32,
+    pub _pad: u32,
 }
 
 /// FlashAttention-3 forward (Hopper): Q, K and V arrive by TMA through tensor maps the host

@@ -198,8 +198,13 @@ pub enum Family {
         head_dim_capacity: u32,
         block_cols: u32,
     },
-    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`.
-    Fa2Tc { head_dim: u32, tiling: Fa2TcTiling },
+    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`. `packed`: for a packed
+    /// batch of sequences of different lengths (`common::params::PackedSequences`).
+    Fa2Tc {
+        head_dim: u32,
+        tiling: Fa2TcTiling,
+        packed: bool,
+    },
     /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`.
     Fa3 { head_dim: u32, tiling: Fa3Tiling },
     /// FlashAttention-2 backward, scalar FP32: one of its three kernels.
@@ -395,12 +400,14 @@ impl KernelId {
                 Family::Fa2Tc {
                     head_dim: a,
                     tiling: s,
+                    packed: x,
                 },
                 Family::Fa2Tc {
                     head_dim: b,
                     tiling: t,
+                    packed: y,
                 },
-            ) => a == b && s.const_eq(t),
+            ) => a == b && s.const_eq(t) && x == y,
             (
                 Family::Fa3 {
                     head_dim: a,
@@ -446,7 +453,7 @@ impl KernelId {
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,
     /// `fa1_forward_<dtype>`,
-    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>`,
+    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen]`,
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `decode_splitkv_<dtype>_d<d>_<cache>`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
@@ -463,7 +470,11 @@ impl fmt::Display for KernelId {
                 head_dim_capacity,
                 block_cols,
             } => write!(f, "fa2_forward_{dtype}_d{head_dim_capacity}_bc{block_cols}"),
-            Family::Fa2Tc { head_dim, tiling } => {
+            Family::Fa2Tc {
+                head_dim,
+                tiling,
+                packed,
+            } => {
                 let Fa2TcTiling {
                     warps,
                     row_tiles,
@@ -472,7 +483,8 @@ impl fmt::Display for KernelId {
                 } = tiling;
                 write!(
                     f,
-                    "fa2tc_forward_{dtype}_d{head_dim}_w{warps}r{row_tiles}s{kv_stages}c{block_cols}"
+                    "fa2tc_forward_{dtype}_d{head_dim}_w{warps}r{row_tiles}s{kv_stages}c{block_cols}{}",
+                    if packed { PACKED_SUFFIX } else { "" }
                 )
             }
             Family::Fa3 { head_dim, tiling } => {
@@ -504,6 +516,9 @@ impl fmt::Display for KernelId {
         }
     }
 }
+
+/// The suffix of an FA2-TC kernel for packed sequences (`registry::packed_batch_suffix!`).
+const PACKED_SUFFIX: &str = "_varlen";
 
 /// The suffix of a backward main kernel compiled for grouped K/V heads
 /// (`registry::backward_grouped_suffix!` in the entry names).
@@ -585,7 +600,11 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_forward_") {
-            // <dtype>_d<d>_w<W>r<R>s<S>c<C>
+            // <dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen]
+            let (rest, packed) = match rest.strip_suffix(PACKED_SUFFIX) {
+                Some(rest) => (rest, true),
+                None => (rest, false),
+            };
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
             let (warps, rest) = rest.split_once('r').ok_or(ParseKernelIdError)?;
@@ -600,6 +619,7 @@ impl FromStr for KernelId {
             let family = Family::Fa2Tc {
                 head_dim: number(head_dim)?,
                 tiling,
+                packed,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {

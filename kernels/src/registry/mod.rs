@@ -33,6 +33,9 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 /// - `standard_backward <stage> <dtype>`: the standard backward's own four kernels (dp, ds, dq,
 ///   dkdv);
 /// - `group_sum <dtype>`: the grouped backward's sum of each K/V head's group of dK and dV;
+/// - `fa2_tc ... varlen`: FA2 on tensor cores for a packed batch of sequences of different
+///   lengths (`common::params::PackedSequences`), at each head dim's default tiling
+///   (`Fa2TcTiling::default_for`; a CPU test holds the two together);
 /// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
 ///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
 ///
@@ -63,7 +66,15 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
         $crate::for_each_kernel!(@standard_backward $emit [f32 f16 bf16]);
         $crate::for_each_kernel!(@group_sum $emit [f32 f16 bf16]);
+        $crate::for_each_kernel!(@fa2_tc_varlen $emit [f16 bf16]);
     };
+    (@fa2_tc_varlen $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(fa2_tc $dtype 32 4 2 2 64 varlen);
+        $emit!(fa2_tc $dtype 64 4 2 2 64 varlen);
+        $emit!(fa2_tc $dtype 96 4 2 1 64 varlen);
+        $emit!(fa2_tc $dtype 128 4 2 1 64 varlen);
+        $emit!(fa2_tc $dtype 256 4 1 1 64 varlen);
+    )*};
     (@group_sum $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(group_sum $dtype);
     )*};
@@ -182,6 +193,28 @@ macro_rules! backward_grouped_suffix {
     };
     (grouped) => {
         "_grouped"
+    };
+}
+
+/// `true` for a list entry marked `varlen` (an FA2-TC kernel for packed sequences).
+#[macro_export]
+macro_rules! packed_batch {
+    () => {
+        false
+    };
+    (varlen) => {
+        true
+    };
+}
+
+/// The entry-name suffix of a kernel for packed sequences.
+#[macro_export]
+macro_rules! packed_batch_suffix {
+    () => {
+        ""
+    };
+    (varlen) => {
+        "_varlen"
     };
 }
 
@@ -328,11 +361,12 @@ macro_rules! push_kernel {
         ));
     };
     ($list:ident; fa2_tc $dtype:ident $head_dim:literal $warps:literal $rows:literal
-     $stages:literal $cols:literal) => {
+     $stages:literal $cols:literal $($varlen:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa2Tc {
                 head_dim: $head_dim,
                 tiling: Fa2TcTiling::new($warps, $rows, $stages, $cols),
+                packed: $crate::packed_batch!($($varlen)?),
             },
             ElementType::$dtype(),
         ));

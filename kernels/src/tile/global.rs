@@ -3,7 +3,7 @@
 
 use crate::arch;
 use crate::common::element::Element;
-use crate::common::params::TensorView;
+use crate::common::params::{PackedSequences, TensorView};
 
 /// The rows of one (batch, head) of a (batch, heads, seqlen, head_dim) tensor in device memory.
 #[derive(Clone, Copy)]
@@ -35,6 +35,18 @@ impl<T: Element> HeadRows<T> {
             base,
             row_stride,
             rows,
+        }
+    }
+
+    /// The same rows from row `first_row` of the head on (a sequence of a packed batch), `rows`
+    /// of them.
+    #[inline(always)]
+    pub fn starting_at(self, first_row: u32) -> Self {
+        Self {
+            base: self
+                .base
+                .wrapping_add((first_row as u64 * self.row_stride) as usize),
+            ..self
         }
     }
 
@@ -80,6 +92,16 @@ impl HeadVector {
         }
     }
 
+    /// Head `head`'s vector of a packed batch's (heads, total_q) statistics, from the sequence's
+    /// first query row `q_start` on (flash-attn's varlen layout of L).
+    #[inline(always)]
+    pub fn packed(addr: u64, head: u32, total_q: u32, q_start: u32) -> Self {
+        Self {
+            base: (addr as *mut f32)
+                .wrapping_add(head as usize * total_q as usize + q_start as usize),
+        }
+    }
+
     #[inline(always)]
     pub fn read(&self, row: u32) -> f32 {
         // SAFETY: kernels pass rows < seqlen_q; the host allocated batch·heads·seqlen_q floats.
@@ -100,6 +122,19 @@ impl HeadVector {
         let row = if valid { row } else { 0 };
         (self.base.wrapping_add(row as usize) as *const u8, valid)
     }
+}
+
+/// The query rows and key rows of sequence `sequence` of a packed batch: `[cu_seqlens_q[b],
+/// cu_seqlens_q[b + 1]]` and the same of K, read from the device (four loads per block).
+#[inline(always)]
+pub fn packed_sequence_rows(packed: &PackedSequences, sequence: u32) -> ([u32; 2], [u32; 2]) {
+    let rows = |offsets: u64| {
+        let first = (offsets as *const u32).wrapping_add(sequence as usize);
+        // SAFETY: the host checked that `offsets` holds batch + 1 values and launches one block
+        // row per sequence, so sequence + 1 ≤ batch.
+        unsafe { [arch::load(first), arch::load(first.wrapping_add(1))] }
+    };
+    (rows(packed.cu_seqlens_q), rows(packed.cu_seqlens_k))
 }
 
 /// One head's rows of an f32 accumulator in device memory, contiguous (batch·heads, rows,
@@ -160,6 +195,17 @@ impl HeadRows16 {
             base,
             row_bytes: view.row_stride * 2,
             rows,
+        }
+    }
+
+    /// The same rows from row `first_row` of the head on (a sequence of a packed batch).
+    #[inline(always)]
+    pub fn starting_at(self, first_row: u32) -> Self {
+        Self {
+            base: self
+                .base
+                .wrapping_add((first_row as u64 * self.row_bytes) as usize),
+            ..self
         }
     }
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Device call 19 (2026-12-01 seventh session), branch s7 = main + gqa-bwd (GQA backward) + window
-# (sliding window and soft-capping): correctness of both on the GPU, then the window's cost on the
-# dense path of fa2-tc (main's and s7's PTX subsets through FLASH_ATTN_PTX, A B A B), then the
-# standard backward timed at one shape.
-# The bundle (64 MiB at most): `cargo xtask bundle` on s7; remove bin/bench-attention and the
-# CPU-only test binaries (backward_reference, cpu_reference, decode_plan, emulators,
-# window_reference) and test-gpu_numerics; then
+# Device call 19 (prepared in the seventh session, 2026-12-01), branch window-on-main: main (with
+# the GQA backward) + window (sliding window and soft-capping). Correctness of both on the GPU,
+# then the window's cost on fa2-tc's dense path (main's and window-on-main's PTX subsets through
+# FLASH_ATTN_PTX, A B A B), then the standard backward timed at one shape.
+# The bundle (64 MiB at most): `cargo xtask bundle` on window-on-main (main merged; it carries only
+# the tests that need a GPU); remove bin/bench-attention and test-gpu_numerics if it is too large;
+# then
 #   SUBSET='fa2tc_forward_bf16_d(64|128)_.*' scripts/ptx_variants.sh main=a119fc3 s7=.
 # Run: bash docs/results/session7/commands/call19.sh $OUT (carry bundle).
 set -u
@@ -21,11 +21,12 @@ job() { name=$1; limit=$2; shift 2; ( timeout $(left $limit) "$@" > $w/t/$name.l
 job gpu_gqa 300 bin/test-gpu_gqa --test-threads=2
 job gpu_backward 300 bin/test-gpu_backward --test-threads=2
 job gpu_window 300 bin/test-gpu_window --test-threads=2
+job gpu_packed 300 bin/test-gpu_packed --test-threads=2
 job gpu_attention 320 bin/test-gpu_attention --test-threads=2
 job safetensors_bwd 200 bin/test-safetensors_io run_backward --test-threads=1
-job kernel_registry 100 bin/test-kernel_registry
 job check 300 bin/flash-attn check --require-gpu
 job check_backward 300 bin/flash-attn check --require-gpu --backward
+job check_decode 300 bin/flash-attn check --require-gpu --decode
 job python 300 ./run-python-tests.sh
 job memcheck_bwd 300 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 bin/flash-attn check --require-gpu --backward --seqlens 113 --head-dims 64 --dtypes bf16
 job memcheck_window 300 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 bin/flash-attn check --require-gpu --shapes window --dtypes bf16
@@ -34,7 +35,7 @@ bin/flash-attn plan --shape 2,8,1000,128 --kv-heads 2 --backward > $w/t/plan.log
 bin/flash-attn plan --shape 2,8,4096,128 --window 256,0 > $w/t/plan-window.log 2>&1
 wait
 cat $w/t/*.rc; grep -hE "test result|panicked|FAILED|FAIL$" $w/t/*.log | cut -c1-250 | head -30
-grep -h "ERROR SUMMARY" $w/t/*check*.log; tail -qn2 $w/t/check.log $w/t/check_backward.log $w/t/python.log
+grep -h "ERROR SUMMARY" $w/t/*check*.log; tail -qn2 $w/t/check.log $w/t/check_backward.log $w/t/check_decode.log $w/t/python.log
 echo "correctness at $((SECONDS-t0))s"; save
 shapes="--seqlens 2048,8192 --head-dims 64,128 --causal both"
 for round in 1 2; do

@@ -5,15 +5,17 @@
 #   prev5  2556f95, FA3 v4 (before call 18's LPT order and rescale; v5 was never timed
 #          non-causal)
 #   v5     a119fc3, main before the window merge
-#   s7     the window merge (sliding window and soft-capping in every FA3 kernel: its cost on
+#   s7     branch window-on-main, the window merge (sliding window and soft-capping in every FA3 kernel: its cost on
 #          the dense path)
-#   e2, e4 s7 with every 2nd / 4th 8-key tile's exponentials on the FMA units at d = 64
+#   e2, e4, e8 main (v5's SASS with the split off) with every 2nd / 4th / 8th 8-key tile's
+#          exponentials on the FMA units at d = 64
 #          (FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY, `common::softmax::exp2_polynomial`)
-# First the e2 and e4 modules' correctness (check on FA3 alone, both dtypes, their defaults and
+# First the e2, e4 and e8 modules' correctness (check on FA3 alone, both dtypes, their defaults and
 # the persistent tiling at d = 64).
-# The bundle: as call 19's, then
+# The bundle: as call 19's (on window-on-main), then
 #   scripts/ptx_variants.sh prev5=2556f95 v5=a119fc3 s7=. \
-#     e2=.:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=2 e4=.:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=4
+#     e2=main:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=2 e4=main:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=4 \
+#     e8=main:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=8
 # (the main modules it writes are not used here; delete them if the bundle is too large).
 # Run: bash docs/results/session7/commands/call20.sh $OUT (carry bundle).
 set -u
@@ -24,7 +26,7 @@ for f in ptx/*_hopper.ptx.gz; do gunzip -kf $f; done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $w/gpu.txt
 export FLASH_ATTN_REQUIRE_GPU=1
 mkdir -p $w/t
-for v in e2 e4; do
+for v in e2 e4 e8; do
   ( FLASH_ATTN_HOPPER_PTX=ptx/${v}_hopper.ptx timeout 90 bin/flash-attn check --require-gpu --algorithms fa3 --dtypes bf16,f16 > $w/t/check-$v.log 2>&1; echo "check-$v rc=$?" > $w/t/check-$v.rc ) &
   ( FLASH_ATTN_HOPPER_PTX=ptx/${v}_hopper.ptx timeout 90 bin/flash-attn check --require-gpu --algorithms fa3 --dtypes bf16,f16 --fa3-tiling w3c128p --head-dims 40,59,64 > $w/t/check-$v-p.log 2>&1; echo "check-$v-p rc=$?" > $w/t/check-$v-p.rc ) &
 done
@@ -34,7 +36,7 @@ shapes="--seqlens 2048,4096,8192 --head-dims 64,128 --causal both"
 timeout 80 python3 scripts/torch_sdpa_bench.py --backends torch-flash,torch-cudnn $shapes --out $w/torch.json > $w/torch.log 2>&1
 echo "torch rc=$? at $((SECONDS-t0))s"; save
 for round in 1 2; do
-  for v in prev5 v5 s7 e2 e4; do
+  for v in prev5 v5 s7 e2 e4 e8; do
     FLASH_ATTN_HOPPER_PTX=ptx/${v}_hopper.ptx timeout 40 bin/flash-attn bench --algorithms fa3 $shapes --no-max-seqlen --torch $w/torch.json --out-dir $w/$v-$round > $w/$v-$round.log 2>&1
     echo "$v-$round rc=$? at $((SECONDS-t0))s"; grep -E '^\| [0-9]' $w/$v-$round/bench.md | grep -v GiB | head -12; save
   done

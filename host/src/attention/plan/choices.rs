@@ -107,14 +107,20 @@ pub fn fa2_blocks(
 }
 
 /// FA2-TC's tiling: the override if the kernel is compiled with it at this head dim, else the
-/// default for the head dim.
-pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2TcTiling> {
+/// default for the head dim. `packed`: for a packed batch, whose kernels have the default
+/// tilings only.
+pub fn fa2_tc_tiling(
+    head_dim: usize,
+    tiling: Option<Fa2TcTiling>,
+    packed: bool,
+) -> Result<Fa2TcTiling> {
     let d = head_dim as u32;
     let compiled = |t: Fa2TcTiling| {
         KERNELS.contains(&KernelId::new(
             Family::Fa2Tc {
                 head_dim: d,
                 tiling: t,
+                packed,
             },
             ElementType::Bf16,
         ))
@@ -123,7 +129,10 @@ pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2
         None => Ok(Fa2TcTiling::default_for(d)),
         Some(t) if compiled(t) => Ok(t),
         Some(t) => {
-            let allowed: Vec<String> = fa2_tc_tilings(d).iter().map(|t| t.to_string()).collect();
+            let allowed: Vec<String> = fa2_tc_tilings_of(d, packed)
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
             Err(Error::invalid(
                 "fa2_tc_tiling",
                 t,
@@ -138,11 +147,21 @@ pub fn fa2_tc_tiling(head_dim: usize, tiling: Option<Fa2TcTiling>) -> Result<Fa2
 
 /// The tilings FA2-TC is compiled with at head dim `d` (empty if none).
 pub fn fa2_tc_tilings(d: u32) -> Vec<Fa2TcTiling> {
+    fa2_tc_tilings_of(d, false)
+}
+
+/// The tilings of FA2-TC's kernels at head dim `d` for dense (`packed` false) or packed
+/// batches.
+fn fa2_tc_tilings_of(d: u32, packed: bool) -> Vec<Fa2TcTiling> {
     KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
         .filter_map(|k| match k.family {
-            Family::Fa2Tc { head_dim, tiling } if head_dim == d => Some(tiling),
+            Family::Fa2Tc {
+                head_dim,
+                tiling,
+                packed: p,
+            } if head_dim == d && p == packed => Some(tiling),
             _ => None,
         })
         .collect()

@@ -161,6 +161,13 @@ impl Plan {
             workspace: WorkspaceSize::of(algorithm, problem),
             statistics: StatisticsKind::of(algorithm),
         };
+        if problem.packed && !matches!(algorithm, Algorithm::Fa2Tc | Algorithm::Fa3) {
+            return Err(Error::invalid(
+                "algorithm",
+                algorithm,
+                "allowed for a packed batch of sequences: fa2-tc, fa3 (which runs fa2-tc)",
+            ));
+        }
         match algorithm {
             Algorithm::Standard => plan.launches = standard_launches(problem, element),
             Algorithm::Fa1 => {
@@ -198,14 +205,28 @@ impl Plan {
     ) -> Result<()> {
         let problem = self.problem;
         if let Some(reason) = tensor_core_fallback(self.dtype, problem.head_dim, operands) {
+            if problem.packed {
+                // The scalar FA2 takes no packed batch: nothing to fall back to.
+                return Err(Error::invalid(
+                    "q",
+                    format!(
+                        "a packed batch of {} at head_dim {}",
+                        self.dtype, problem.head_dim
+                    ),
+                    format!(
+                        "packed batches run on FA2-TC's tensor cores only, which cannot: {reason}"
+                    ),
+                ));
+            }
             self.add_fallback(Algorithm::Fa2Tc, Algorithm::Fa2, reason);
             return self.plan_fa2(limits, element, options);
         }
-        let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling)?;
+        let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling, problem.packed)?;
         let kernel = KernelId::new(
             Family::Fa2Tc {
                 head_dim: problem.head_dim as u32,
                 tiling,
+                packed: problem.packed,
             },
             element,
         );
@@ -231,6 +252,11 @@ impl Plan {
         operands: Option<&Operands>,
     ) -> Result<()> {
         let problem = self.problem;
+        if problem.packed {
+            let reason = "FA3 takes no packed batch of sequences yet".to_string();
+            self.add_fallback(Algorithm::Fa3, Algorithm::Fa2Tc, reason);
+            return self.plan_fa2_tc(limits, element, options, operands);
+        }
         let head_dim = match fa3_fallback(limits, self.dtype, problem.head_dim, operands) {
             Ok(head_dim) => head_dim,
             Err(reason) => {

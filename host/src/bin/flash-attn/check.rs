@@ -1,11 +1,15 @@
 //! `flash-attn check`: every algorithm on fresh random inputs against the f64 reference; with
-//! `--backward`, the backward too (against the f64 reference gradients).
+//! `--backward`, the backward too (against the f64 reference gradients); with `--decode`, the
+//! decode kernels instead.
 
 use std::process::ExitCode;
 
 use flash_attn::attention::{BackwardAlgorithm, BackwardOptions};
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::tools::check_backward::{check_backward_problem, describe_backward};
+use flash_attn::tools::check_decode::{
+    DECODE_DTYPES, check_decode, describe_decode, standard_decode_cases,
+};
 use flash_attn::{Algorithm, AttentionOptions, DType, Gpu, Layout};
 use rand::SeedableRng;
 
@@ -54,6 +58,11 @@ pub struct CheckArgs {
     /// The backwards to check with --backward (default: standard, fa2, fa2-tc).
     #[arg(long, value_delimiter = ',')]
     backward_algorithms: Vec<String>,
+    /// Check decoding against a KV cache instead (the split-KV kernels, contiguous and paged
+    /// caches, appending, GQA/MQA, 1-16 query tokens, up to a 128k cache), for each of --dtypes
+    /// that decoding takes (bf16, f16).
+    #[arg(long, conflicts_with_all = ["backward", "algorithms", "fa2_tc_tiling", "fa3_tiling"])]
+    decode: bool,
 }
 
 /// The backward options `check --backward` runs for one dtype and head dim: every algorithm
@@ -205,7 +214,79 @@ fn parse_or_all<T: std::str::FromStr<Err = flash_attn::Error> + Copy>(
     }
 }
 
+/// The dtypes `check --decode` runs: those asked for (each one decoding takes, or an error
+/// naming it), or all that decoding takes.
+fn decode_dtypes(items: &[String]) -> flash_attn::Result<Vec<DType>> {
+    let dtypes = parse_or_all(items, &DECODE_DTYPES)?;
+    match dtypes.iter().find(|d| !DECODE_DTYPES.contains(d)) {
+        Some(dtype) => Err(flash_attn::Error::InvalidArgument {
+            name: "dtypes",
+            value: dtype.to_string(),
+            allowed: "allowed with --decode: bf16, f16".into(),
+        }),
+        None => Ok(dtypes),
+    }
+}
+
+/// Opens the GPU, or says that the checks are skipped (`None`) when there is none and none is
+/// required.
+fn open_gpu(device: usize, require_gpu: bool) -> flash_attn::Result<Option<Gpu>> {
+    match Gpu::open(device) {
+        Ok(gpu) => Ok(Some(gpu)),
+        Err(e) if super::is_missing_gpu(&e) && !require_gpu => {
+            println!("GPU checks skipped: {e}");
+            println!("(the CPU reference and emulators are covered by `cargo xtask test`)");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The seeded generator of one run, its seed printed so that a failure can be rerun.
+fn seeded(gpu: &Gpu, seed: Option<u64>) -> rand::rngs::StdRng {
+    let seed = seed.unwrap_or_else(rand::random);
+    println!(
+        "check on {} with seed {seed} (rerun with --seed {seed})",
+        gpu.info().name
+    );
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+fn exit_code(passed: usize, failed: usize) -> ExitCode {
+    println!("check: {passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `check --decode`: the decode cases of every dtype.
+fn check_decoding(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
+    let dtypes = decode_dtypes(&args.dtypes)?;
+    let Some(gpu) = open_gpu(device, args.require_gpu)? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut rng = seeded(&gpu, args.seed);
+    let (mut passed, mut failed) = (0, 0);
+    for dtype in dtypes {
+        for case in standard_decode_cases(dtype) {
+            let result = check_decode(&gpu, &case, &mut rng)?;
+            println!("decode {}", describe_decode(&result));
+            if result.passed {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    Ok(exit_code(passed, failed))
+}
+
 pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
+    if args.decode {
+        return check_decoding(device, args);
+    }
     let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
     let backward_algorithms = parse_or_all(&args.backward_algorithms, &BackwardAlgorithm::ALL)?;
     let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
@@ -222,21 +303,10 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
             .transpose()?,
         ..Default::default()
     };
-    let gpu = match Gpu::open(device) {
-        Ok(gpu) => gpu,
-        Err(e) if super::is_missing_gpu(&e) && !args.require_gpu => {
-            println!("GPU checks skipped: {e}");
-            println!("(the CPU reference and emulators are covered by `cargo xtask test`)");
-            return Ok(ExitCode::SUCCESS);
-        }
-        Err(e) => return Err(e),
+    let Some(gpu) = open_gpu(device, args.require_gpu)? else {
+        return Ok(ExitCode::SUCCESS);
     };
-    let seed = args.seed.unwrap_or_else(rand::random);
-    println!(
-        "check on {} with seed {seed} (rerun with --seed {seed})",
-        gpu.info().name
-    );
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rng = seeded(&gpu, args.seed);
     let (mut passed, mut failed) = (0, 0);
     for &dtype in &dtypes {
         for &((batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim), window, softcap) in &shapes {
@@ -284,10 +354,5 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
             }
         }
     }
-    println!("check: {passed} passed, {failed} failed");
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(exit_code(passed, failed))
 }

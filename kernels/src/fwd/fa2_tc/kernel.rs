@@ -49,7 +49,7 @@ use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, key_pair_col,
     key_pair_row,
 };
-use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::global::{HeadRows16, HeadVector, packed_sequence_rows};
 use crate::tile::shared::SharedTile16;
 
 /// One row tile's running state: for the lane's two rows (`l/4` and `l/4 + 8`), m and partial ℓ,
@@ -114,8 +114,11 @@ fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddr
 /// `C::Q_CHUNKS` = d/16, `C::O_TILES` = d/8, `C::KEY_TILES` = B_c/8 tiles of S per row tile and
 /// K/V block, `C::KEY_CHUNKS` = B_c/16 k-steps of P̃·V). Grid (⌈seqlen_q/B_r⌉, batch·heads),
 /// `C::TILING.threads()` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
+/// `PACKED`: a packed batch of sequences of different lengths (`PackedSequences`): each block
+/// reads its sequence's rows, and the row blocks past its length return at once (the grid is the
+/// longest sequence's).
 #[inline(always)]
-pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
+pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(p: &Fa2Params) {
     let () = C::CHECKED;
     let block_cols = C::KEY_TILES as u32 * MMA_N; // B_c: KEY_TILES tiles of MMA_N keys
     let head_dim = C::HEAD_DIM;
@@ -123,7 +126,12 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
     let threads = C::TILING.warps * WARP_SIZE;
     let shape = &p.shape;
     let batch_head = arch::block_idx_y();
-    let info = BlockInfo::new(shape, batch_head);
+    let info = if PACKED {
+        let (query_rows, key_rows) = packed_sequence_rows(&p.packed, batch_head / shape.heads);
+        BlockInfo::packed(shape, batch_head, query_rows, key_rows)
+    } else {
+        BlockInfo::new(shape, batch_head)
+    };
     // Causal or windowed: the last row blocks see the most keys; start them first so the grid's
     // tail is short.
     let row_block = if info.heaviest_rows_last() {
@@ -132,10 +140,22 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
         arch::block_idx_x()
     };
     let row_start = row_block * block_rows;
+    if PACKED && row_start >= info.seqlen_q {
+        return; // Past this sequence's queries (before any barrier: the whole block returns).
+    }
+    // A dense batch's own seqlen_k is the shape's, read from it as the measured kernel did.
+    let seqlen_k = if PACKED {
+        info.seqlen_k
+    } else {
+        shape.seqlen_k
+    };
     let blocks = info.key_blocks(row_start, block_rows, block_cols);
-    let q = HeadRows16::new(&p.operands.q, info.batch, info.head, info.seqlen_q);
-    let k = HeadRows16::new(&p.operands.k, info.batch, info.kv_head, info.seqlen_k);
-    let v = HeadRows16::new(&p.operands.v, info.batch, info.kv_head, info.seqlen_k);
+    let q = HeadRows16::new(&p.operands.q, info.batch, info.head, info.seqlen_q)
+        .starting_at(info.q_start);
+    let k = HeadRows16::new(&p.operands.k, info.batch, info.kv_head, info.seqlen_k)
+        .starting_at(info.k_start);
+    let v = HeadRows16::new(&p.operands.v, info.batch, info.kv_head, info.seqlen_k)
+        .starting_at(info.k_start);
     let tiles = Fa2TcSram::new(head_dim, block_rows, block_cols);
     let copy_block = |rows: &HeadRows16, block: u32, dst: SharedTile16| {
         let first = block * block_cols;
@@ -223,7 +243,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
         // `blocks.needs_mask(key_start)`, written out from this function's own values: read
         // through `KeyBlocks`, the same test changes this kernel's machine code (PERF.md, the
         // house refactor), which is kept identical to the measured v6.
-        if key_start + block_cols > shape.seqlen_k
+        if key_start + block_cols > seqlen_k
             || blocks.mask().tile_needs_mask(
                 row_start,
                 row_start + block_rows,
@@ -238,7 +258,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig>(p: &Fa2Params) {
     }
     arch::copy_async_wait_all(); // Nothing may be in flight when the block exits.
     for (tile, tile_state) in state.iter_mut().enumerate() {
-        store_output::<T, C>(p, &info, row_start + warp_rows.tile_row(tile), tile_state);
+        store_output::<T, C, PACKED>(p, &info, row_start + warp_rows.tile_row(tile), tile_state);
     }
 }
 
@@ -398,14 +418,19 @@ impl BlockStep<'_> {
 /// O = diag(ℓ)⁻¹·Õ and L = m + log ℓ for the row tile whose first row (in the sequence) is
 /// `first_row`.
 #[inline(always)]
-fn store_output<T: TensorCoreElement, C: Fa2TcConfig>(
+fn store_output<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(
     p: &Fa2Params,
     info: &BlockInfo,
     first_row: u32,
     state: &RowTileState<C>,
 ) {
-    let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
-    let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
+    let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q)
+        .starting_at(info.q_start);
+    let logsumexp = if PACKED {
+        HeadVector::packed(p.logsumexp, info.head, p.packed.total_q, info.q_start)
+    } else {
+        HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q)
+    };
     let (seqlen_q, cols) = (info.seqlen_q, C::HEAD_DIM);
     store_rows::<T, _>(
         &o,

@@ -1,0 +1,283 @@
+//! Packed batches of sequences of different lengths (flash-attn's `flash_attn_varlen_func`):
+//! every sequence's query rows in one Q tensor (total_q, heads, d), its keys and values in one
+//! K and one V (total_k, heads_kv, d), and the cumulative offsets `cu_seqlens_q` and
+//! `cu_seqlens_k` (batch + 1 each, from 0) that say where each sequence starts. Each sequence
+//! attends to its own keys only, with the causal mask aligned to its own bottom-right corner, so
+//! one call serves a batch of prompts of different lengths without padding.
+//!
+//! The tensors are [`DeviceTensor`]s of batch 1, in any layout (flash-attn's (batch, seqlen,
+//! heads, d) is the packed one); O has Q's dims and L is (heads, total_q), flash-attn's varlen
+//! layout. FA2-TC runs it (`Fa2Tc { packed: true }`, the default tiling of each head dim), FA3
+//! falls back to it (the plan says so), and the other algorithms refuse a packed batch.
+
+use cudarc::driver::CudaSlice;
+use flash_kernels::common::params::{Operands, PackedSequences};
+use ndarray::Array2;
+
+use super::plan::{Blocks, Plan};
+use super::{Algorithm, AttentionOptions, Problem, fa2_params, launch_plan};
+use crate::device::Gpu;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::tensor::{DeviceTensor, Layout};
+
+/// The sequences of a packed batch: their cumulative offsets into Q's rows and into K's and V's,
+/// checked (see [`PackedBatch::new`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedBatch {
+    cu_seqlens_q: Vec<u32>,
+    cu_seqlens_k: Vec<u32>,
+}
+
+impl PackedBatch {
+    /// Sequence b's queries are Q's rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]`, its keys K's
+    /// and V's rows `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`. Both lists have batch + 1 ≥ 2
+    /// entries, start at 0 and never decrease (a sequence may be empty: its rows, if any, get
+    /// O = 0 and L = −∞); anything else is an `InvalidArgument` naming the list.
+    pub fn new(cu_seqlens_q: &[u32], cu_seqlens_k: &[u32]) -> Result<Self> {
+        for (name, offsets) in [
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("cu_seqlens_k", cu_seqlens_k),
+        ] {
+            if offsets.len() < 2 {
+                return Err(Error::invalid(
+                    name,
+                    format!("{offsets:?}"),
+                    "batch + 1 ≥ 2 offsets: 0, then where each sequence ends",
+                ));
+            }
+            if offsets[0] != 0 {
+                return Err(Error::invalid(
+                    name,
+                    format!("{offsets:?}"),
+                    "offsets starting at 0",
+                ));
+            }
+            if let Some(b) = offsets.windows(2).position(|w| w[1] < w[0]) {
+                return Err(Error::invalid(
+                    name,
+                    format!("{offsets:?}"),
+                    format!(
+                        "offsets that never decrease (entry {} is {} after {})",
+                        b + 1,
+                        offsets[b + 1],
+                        offsets[b]
+                    ),
+                ));
+            }
+        }
+        if cu_seqlens_q.len() != cu_seqlens_k.len() {
+            return Err(Error::invalid(
+                "cu_seqlens_k",
+                format!("{} offsets", cu_seqlens_k.len()),
+                format!(
+                    "as many as cu_seqlens_q ({}): one sequence of keys per sequence of queries",
+                    cu_seqlens_q.len()
+                ),
+            ));
+        }
+        Ok(Self {
+            cu_seqlens_q: cu_seqlens_q.to_vec(),
+            cu_seqlens_k: cu_seqlens_k.to_vec(),
+        })
+    }
+
+    /// The same lengths for queries and keys (self-attention over packed prompts).
+    pub fn from_lengths(lengths: &[usize]) -> Result<Self> {
+        let offsets = cumulative(lengths)?;
+        Self::new(&offsets, &offsets)
+    }
+
+    /// The number of sequences.
+    pub fn sequences(&self) -> usize {
+        self.cu_seqlens_q.len() - 1
+    }
+
+    /// Sequence `b`'s query rows and key rows.
+    pub fn rows(&self, b: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let range = |offsets: &[u32]| offsets[b] as usize..offsets[b + 1] as usize;
+        (range(&self.cu_seqlens_q), range(&self.cu_seqlens_k))
+    }
+
+    /// Q's rows and K's rows in all.
+    pub fn totals(&self) -> [usize; 2] {
+        [&self.cu_seqlens_q, &self.cu_seqlens_k].map(|o| o[o.len() - 1] as usize)
+    }
+
+    /// The longest sequence of queries and of keys.
+    pub fn max_seqlens(&self) -> [usize; 2] {
+        [&self.cu_seqlens_q, &self.cu_seqlens_k].map(|o| {
+            o.windows(2)
+                .map(|w| (w[1] - w[0]) as usize)
+                .max()
+                .unwrap_or(0)
+        })
+    }
+
+    pub fn cu_seqlens_q(&self) -> &[u32] {
+        &self.cu_seqlens_q
+    }
+
+    pub fn cu_seqlens_k(&self) -> &[u32] {
+        &self.cu_seqlens_k
+    }
+
+    /// The checked problem of this batch on Q, K, V of these dims (logical (1, heads, total,
+    /// d)): the last offsets must be Q's and K's row counts.
+    pub fn problem(&self, dims: [[usize; 4]; 3], options: &AttentionOptions) -> Result<Problem> {
+        let [total_q, total_k] = self.totals();
+        for (name, offsets, tensor, dims, total) in [
+            ("cu_seqlens_q", &self.cu_seqlens_q, "q", dims[0], total_q),
+            ("cu_seqlens_k", &self.cu_seqlens_k, "k", dims[1], total_k),
+        ] {
+            if dims[2] != total {
+                return Err(Error::invalid(
+                    name,
+                    format!("offsets ending at {total} ({} entries)", offsets.len()),
+                    format!(
+                        "its last offset must be {tensor}'s rows ({}; {tensor} is {dims:?})",
+                        dims[2]
+                    ),
+                ));
+            }
+        }
+        let [max_q, max_k] = self.max_seqlens();
+        // A batch of empty sequences still has one row to launch over.
+        Problem::packed(
+            dims,
+            self.sequences(),
+            [max_q.max(1), max_k.max(1)],
+            options,
+        )
+    }
+}
+
+/// Cumulative offsets 0, l₀, l₀ + l₁, … of `lengths`, in u32 (an error past it).
+fn cumulative(lengths: &[usize]) -> Result<Vec<u32>> {
+    let mut offsets = vec![0u32];
+    let mut total = 0usize;
+    for &length in lengths {
+        total += length;
+        offsets.push(u32::try_from(total).map_err(|_| {
+            Error::invalid("lengths", total, format!("a total of at most {}", u32::MAX))
+        })?);
+    }
+    Ok(offsets)
+}
+
+/// O (Q's dims and layout) and L, (heads, total_q), of a packed batch, and the plan of the call
+/// that wrote them (`None` before one has).
+pub struct PackedOutput<T> {
+    pub o: DeviceTensor<T>,
+    pub logsumexp: CudaSlice<f32>,
+    pub plan: Option<Plan>,
+}
+
+impl<T> PackedOutput<T> {
+    /// L as a (heads, total_q) array.
+    pub fn logsumexp(&self, gpu: &Gpu, heads: usize) -> Result<Array2<f32>> {
+        let values = gpu.download(&self.logsumexp)?;
+        let total_q = values.len() / heads.max(1);
+        Array2::from_shape_vec((heads, total_q), values).map_err(|e| Error::File(e.to_string()))
+    }
+}
+
+/// Checks the arguments and allocates what [`attention_packed_into`] writes: O (Q's dims and
+/// layout, zeroed) and L (heads, total_q).
+pub fn new_packed_output<T: Element>(
+    gpu: &Gpu,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    batch: &PackedBatch,
+    options: &AttentionOptions,
+) -> Result<PackedOutput<T>> {
+    let problem = batch.problem([q.dims(), k.dims(), v.dims()], options)?;
+    let layout = q.layout().unwrap_or(Layout::BatchHeadSeqDim);
+    Ok(PackedOutput {
+        o: DeviceTensor::filled(gpu, q.dims(), layout, T::default())?,
+        logsumexp: gpu.alloc(problem.heads * batch.totals()[0], "L")?,
+        plan: None,
+    })
+}
+
+/// Attention over a packed batch: each sequence of `batch` attends to its own keys. Q is
+/// (1, heads, total_q, d) (logical dims, any layout), K and V (1, heads_kv, total_k, d); returns
+/// O in Q's dims and layout, L (heads, total_q) and the plan. `algorithm` is `Fa2Tc` or `Fa3`
+/// (which runs FA2-TC, the plan says why); f16 or bf16 at a head dim FA2-TC compiles, with
+/// 16-byte-aligned rows.
+pub fn attention_packed<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    batch: &PackedBatch,
+    options: &AttentionOptions,
+) -> Result<PackedOutput<T>> {
+    let mut output = new_packed_output(gpu, q, k, v, batch, options)?;
+    attention_packed_into(gpu, algorithm, q, k, v, batch, &mut output, options)?;
+    Ok(output)
+}
+
+/// Like [`attention_packed`], into an existing output (O with Q's dims, L with heads·total_q
+/// floats), so that callers can poison it first. Every check passes before the launch. Returns
+/// the plan (also stored in `output.plan`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_packed_into<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    batch: &PackedBatch,
+    output: &mut PackedOutput<T>,
+    options: &AttentionOptions,
+) -> Result<Plan> {
+    let problem = batch.problem([q.dims(), k.dims(), v.dims()], options)?;
+    let [total_q, _] = batch.totals();
+    if output.o.dims() != q.dims() {
+        return Err(Error::invalid(
+            "output.o",
+            format!("shape {:?}", output.o.dims()),
+            format!("must equal q's shape {:?}", q.dims()),
+        ));
+    }
+    if output.logsumexp.len() != problem.heads * total_q {
+        return Err(Error::invalid(
+            "output.logsumexp",
+            format!("{} floats", output.logsumexp.len()),
+            format!("heads × total_q = {}", problem.heads * total_q),
+        ));
+    }
+    let operands = Operands {
+        q: q.view(gpu),
+        k: k.view(gpu),
+        v: v.view(gpu),
+        o: output.o.view(gpu),
+    };
+    let plan = Plan::new(gpu, algorithm, T::DTYPE, &problem, options, Some(&operands))?;
+    let Blocks::Fa2Tc(tiling) = plan.blocks else {
+        unreachable!("a packed batch plans FA2-TC or fails")
+    };
+    // Dropped at the end of this call: freed in stream order, after the kernel that reads them.
+    let cu_seqlens_q = gpu.upload(batch.cu_seqlens_q(), "cu_seqlens_q")?;
+    let cu_seqlens_k = gpu.upload(batch.cu_seqlens_k(), "cu_seqlens_k")?;
+    let params = flash_kernels::common::params::Fa2Params {
+        packed: PackedSequences {
+            cu_seqlens_q: gpu.address(&cu_seqlens_q),
+            cu_seqlens_k: gpu.address(&cu_seqlens_k),
+            total_q: total_q as u32,
+            _pad: 0,
+        },
+        ..fa2_params(
+            operands,
+            &problem,
+            gpu.address(&output.logsumexp),
+            tiling.block_rows(),
+        )
+    };
+    launch_plan(gpu, &plan, params)?;
+    output.plan = Some(plan.clone());
+    Ok(plan)
+}

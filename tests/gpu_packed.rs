@@ -1,0 +1,227 @@
+//! GPU tests of packed batches (flash-attn's varlen call, `attention::packed`): FA2-TC's
+//! `_varlen` kernels on one packed Q, K, V against the dense FA2-TC kernel run on each sequence
+//! alone. They must agree bit for bit (the same arithmetic on the same rows: only where the rows
+//! are read from differs), and the dense kernel is the one `gpu_attention` checks against the
+//! f64 reference. Outputs are poisoned first, so a row the kernel forgot fails; sequences
+//! without queries or without keys (O = 0, L = −∞), GQA, causal masks aligned per sequence, both
+//! layouts, every head dim FA2-TC compiles. Skipped without a GPU (unless
+//! FLASH_ATTN_REQUIRE_GPU is set).
+
+mod common;
+
+use flash_attn::attention::{
+    PackedBatch, PackedOutput, attention, attention_packed_into, fa2_tc_head_dims,
+};
+use flash_attn::tools::check::random_tensor;
+use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Element, Gpu, Layout};
+use flash_attn::{Error, with_element};
+use ndarray::{Array4, s};
+use rand::Rng;
+
+/// One packed batch: (query length, key length) per sequence.
+struct Case {
+    heads: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    lengths: Vec<(usize, usize)>,
+    causal: bool,
+    layout: Layout,
+    dtype: DType,
+}
+
+fn offsets(lengths: impl Iterator<Item = usize>) -> Vec<u32> {
+    let mut offsets = vec![0u32];
+    for length in lengths {
+        offsets.push(offsets[offsets.len() - 1] + length as u32);
+    }
+    offsets
+}
+
+/// Runs `case` packed and per sequence; the first disagreement, if any.
+fn check_case(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result<String, String> {
+    with_element!(case.dtype, T => check_typed::<T>(gpu, case, rng))
+}
+
+fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result<String, String> {
+    let fail = |e: Error| e.to_string();
+    let batch = PackedBatch::new(
+        &offsets(case.lengths.iter().map(|l| l.0)),
+        &offsets(case.lengths.iter().map(|l| l.1)),
+    )
+    .map_err(fail)?;
+    let [total_q, total_k] = batch.totals();
+    let q = random_tensor::<T>([1, case.heads, total_q, case.head_dim], rng);
+    let k = random_tensor::<T>([1, case.heads_kv, total_k, case.head_dim], rng);
+    let v = random_tensor::<T>([1, case.heads_kv, total_k, case.head_dim], rng);
+    let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
+    let (dq, dk, dv) = (
+        upload(&q).map_err(fail)?,
+        upload(&k).map_err(fail)?,
+        upload(&v).map_err(fail)?,
+    );
+    let options = AttentionOptions {
+        causal: case.causal,
+        ..Default::default()
+    };
+    let mut output = PackedOutput {
+        o: DeviceTensor::filled(gpu, dq.dims(), case.layout, T::poison()).map_err(fail)?,
+        logsumexp: gpu
+            .upload(&vec![f32::NAN; case.heads * total_q], "L")
+            .map_err(fail)?,
+        plan: None,
+    };
+    let plan = attention_packed_into(
+        gpu,
+        Algorithm::Fa2Tc,
+        &dq,
+        &dk,
+        &dv,
+        &batch,
+        &mut output,
+        &options,
+    )
+    .map_err(fail)?;
+    let o = output.o.to_array(gpu).map_err(fail)?;
+    let l = output.logsumexp(gpu, case.heads).map_err(fail)?;
+    for b in 0..batch.sequences() {
+        let (queries, keys) = batch.rows(b);
+        if queries.is_empty() {
+            continue;
+        }
+        let what = format!("sequence {b} ({} × {})", queries.len(), keys.len());
+        if keys.is_empty() {
+            let o_rows = o.slice(s![0, .., queries.clone(), ..]);
+            if o_rows.iter().any(|x| x.to_f64() != 0.0)
+                || l.slice(s![.., queries])
+                    .iter()
+                    .any(|&x| x != f32::NEG_INFINITY)
+            {
+                return Err(format!("{what}: no keys, but O ≠ 0 or L ≠ −∞"));
+            }
+            continue;
+        }
+        let part = |a: &Array4<T>, rows: std::ops::Range<usize>| {
+            upload(&a.slice(s![.., .., rows, ..]).to_owned())
+        };
+        let (sq, sk, sv) = (
+            part(&q, queries.clone()).map_err(fail)?,
+            part(&k, keys.clone()).map_err(fail)?,
+            part(&v, keys.clone()).map_err(fail)?,
+        );
+        let dense = attention(gpu, Algorithm::Fa2Tc, &sq, &sk, &sv, &options).map_err(fail)?;
+        let dense_o = dense.o.to_array(gpu).map_err(fail)?;
+        let dense_l = dense
+            .stats
+            .logsumexp(gpu, [1, case.heads, queries.len()])
+            .map_err(fail)?;
+        let packed_o = o.slice(s![0..1, .., queries.clone(), ..]);
+        let differ = packed_o
+            .iter()
+            .zip(dense_o.iter())
+            .filter(|(a, b)| a.to_f64().to_bits() != b.to_f64().to_bits())
+            .count();
+        let l_differ = l
+            .slice(s![.., queries])
+            .iter()
+            .zip(dense_l.iter())
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        if differ + l_differ > 0 {
+            return Err(format!(
+                "{what}: {differ} O and {l_differ} L elements differ from the dense kernel's"
+            ));
+        }
+    }
+    Ok(format!(
+        "{} [{}]",
+        plan.launches[0].kernel, plan.launches[0].launch.grid.0
+    ))
+}
+
+fn run_all(gpu: &Gpu, test: &str, cases: &[Case]) {
+    let mut rng = common::seeded_rng(test);
+    let mut failures = Vec::new();
+    for case in cases {
+        let label = format!(
+            "{} h {}/{} d {} causal={} {} lengths {:?}",
+            case.dtype,
+            case.heads,
+            case.heads_kv,
+            case.head_dim,
+            case.causal,
+            case.layout.name(),
+            case.lengths
+        );
+        match check_case(gpu, case, &mut rng) {
+            Ok(kernel) => println!("{label}: pass ({kernel})"),
+            Err(e) => failures.push(format!("{label}: {e}")),
+        }
+    }
+    println!("{test}: {} cases, {} failed", cases.len(), failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every compiled head dim, both dtypes and layouts, causal both ways, GQA, on a batch of mixed
+/// lengths: one row, lengths not multiples of any block, seqlen_q < seqlen_k and >, an empty
+/// sequence and one without keys.
+#[test]
+fn packed_batches_match_the_dense_kernel_per_sequence() {
+    let Some(gpu) = common::gpu_or_skip("packed_batches_match_the_dense_kernel_per_sequence")
+    else {
+        return;
+    };
+    let lengths = vec![
+        (1, 1),
+        (300, 300),
+        (17, 203),
+        (0, 5),
+        (203, 17),
+        (4, 0),
+        (1000, 1000),
+    ];
+    let mut cases = Vec::new();
+    for d in fa2_tc_head_dims() {
+        for dtype in [DType::Bf16, DType::F16] {
+            for causal in [false, true] {
+                cases.push(Case {
+                    heads: 4,
+                    heads_kv: if d == 128 { 2 } else { 4 },
+                    head_dim: d as usize,
+                    lengths: lengths.clone(),
+                    causal,
+                    layout: if causal {
+                        Layout::BatchSeqHeadDim
+                    } else {
+                        Layout::BatchHeadSeqDim
+                    },
+                    dtype,
+                });
+            }
+        }
+    }
+    run_all(&gpu, "packed_grid", &cases);
+}
+
+/// Many short sequences (one row block each, most of the grid's blocks past their sequence)
+/// and MQA.
+#[test]
+fn many_short_sequences_and_mqa() {
+    let Some(gpu) = common::gpu_or_skip("many_short_sequences_and_mqa") else {
+        return;
+    };
+    let mut rng = common::seeded_rng("many_short_sequences_lengths");
+    let lengths: Vec<(usize, usize)> = (0..64)
+        .map(|_| (rng.random_range(0..130), rng.random_range(1..300)))
+        .chain([(2048, 2048)])
+        .collect();
+    let cases = [DType::Bf16, DType::F16].map(|dtype| Case {
+        heads: 8,
+        heads_kv: 1,
+        head_dim: 64,
+        lengths: lengths.clone(),
+        causal: true,
+        layout: Layout::BatchSeqHeadDim,
+        dtype,
+    });
+    run_all(&gpu, "packed_short", &cases);
+}

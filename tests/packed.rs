@@ -1,0 +1,209 @@
+//! CPU tests of packed batches (flash-attn's varlen call): the offsets' and shapes' named
+//! errors, the plan (FA2-TC's `_varlen` kernel over the longest sequence, FA3's fallback, the
+//! other algorithms refused), and the f64 reference of a packed batch against the dense one.
+
+use flash_attn::attention::{CompiledLimits, PackedBatch, Plan};
+use flash_attn::model::reference::{attention_reference, packed_attention_reference};
+use flash_attn::{Algorithm, AttentionOptions, DType, Error};
+use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
+use ndarray::{Array4, Axis, s};
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+
+fn named(result: Result<impl std::fmt::Debug, Error>) -> &'static str {
+    match result {
+        Err(Error::InvalidArgument { name, .. }) => name,
+        other => panic!("expected a named error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_offsets_are_named_errors() {
+    assert_eq!(named(PackedBatch::new(&[0], &[0])), "cu_seqlens_q");
+    assert_eq!(named(PackedBatch::new(&[1, 4], &[0, 4])), "cu_seqlens_q");
+    assert_eq!(
+        named(PackedBatch::new(&[0, 4, 3], &[0, 4, 5])),
+        "cu_seqlens_q"
+    );
+    assert_eq!(
+        named(PackedBatch::new(&[0, 4, 5], &[0, 6, 5])),
+        "cu_seqlens_k"
+    );
+    assert_eq!(named(PackedBatch::new(&[0, 4, 5], &[0, 5])), "cu_seqlens_k");
+    let err = PackedBatch::new(&[0, 4, 3], &[0, 4, 5])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("entry 2 is 3 after 4"), "{err}");
+    // Empty sequences are allowed.
+    let batch = PackedBatch::new(&[0, 0, 7, 7], &[0, 3, 3, 9]).unwrap();
+    assert_eq!(batch.sequences(), 3);
+    assert_eq!(batch.totals(), [7, 9]);
+    assert_eq!(batch.max_seqlens(), [7, 6]);
+    assert_eq!(batch.rows(1), (0..7, 3..3));
+}
+
+#[test]
+fn the_offsets_must_end_at_the_tensors_rows() {
+    let batch = PackedBatch::from_lengths(&[5, 300, 17]).unwrap();
+    let options = AttentionOptions::default();
+    let dims = |rows: usize| [1, 4, rows, 64];
+    assert!(batch.problem([dims(322); 3], &options).is_ok());
+    assert_eq!(
+        named(batch.problem([dims(321), dims(322), dims(322)], &options)),
+        "cu_seqlens_q"
+    );
+    assert_eq!(
+        named(batch.problem([dims(322), dims(323), dims(323)], &options)),
+        "cu_seqlens_k"
+    );
+    // Batch 2: not one packed tensor.
+    assert_eq!(
+        named(batch.problem([[2, 4, 322, 64], dims(322), dims(322)], &options)),
+        "q"
+    );
+    let problem = batch.problem([dims(322); 3], &options).unwrap();
+    assert_eq!(
+        (
+            problem.batch,
+            problem.seqlen_q,
+            problem.seqlen_k,
+            problem.packed
+        ),
+        (3, 300, 300, true)
+    );
+}
+
+fn plan(
+    algorithm: Algorithm,
+    dtype: DType,
+    head_dim: usize,
+    options: &AttentionOptions,
+) -> Result<Plan, Error> {
+    let batch = PackedBatch::new(&[0, 100, 1100, 1117], &[0, 50, 1050, 1200]).unwrap();
+    let q = [1, 8, 1117, head_dim];
+    let kv = [1, 2, 1200, head_dim];
+    let problem = batch.problem([q, kv, kv], options)?;
+    Plan::new(
+        &CompiledLimits::H200,
+        algorithm,
+        dtype,
+        &problem,
+        options,
+        None,
+    )
+}
+
+#[test]
+fn a_packed_batch_plans_fa2_tc_varlen_over_the_longest_sequence() {
+    let options = AttentionOptions::default();
+    let fa2_tc = plan(Algorithm::Fa2Tc, DType::Bf16, 128, &options).unwrap();
+    let [launch] = fa2_tc.launches[..] else {
+        panic!("one launch: {:?}", fa2_tc.launches)
+    };
+    assert_eq!(
+        launch.kernel.to_string(),
+        "fa2tc_forward_bf16_d128_w4r2s1c64_varlen"
+    );
+    // The longest sequence: 1000 queries in B_r = 128 rows; 3 sequences of 8 heads.
+    assert_eq!(launch.launch.grid, (8, 24, 1));
+    assert_eq!(fa2_tc.fallback, None);
+    let fa3 = plan(Algorithm::Fa3, DType::F16, 64, &options).unwrap();
+    assert_eq!(
+        fa3.launches[0].kernel.to_string(),
+        "fa2tc_forward_f16_d64_w4r2s2c64_varlen"
+    );
+    assert!(
+        fa3.fallback
+            .as_deref()
+            .is_some_and(|f| f.contains("packed")),
+        "{:?}",
+        fa3.fallback
+    );
+    for algorithm in [Algorithm::Standard, Algorithm::Fa1, Algorithm::Fa2] {
+        assert_eq!(
+            named(plan(algorithm, DType::Bf16, 64, &options)),
+            "algorithm"
+        );
+    }
+    // No scalar kernel to fall back to: f32, a head dim FA2-TC does not compile.
+    assert_eq!(named(plan(Algorithm::Fa2Tc, DType::F32, 64, &options)), "q");
+    let err = plan(Algorithm::Fa2Tc, DType::Bf16, 40, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("packed batches run on FA2-TC"), "{err}");
+    // The default tiling is the packed kernels' only one.
+    let other = AttentionOptions {
+        fa2_tc_tiling: Some(Fa2TcTiling::new(4, 1, 2, 64)),
+        ..options
+    };
+    let err = plan(Algorithm::Fa2Tc, DType::Bf16, 128, &other)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("allowed at head_dim 128: 4x2s1c64 "), "{err}");
+}
+
+fn normal(dims: [usize; 4], rng: &mut impl rand::Rng) -> Array4<f64> {
+    Array4::from_shape_simple_fn(dims, || StandardNormal.sample(rng))
+}
+
+/// Two sequences of one length, packed, give the dense batch of two; a sequence without keys
+/// gives O = 0 and L = −∞; causal masks align to each sequence's own corner.
+#[test]
+fn the_packed_reference_is_the_dense_one_per_sequence() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (heads, heads_kv, d) = (4, 2, 16);
+    let dense_q = normal([2, heads, 9, d], &mut rng);
+    let dense_k = normal([2, heads_kv, 13, d], &mut rng);
+    let dense_v = normal([2, heads_kv, 13, d], &mut rng);
+    let pack = |a: &Array4<f64>| {
+        ndarray::concatenate(
+            Axis(2),
+            &[a.slice(s![0..1, .., .., ..]), a.slice(s![1..2, .., .., ..])],
+        )
+        .unwrap()
+    };
+    let batch = PackedBatch::new(&[0, 9, 18], &[0, 13, 26]).unwrap();
+    for causal in [false, true] {
+        let dense =
+            attention_reference(dense_q.view(), dense_k.view(), dense_v.view(), causal, 0.3);
+        let packed = packed_attention_reference(
+            pack(&dense_q).view(),
+            pack(&dense_k).view(),
+            pack(&dense_v).view(),
+            &batch,
+            causal,
+            0.3,
+        );
+        for b in 0..2 {
+            let rows = 9 * b..9 * (b + 1);
+            assert_eq!(
+                packed.o.slice(s![0, .., rows.clone(), ..]),
+                dense.o.slice(s![b, .., .., ..])
+            );
+            assert_eq!(
+                packed.logsumexp.slice(s![0, .., rows]),
+                dense.logsumexp.slice(s![b, .., ..])
+            );
+        }
+    }
+    // The second sequence has no keys.
+    let q = normal([1, heads, 5, d], &mut rng);
+    let kv = normal([1, heads_kv, 3, d], &mut rng);
+    let batch = PackedBatch::new(&[0, 2, 5], &[0, 3, 3]).unwrap();
+    let packed = packed_attention_reference(q.view(), kv.view(), kv.view(), &batch, true, 0.5);
+    assert!(packed.o.slice(s![0, .., 2.., ..]).iter().all(|&x| x == 0.0));
+    assert!(
+        packed
+            .logsumexp
+            .slice(s![0, .., 2..])
+            .iter()
+            .all(|&x| x == f64::NEG_INFINITY)
+    );
+    assert!(
+        packed
+            .logsumexp
+            .slice(s![0, .., ..2])
+            .iter()
+            .all(|x| x.is_finite())
+    );
+}
