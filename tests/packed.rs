@@ -1,6 +1,9 @@
 //! CPU tests of packed batches (flash-attn's varlen call): the offsets' and shapes' named
 //! errors, the plan (FA2-TC's `_varlen` kernel over the longest sequence, FA3's fallback, the
-//! other algorithms refused), and the f64 reference of a packed batch against the dense one.
+//! other algorithms refused), the f64 reference of a packed batch against the dense one, and
+//! `flash-attn check --packed`'s refusals and cases.
+
+mod common;
 
 use flash_attn::attention::{CompiledLimits, PackedBatch, Plan};
 use flash_attn::model::reference::{attention_reference, packed_attention_reference};
@@ -206,4 +209,43 @@ fn the_packed_reference_is_the_dense_one_per_sequence() {
             .iter()
             .all(|x| x.is_finite())
     );
+}
+
+#[test]
+fn check_packed_names_what_it_refuses_and_covers_every_head_dim() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(common::cli())
+            .args(["check", "--packed"])
+            .args(args)
+            .output()
+            .expect("the CLI runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run(&["--algorithms", "fa3,standard"]);
+    assert!(
+        !ok && err.contains("`algorithms`: got standard")
+            && err.contains("allowed with --packed: fa2-tc, fa3"),
+        "{err}"
+    );
+    let (ok, err) = run(&["--dtypes", "f32"]);
+    assert!(!ok && err.contains("`dtypes`: got f32"), "{err}");
+    let (ok, err) = run(&["--decode"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    for dtype in flash_attn::tools::check_packed::PACKED_DTYPES {
+        let cases = flash_attn::tools::check_packed::standard_packed_cases(dtype);
+        for d in flash_attn::attention::fa2_tc_head_dims() {
+            assert!(cases.iter().any(|c| c.head_dim == d as usize && c.causal));
+            assert!(cases.iter().any(|c| c.head_dim == d as usize && !c.causal));
+        }
+        assert!(cases.iter().all(|c| c.dtype == dtype));
+        assert!(
+            cases
+                .iter()
+                .any(|c| c.lengths.iter().any(|&(q, k)| q > 0 && k == 0))
+        );
+        assert!(cases.iter().any(|c| c.heads_kv == 1));
+    }
 }
