@@ -23,7 +23,7 @@ job gpu_backward 300 bin/test-gpu_backward --test-threads=2
 job gpu_window 300 bin/test-gpu_window --test-threads=2
 job gpu_packed 300 bin/test-gpu_packed --test-threads=2
 job gpu_attention 320 bin/test-gpu_attention --test-threads=2
-job safetensors_bwd 200 bin/test-safetensors_io run_backward --test-threads=1
+job safetensors_io 200 bin/test-safetensors_io --test-threads=1
 job check 300 bin/flash-attn check --require-gpu
 job check_backward 300 bin/flash-attn check --require-gpu --backward
 job check_decode 300 bin/flash-attn check --require-gpu --decode
