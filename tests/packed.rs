@@ -1,6 +1,6 @@
 //! CPU tests of packed batches (flash-attn's varlen call): the offsets' and shapes' named
-//! errors, the plan (FA2-TC's `_varlen` kernel over the longest sequence, FA3's fallback, the
-//! other algorithms refused), the f64 reference of a packed batch against the dense one, and
+//! errors, the plan (FA3's and FA2-TC's `_varlen` kernels over the longest sequence, the other
+//! algorithms refused), the f64 reference of a packed batch against the dense one, and
 //! `flash-attn check --packed`'s refusals and cases.
 
 mod common;
@@ -97,7 +97,7 @@ fn plan(
 }
 
 #[test]
-fn a_packed_batch_plans_fa2_tc_varlen_over_the_longest_sequence() {
+fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
     let options = AttentionOptions::default();
     let fa2_tc = plan(Algorithm::Fa2Tc, DType::Bf16, 128, &options).unwrap();
     let [launch] = fa2_tc.launches[..] else {
@@ -110,17 +110,36 @@ fn a_packed_batch_plans_fa2_tc_varlen_over_the_longest_sequence() {
     // The longest sequence: 1000 queries in B_r = 128 rows; 3 sequences of 8 heads.
     assert_eq!(launch.launch.grid, (8, 24, 1));
     assert_eq!(fa2_tc.fallback, None);
+    // FA3: the default split on the one-tile grid (the dense default at seqlen_k ≤ 2048 is
+    // persistent), over the longest sequence: 1000 queries in B_r = 192 rows.
     let fa3 = plan(Algorithm::Fa3, DType::F16, 64, &options).unwrap();
+    let [launch] = fa3.launches[..] else {
+        panic!("one launch: {:?}", fa3.launches)
+    };
+    assert_eq!(
+        launch.kernel.to_string(),
+        "fa3_forward_f16_d64_w3c128_varlen"
+    );
+    assert_eq!(launch.launch.grid, (6, 24, 1));
+    assert_eq!(fa3.fallback, None);
+    // Head dim 40 runs on FA3's 64; not on FA2-TC (below).
+    let fa3 = plan(Algorithm::Fa3, DType::Bf16, 40, &options).unwrap();
     assert_eq!(
         fa3.launches[0].kernel.to_string(),
-        "fa2tc_forward_f16_d64_w4r2s2c64_varlen"
+        "fa3_forward_bf16_d64_w3c128_varlen"
     );
+    let persistent = AttentionOptions {
+        fa3_tiling: Some(
+            flash_kernels::fwd::fa3::config::Fa3Tiling::new(3, 128).on_persistent_grid(),
+        ),
+        ..options
+    };
+    let err = plan(Algorithm::Fa3, DType::Bf16, 64, &persistent)
+        .unwrap_err()
+        .to_string();
     assert!(
-        fa3.fallback
-            .as_deref()
-            .is_some_and(|f| f.contains("packed")),
-        "{:?}",
-        fa3.fallback
+        err.contains("allowed at compiled head dim 64: w3c128 "),
+        "{err}"
     );
     for algorithm in [Algorithm::Standard, Algorithm::Fa1, Algorithm::Fa2] {
         assert_eq!(
