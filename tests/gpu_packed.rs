@@ -1,6 +1,6 @@
-//! GPU tests of packed batches (flash-attn's varlen call, `attention::packed`): FA2-TC's
-//! `_varlen` kernels on one packed Q, K, V against the dense FA2-TC kernel run on each sequence
-//! alone. They must agree bit for bit (the same arithmetic on the same rows: only where the rows
+//! GPU tests of packed batches (flash-attn's varlen call, `attention::packed`): FA3's and
+//! FA2-TC's `_varlen` kernels on one packed Q, K, V against the same family's dense kernel (the
+//! same tiling) run on each sequence alone. They must agree bit for bit (the same arithmetic on the same rows: only where the rows
 //! are read from differs), and the dense kernel is the one `gpu_attention` checks against the
 //! f64 reference. Outputs are poisoned first, so a row the kernel forgot fails; sequences
 //! without queries or without keys (O = 0, L = −∞), GQA, causal masks aligned per sequence, both
@@ -10,7 +10,7 @@
 mod common;
 
 use flash_attn::attention::{
-    PackedBatch, PackedOutput, attention, attention_packed_into, fa2_tc_head_dims,
+    Blocks, PackedBatch, PackedOutput, attention, attention_packed_into, fa2_tc_head_dims,
 };
 use flash_attn::tools::check::random_tensor;
 use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Element, Gpu, Layout};
@@ -20,6 +20,7 @@ use rand::Rng;
 
 /// One packed batch: (query length, key length) per sequence.
 struct Case {
+    algorithm: Algorithm,
     heads: usize,
     heads_kv: usize,
     head_dim: usize,
@@ -72,7 +73,7 @@ fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result
     };
     let plan = attention_packed_into(
         gpu,
-        Algorithm::Fa2Tc,
+        case.algorithm,
         &dq,
         &dk,
         &dv,
@@ -81,6 +82,17 @@ fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result
         &options,
     )
     .map_err(fail)?;
+    // The dense kernel of the same family and tiling, per sequence.
+    let (dense_algorithm, dense_options) = match plan.blocks {
+        Blocks::Fa3 { tiling, .. } => (
+            Algorithm::Fa3,
+            AttentionOptions {
+                fa3_tiling: Some(tiling),
+                ..options
+            },
+        ),
+        _ => (Algorithm::Fa2Tc, options),
+    };
     let o = output.o.to_array(gpu).map_err(fail)?;
     let l = output.logsumexp(gpu, case.heads).map_err(fail)?;
     for b in 0..batch.sequences() {
@@ -108,7 +120,7 @@ fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result
             part(&k, keys.clone()).map_err(fail)?,
             part(&v, keys.clone()).map_err(fail)?,
         );
-        let dense = attention(gpu, Algorithm::Fa2Tc, &sq, &sk, &sv, &options).map_err(fail)?;
+        let dense = attention(gpu, dense_algorithm, &sq, &sk, &sv, &dense_options).map_err(fail)?;
         let dense_o = dense.o.to_array(gpu).map_err(fail)?;
         let dense_l = dense
             .stats
@@ -143,7 +155,8 @@ fn run_all(gpu: &Gpu, test: &str, cases: &[Case]) {
     let mut failures = Vec::new();
     for case in cases {
         let label = format!(
-            "{} h {}/{} d {} causal={} {} lengths {:?}",
+            "{} {} h {}/{} d {} causal={} {} lengths {:?}",
+            case.algorithm,
             case.dtype,
             case.heads,
             case.heads_kv,
@@ -180,22 +193,30 @@ fn packed_batches_match_the_dense_kernel_per_sequence() {
         (1000, 1000),
     ];
     let mut cases = Vec::new();
-    for d in fa2_tc_head_dims() {
-        for dtype in [DType::Bf16, DType::F16] {
-            for causal in [false, true] {
-                cases.push(Case {
-                    heads: 4,
-                    heads_kv: if d == 128 { 2 } else { 4 },
-                    head_dim: d as usize,
-                    lengths: lengths.clone(),
-                    causal,
-                    layout: if causal {
-                        Layout::BatchSeqHeadDim
-                    } else {
-                        Layout::BatchHeadSeqDim
-                    },
-                    dtype,
-                });
+    let algorithms = if gpu.has_hopper_module() {
+        vec![Algorithm::Fa2Tc, Algorithm::Fa3]
+    } else {
+        vec![Algorithm::Fa2Tc]
+    };
+    for algorithm in algorithms {
+        for d in fa2_tc_head_dims() {
+            for dtype in [DType::Bf16, DType::F16] {
+                for causal in [false, true] {
+                    cases.push(Case {
+                        algorithm,
+                        heads: 4,
+                        heads_kv: if d == 128 { 2 } else { 4 },
+                        head_dim: d as usize,
+                        lengths: lengths.clone(),
+                        causal,
+                        layout: if causal {
+                            Layout::BatchSeqHeadDim
+                        } else {
+                            Layout::BatchHeadSeqDim
+                        },
+                        dtype,
+                    });
+                }
             }
         }
     }
@@ -214,7 +235,13 @@ fn many_short_sequences_and_mqa() {
         .map(|_| (rng.random_range(0..130), rng.random_range(1..300)))
         .chain([(2048, 2048)])
         .collect();
+    let algorithm = if gpu.has_hopper_module() {
+        Algorithm::Fa3
+    } else {
+        Algorithm::Fa2Tc
+    };
     let cases = [DType::Bf16, DType::F16].map(|dtype| Case {
+        algorithm,
         heads: 8,
         heads_kv: 1,
         head_dim: 64,

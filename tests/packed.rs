@@ -1,6 +1,9 @@
 //! CPU tests of packed batches (flash-attn's varlen call): the offsets' and shapes' named
-//! errors, the plan (FA2-TC's `_varlen` kernel over the longest sequence, FA3's fallback, the
-//! other algorithms refused), and the f64 reference of a packed batch against the dense one.
+//! errors, the plan (FA3's and FA2-TC's `_varlen` kernels over the longest sequence, the other
+//! algorithms refused), the f64 reference of a packed batch against the dense one, and
+//! `flash-attn check --packed`'s refusals and cases.
+
+mod common;
 
 use flash_attn::attention::{CompiledLimits, PackedBatch, Plan};
 use flash_attn::model::reference::{attention_reference, packed_attention_reference};
@@ -94,7 +97,7 @@ fn plan(
 }
 
 #[test]
-fn a_packed_batch_plans_fa2_tc_varlen_over_the_longest_sequence() {
+fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
     let options = AttentionOptions::default();
     let fa2_tc = plan(Algorithm::Fa2Tc, DType::Bf16, 128, &options).unwrap();
     let [launch] = fa2_tc.launches[..] else {
@@ -107,17 +110,36 @@ fn a_packed_batch_plans_fa2_tc_varlen_over_the_longest_sequence() {
     // The longest sequence: 1000 queries in B_r = 128 rows; 3 sequences of 8 heads.
     assert_eq!(launch.launch.grid, (8, 24, 1));
     assert_eq!(fa2_tc.fallback, None);
+    // FA3: the default split on the one-tile grid (the dense default at seqlen_k ≤ 2048 is
+    // persistent), over the longest sequence: 1000 queries in B_r = 192 rows.
     let fa3 = plan(Algorithm::Fa3, DType::F16, 64, &options).unwrap();
+    let [launch] = fa3.launches[..] else {
+        panic!("one launch: {:?}", fa3.launches)
+    };
+    assert_eq!(
+        launch.kernel.to_string(),
+        "fa3_forward_f16_d64_w3c128_varlen"
+    );
+    assert_eq!(launch.launch.grid, (6, 24, 1));
+    assert_eq!(fa3.fallback, None);
+    // Head dim 40 runs on FA3's 64; not on FA2-TC (below).
+    let fa3 = plan(Algorithm::Fa3, DType::Bf16, 40, &options).unwrap();
     assert_eq!(
         fa3.launches[0].kernel.to_string(),
-        "fa2tc_forward_f16_d64_w4r2s2c64_varlen"
+        "fa3_forward_bf16_d64_w3c128_varlen"
     );
+    let persistent = AttentionOptions {
+        fa3_tiling: Some(
+            flash_kernels::fwd::fa3::config::Fa3Tiling::new(3, 128).on_persistent_grid(),
+        ),
+        ..options
+    };
+    let err = plan(Algorithm::Fa3, DType::Bf16, 64, &persistent)
+        .unwrap_err()
+        .to_string();
     assert!(
-        fa3.fallback
-            .as_deref()
-            .is_some_and(|f| f.contains("packed")),
-        "{:?}",
-        fa3.fallback
+        err.contains("allowed at compiled head dim 64: w3c128 "),
+        "{err}"
     );
     for algorithm in [Algorithm::Standard, Algorithm::Fa1, Algorithm::Fa2] {
         assert_eq!(
@@ -206,4 +228,43 @@ fn the_packed_reference_is_the_dense_one_per_sequence() {
             .iter()
             .all(|x| x.is_finite())
     );
+}
+
+#[test]
+fn check_packed_names_what_it_refuses_and_covers_every_head_dim() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(common::cli())
+            .args(["check", "--packed"])
+            .args(args)
+            .output()
+            .expect("the CLI runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run(&["--algorithms", "fa3,standard"]);
+    assert!(
+        !ok && err.contains("`algorithms`: got standard")
+            && err.contains("allowed with --packed: fa2-tc, fa3"),
+        "{err}"
+    );
+    let (ok, err) = run(&["--dtypes", "f32"]);
+    assert!(!ok && err.contains("`dtypes`: got f32"), "{err}");
+    let (ok, err) = run(&["--decode"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    for dtype in flash_attn::tools::check_packed::PACKED_DTYPES {
+        let cases = flash_attn::tools::check_packed::standard_packed_cases(dtype);
+        for d in flash_attn::attention::fa2_tc_head_dims() {
+            assert!(cases.iter().any(|c| c.head_dim == d as usize && c.causal));
+            assert!(cases.iter().any(|c| c.head_dim == d as usize && !c.causal));
+        }
+        assert!(cases.iter().all(|c| c.dtype == dtype));
+        assert!(
+            cases
+                .iter()
+                .any(|c| c.lengths.iter().any(|&(q, k)| q > 0 && k == 0))
+        );
+        assert!(cases.iter().any(|c| c.heads_kv == 1));
+    }
 }

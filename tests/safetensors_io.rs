@@ -14,8 +14,8 @@ use std::process::{Command, Output};
 use flash_attn::attention::Gradients;
 use flash_attn::safetensors_io::{
     AttentionFileOutput, BACKWARD_INPUT_ROLES, GRADIENT_NAMES, HostQkv, INPUT_ROLES,
-    LOGSUMEXP_NAME, OUTPUT_NAME, Qkv, ROW_MAX_NAME, ROW_SUM_NAME, read_backward_inputs, read_qkv,
-    write_outputs,
+    LOGSUMEXP_NAME, OUTPUT_NAME, PACKED_OFFSET_NAMES, Qkv, ROW_MAX_NAME, ROW_SUM_NAME,
+    read_backward_inputs, read_packed, read_qkv, write_outputs,
 };
 use flash_attn::{AttentionOptions, DType, Element, Error, Problem};
 use half::{bf16, f16};
@@ -56,6 +56,7 @@ impl<'a> TestTensor<'a> {
                 .collect(),
             Dtype::F64 => values.flat_map(|x| f64::from(x).to_le_bytes()).collect(),
             Dtype::I32 => values.flat_map(|x| (x as i32).to_le_bytes()).collect(),
+            Dtype::I64 => values.flat_map(|x| (x as i64).to_le_bytes()).collect(),
             other => panic!("the tests do not encode {other}"),
         }
     }
@@ -768,4 +769,217 @@ fn check_run_backward_command(test: &str, heads_kv: usize) {
             assert!(check.passed(), "{backward_algorithm}: {check:?}");
         }
     }
+}
+
+/// Offsets as a test tensor (exact in f32 below 2^24).
+fn offsets_tensor<'a>(name: &'a str, dtype: Dtype, offsets: &[i64]) -> TestTensor<'a> {
+    TestTensor {
+        name,
+        dtype,
+        shape: vec![offsets.len()],
+        values: offsets.iter().map(|&x| x as f32).collect(),
+    }
+}
+
+/// A packed batch in flash-attn's varlen layout: Q (5, 2, 8), K and V (7, 1, 8), two sequences.
+fn packed_tensors(offsets_dtype: Dtype) -> Vec<TestTensor<'static>> {
+    vec![
+        TestTensor::patterned("q", Dtype::F16, &[5, 2, 8]),
+        TestTensor::patterned("k", Dtype::F16, &[7, 1, 8]),
+        TestTensor::patterned("v", Dtype::F16, &[7, 1, 8]),
+        offsets_tensor("cu_seqlens_q", offsets_dtype, &[0, 2, 5]),
+        offsets_tensor("cu_seqlens_k", Dtype::I64, &[0, 3, 7]),
+    ]
+}
+
+#[test]
+fn reads_a_packed_batch_in_flash_attn_layout() {
+    let dir = temp_dir();
+    let path = write_file(&dir, "packed.safetensors", &packed_tensors(Dtype::I32));
+    let (qkv, batch) = read_packed(&path, INPUT_ROLES, PACKED_OFFSET_NAMES).unwrap();
+    assert_eq!(qkv.dims(), [[1, 2, 5, 8], [1, 1, 7, 8], [1, 1, 7, 8]]);
+    assert_eq!(
+        (batch.cu_seqlens_q(), batch.cu_seqlens_k()),
+        (&[0, 2, 5][..], &[0, 3, 7][..])
+    );
+    // Logical (0, h, t, c) is stored at (t, h, c).
+    let HostQkv::F16(qkv) = qkv else {
+        panic!("f16 inputs")
+    };
+    for (h, t, c) in [(0, 0, 0), (1, 0, 3), (0, 4, 7), (1, 3, 5)] {
+        assert_eq!(qkv.q[[0, h, t, c]].to_f32(), pattern((t * 2 + h) * 8 + c));
+    }
+    let problem = batch
+        .problem(
+            [[1, 2, 5, 8], [1, 1, 7, 8], [1, 1, 7, 8]],
+            &AttentionOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(
+        (problem.batch, problem.seqlen_q, problem.seqlen_k),
+        (2, 3, 4)
+    );
+}
+
+#[test]
+fn a_packed_file_names_what_is_wrong() {
+    let dir = temp_dir();
+    let refused = |tensors: &[TestTensor]| {
+        let path = write_file(&dir, "bad-packed.safetensors", tensors);
+        read_packed(&path, INPUT_ROLES, PACKED_OFFSET_NAMES)
+            .expect_err("the file should be refused")
+    };
+    // 4-D Q: not the varlen layout.
+    let mut tensors = packed_tensors(Dtype::I32);
+    tensors[0] = TestTensor::patterned("q", Dtype::F16, &[1, 5, 2, 8]);
+    let err = refused(&tensors);
+    assert!(
+        matches!(err, Error::InvalidArgument { name: "q", .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("(total tokens, heads, head_dim)"),
+        "{err}"
+    );
+    // Float offsets, negative offsets, decreasing offsets, a missing one.
+    let mut tensors = packed_tensors(Dtype::F32);
+    assert!(matches!(
+        refused(&tensors),
+        Error::InvalidArgument {
+            name: "cu_seqlens_q",
+            ..
+        }
+    ));
+    tensors[3] = offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, -2, 5]);
+    let err = refused(&tensors).to_string();
+    assert!(err.contains("holding -2"), "{err}");
+    tensors[3] = offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 4, 3]);
+    let err = refused(&tensors);
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                name: "cu_seqlens_q",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    tensors.remove(4);
+    let err = refused(&tensors).to_string();
+    assert!(err.contains("no tensor named `cu_seqlens_k`"), "{err}");
+}
+
+#[test]
+fn cli_checks_a_packed_input_before_looking_for_a_gpu() {
+    let dir = temp_dir();
+    let output = dir.path().join("out.safetensors");
+    // Offsets that end past Q's rows.
+    let mut tensors = packed_tensors(Dtype::I32);
+    tensors[3] = offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 2, 6]);
+    let bad = write_file(&dir, "packed.safetensors", &tensors);
+    let result = run_cli(&[
+        "run",
+        "--packed",
+        "--algorithm",
+        "fa2-tc",
+        "--input",
+        path_str(&bad),
+        "--output",
+        path_str(&output),
+    ]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        !result.status.success() && stderr.contains("invalid argument `cu_seqlens_q`"),
+        "{stderr}"
+    );
+    assert!(!output.exists());
+    let result = run_cli(&[
+        "run",
+        "--packed",
+        "--backward",
+        "--input",
+        "x",
+        "--output",
+        "y",
+    ]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        !result.status.success() && stderr.contains("cannot be used with"),
+        "{stderr}"
+    );
+}
+
+/// The whole `run --packed` command on a GPU: a packed f16 batch (two sequences, d = 32, 4 query
+/// heads on 2 K/V heads, causal) in flash-attn's layout to a file, run, and O (total_q, heads, d)
+/// and L (heads, total_q) read back against the f64 reference of the packed batch. The kernels'
+/// accuracy is `check --packed`'s and `gpu_packed`'s to judge; this checks the file's layouts,
+/// so a loose bound (a transposed axis errs by O(1)).
+#[test]
+fn run_command_takes_a_packed_batch_on_a_gpu() {
+    let Some(gpu) = common::gpu_or_skip("run_command_takes_a_packed_batch_on_a_gpu") else {
+        return;
+    };
+    drop(gpu);
+    let dir = temp_dir();
+    let (heads, heads_kv, d) = (4, 2, 32);
+    let tensors = [
+        TestTensor::patterned("q", Dtype::F16, &[45, heads, d]),
+        TestTensor::patterned("k", Dtype::F16, &[70, heads_kv, d]),
+        TestTensor::patterned("v", Dtype::F16, &[70, heads_kv, d]),
+        offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 13, 45]),
+        offsets_tensor("cu_seqlens_k", Dtype::I32, &[0, 40, 70]),
+    ];
+    let input = write_file(&dir, "packed.safetensors", &tensors);
+    let output = dir.path().join("out.safetensors");
+    let result = run_cli(&[
+        "run",
+        "--packed",
+        "--causal",
+        "--algorithm",
+        "fa3",
+        "--input",
+        path_str(&input),
+        "--output",
+        path_str(&output),
+    ]);
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(stdout.contains("_varlen"), "{stdout}");
+    let bytes = std::fs::read(&output).expect("the output file");
+    let file = SafeTensors::deserialize(&bytes).expect("a safetensors output");
+    let (_, o_shape, o) = tensor_values(&file, OUTPUT_NAME);
+    let (_, l_shape, l) = tensor_values(&file, LOGSUMEXP_NAME);
+    assert_eq!((o_shape, l_shape), (vec![45, heads, d], vec![heads, 45]));
+    // The reference on logical (1, heads, total, d) arrays of the stored values.
+    let logical = |t: &TestTensor| {
+        let [total, h, d] = <[usize; 3]>::try_from(&t.shape[..]).unwrap();
+        Array4::from_shape_fn((1, h, total, d), |(_, h, r, c)| {
+            f64::from(f16::from_f32(t.values[(r * t.shape[1] + h) * d + c]).to_f32())
+        })
+    };
+    let batch = flash_attn::attention::PackedBatch::new(&[0, 13, 45], &[0, 40, 70]).unwrap();
+    let reference = flash_attn::model::reference::packed_attention_reference(
+        logical(&tensors[0]).view(),
+        logical(&tensors[1]).view(),
+        logical(&tensors[2]).view(),
+        &batch,
+        true,
+        1.0 / (d as f64).sqrt(),
+    );
+    let o_error = (0..45 * heads * d).fold(0.0f64, |m, i| {
+        let (r, h, c) = (i / (heads * d), i / d % heads, i % d);
+        m.max((o[i] - reference.o[[0, h, r, c]]).abs())
+    });
+    let l_error = (0..heads * 45).fold(0.0f64, |m, i| {
+        m.max((l[i] - reference.logsumexp[[0, i / 45, i % 45]]).abs())
+    });
+    assert!(
+        o_error < 2e-2 && l_error < 1e-3,
+        "O error {o_error}, L error {l_error}"
+    );
 }

@@ -4,18 +4,21 @@
 //!
 //! Tensors are (batch, heads, seqlen, head_dim), row-major and little-endian: PyTorch SDPA's
 //! layout, which is what `safetensors.torch.save_file({"q": q, "k": k, "v": v}, path)` writes for
-//! contiguous tensors. Nothing in a file's content makes these functions panic: every problem is
-//! an [`Error`] that names the file, the tensor and what was expected.
+//! contiguous tensors. A packed batch of sequences of different lengths ([`read_packed`]) is
+//! flash-attn's varlen layout instead: Q (total_q, heads, head_dim), K and V (total_k, heads_kv,
+//! head_dim), and the offsets `cu_seqlens_q`, `cu_seqlens_k` (1-D integers, batch + 1 each).
+//! Nothing in a file's content makes these functions panic: every problem is an [`Error`] that
+//! names the file, the tensor and what was expected.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
-use ndarray::{Array, Array3, Array4, Dimension};
+use ndarray::{Array, Array2, Array3, Array4, Axis, Dimension};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 
-use crate::attention::Gradients;
+use crate::attention::{Gradients, PackedBatch};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::with_element;
@@ -37,6 +40,10 @@ pub const ROW_SUM_NAME: &str = "row_sum";
 
 /// What a valid input's tensors look like, quoted in errors so users can fix their files.
 const EXPECTED_LAYOUT: &str = "(batch, heads, seqlen, head_dim)";
+/// A packed batch's Q, K and V, as flash-attn's varlen call takes them.
+const PACKED_LAYOUT: &str = "(total tokens, heads, head_dim)";
+/// The offsets' names read from a packed file when the caller gives none.
+pub const PACKED_OFFSET_NAMES: [&str; 2] = ["cu_seqlens_q", "cu_seqlens_k"];
 
 /// An [`Element`] that safetensors can store: its file dtype and its little-endian encoding.
 pub trait SafetensorsElement: Element {
@@ -129,17 +136,82 @@ impl HostQkv {
 /// safetensors file at `path`, checking that each exists, is 4-D and is F32, F16 or BF16, and that
 /// all three share one dtype. Whether their shapes agree is [`crate::Problem::new`]'s to say.
 pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
-    read_inputs(path, &INPUT_ROLES, &names)
+    read_inputs(path, &INPUT_ROLES, &names, false).map(|(qkv, _)| qkv)
+}
+
+/// A packed batch from the file at `path`: Q, K, V (the tensors `names`, each
+/// (total, heads, head_dim) and F32, F16 or BF16, one dtype), returned as logical
+/// (1, heads, total, head_dim) arrays, and the offsets `offsets` (1-D I32, U32 or I64, checked
+/// by [`PackedBatch::new`]). Whether the shapes and offsets agree is
+/// [`PackedBatch::problem`]'s to say.
+pub fn read_packed(
+    path: &Path,
+    names: [&str; 3],
+    offsets: [&str; 2],
+) -> Result<(HostQkv, PackedBatch)> {
+    let (qkv, file) = read_inputs(path, &INPUT_ROLES, &names, true)?;
+    let file = SafeTensors::deserialize(&file).map_err(|e| Error::File(e.to_string()))?;
+    let [q, k] = offsets.map(|name| read_offsets(&file, path, name));
+    Ok((qkv, PackedBatch::new(&q?, &k?)?))
+}
+
+/// A 1-D tensor of offsets as u32.
+fn read_offsets(file: &SafeTensors, path: &Path, name: &str) -> Result<Vec<u32>> {
+    let view = file.tensor(name).map_err(|_| {
+        Error::File(format!(
+            "{} has no tensor named `{name}` (a packed batch's offsets)",
+            path.display()
+        ))
+    })?;
+    let label = tensor_label(name, path);
+    let bad = |what: String| Error::InvalidArgument {
+        name: if name == PACKED_OFFSET_NAMES[1] {
+            PACKED_OFFSET_NAMES[1]
+        } else {
+            PACKED_OFFSET_NAMES[0]
+        },
+        value: format!("{label} {what}"),
+        allowed: "1-D I32, U32 or I64 offsets, 0 ≤ each < 2^32".into(),
+    };
+    if view.shape().len() != 1 {
+        return Err(bad(format!("with shape {:?}", view.shape())));
+    }
+    let data = view.data();
+    let values: Vec<i64> = match view.dtype() {
+        Dtype::I32 => data
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+            .collect(),
+        Dtype::U32 => data
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+            .collect(),
+        Dtype::I64 => data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect(),
+        other => return Err(bad(format!("with dtype {other}"))),
+    };
+    values
+        .into_iter()
+        .map(|x| u32::try_from(x).map_err(|_| bad(format!("holding {x}"))))
+        .collect()
 }
 
 /// [`read_qkv`] plus dO, the fourth of `names` ([`BACKWARD_INPUT_ROLES`] by default), with the
 /// same checks (4-D, Q's dtype); whether its shape is Q's is the backward's check to make.
 pub fn read_backward_inputs(path: &Path, names: [&str; 4]) -> Result<HostQkv> {
-    read_inputs(path, &BACKWARD_INPUT_ROLES, &names)
+    read_inputs(path, &BACKWARD_INPUT_ROLES, &names, false).map(|(qkv, _)| qkv)
 }
 
-/// The tensors `names` (playing `roles`: Q, K, V and optionally dO) of the file at `path`.
-fn read_inputs(path: &Path, roles: &[&'static str], names: &[&str]) -> Result<HostQkv> {
+/// The tensors `names` (playing `roles`: Q, K, V and optionally dO) of the file at `path`, 4-D,
+/// or with `packed` 3-D in flash-attn's varlen layout; and the file's bytes.
+fn read_inputs(
+    path: &Path,
+    roles: &[&'static str],
+    names: &[&str],
+    packed: bool,
+) -> Result<(HostQkv, Vec<u8>)> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::File(format!("cannot read {}: {e}", path.display())))?;
     let file = SafeTensors::deserialize(&bytes).map_err(|e| {
@@ -151,7 +223,7 @@ fn read_inputs(path: &Path, roles: &[&'static str], names: &[&str]) -> Result<Ho
     let inputs = roles
         .iter()
         .zip(names)
-        .map(|(role, name)| InputTensor::find(&file, path, role, name))
+        .map(|(role, name)| InputTensor::find(&file, path, role, name, packed))
         .collect::<Result<Vec<_>>>()?;
     let [q, ..] = &inputs[..] else {
         return Err(Error::File("no tensors asked for".into()));
@@ -169,7 +241,9 @@ fn read_inputs(path: &Path, roles: &[&'static str], names: &[&str]) -> Result<Ho
             });
         }
     }
-    Ok(with_element!(q.dtype, T => HostQkv::from(decode_qkv::<T>(&inputs)?)))
+    let qkv = with_element!(q.dtype, T => HostQkv::from(decode_qkv::<T>(&inputs)?));
+    drop(inputs);
+    Ok((qkv, bytes))
 }
 
 /// One of Q, K, V found in a file, with a supported dtype and rank 4.
@@ -180,7 +254,10 @@ struct InputTensor<'a> {
     path: &'a Path,
     view: TensorView<'a>,
     dtype: DType,
+    /// Logical (batch, heads, seqlen, head_dim); (1, heads, total, head_dim) when `packed`.
     dims: [usize; 4],
+    /// Stored (total, heads, head_dim), flash-attn's varlen layout.
+    packed: bool,
 }
 
 impl<'a> InputTensor<'a> {
@@ -189,6 +266,7 @@ impl<'a> InputTensor<'a> {
         path: &'a Path,
         role: &'static str,
         name: &'a str,
+        packed: bool,
     ) -> Result<Self> {
         let view = file.tensor(name).map_err(|_| {
             let mut present = file.names();
@@ -215,11 +293,26 @@ impl<'a> InputTensor<'a> {
             value: format!("{} with dtype {}", label(), view.dtype()),
             allowed: "allowed: F32, F16, BF16 (one dtype for q, k and v)".into(),
         })?;
-        let dims = <[usize; 4]>::try_from(view.shape()).map_err(|_| Error::InvalidArgument {
+        let shape_error = |expected: String| Error::InvalidArgument {
             name: role,
             value: format!("{} with shape {:?}", label(), view.shape()),
-            allowed: format!("expected 4 dimensions {EXPECTED_LAYOUT}, as PyTorch SDPA takes them"),
-        })?;
+            allowed: expected,
+        };
+        let dims = if packed {
+            let [total, heads, head_dim] = <[usize; 3]>::try_from(view.shape()).map_err(|_| {
+                shape_error(format!(
+                    "expected 3 dimensions {PACKED_LAYOUT} in a packed batch, as flash-attn's \
+                     varlen call takes them"
+                ))
+            })?;
+            [1, heads, total, head_dim]
+        } else {
+            <[usize; 4]>::try_from(view.shape()).map_err(|_| {
+                shape_error(format!(
+                    "expected 4 dimensions {EXPECTED_LAYOUT}, as PyTorch SDPA takes them"
+                ))
+            })?
+        };
         Ok(Self {
             role,
             name,
@@ -227,6 +320,7 @@ impl<'a> InputTensor<'a> {
             view,
             dtype,
             dims,
+            packed,
         })
     }
 
@@ -236,7 +330,20 @@ impl<'a> InputTensor<'a> {
 
     fn decode<T: SafetensorsElement>(&self) -> Result<Array4<T>> {
         let values = T::decode(self.view.data());
-        Array4::from_shape_vec(self.dims, values).map_err(|e| {
+        // A packed tensor is stored (total, heads, d): read as (1, total, heads, d), then its
+        // axes swapped into the logical (1, heads, total, d).
+        let [b, h, s, d] = self.dims;
+        let stored = if self.packed { [b, s, h, d] } else { self.dims };
+        let array = Array4::from_shape_vec(stored, values).map(|a| {
+            if self.packed {
+                let mut a = a;
+                a.swap_axes(1, 2);
+                a.as_standard_layout().into_owned()
+            } else {
+                a
+            }
+        });
+        array.map_err(|e| {
             Error::File(format!(
                 "{}: its data does not fill its shape {:?} of {}: {e}",
                 self.label(),
@@ -306,6 +413,26 @@ pub fn write_outputs<T: SafetensorsElement>(
             tensors.push((name, EncodedTensor::new(gradient)));
         }
     }
+    safetensors::serialize_to_file(tensors, Some(metadata), path)
+        .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Writes a packed batch's outputs to `path`: [`OUTPUT_NAME`] (total_q, heads, head_dim) from O's
+/// logical (1, heads, total_q, head_dim), and [`LOGSUMEXP_NAME`] (heads, total_q), with
+/// `metadata`.
+pub fn write_packed_outputs<T: SafetensorsElement>(
+    path: &Path,
+    o: &Array4<T>,
+    logsumexp: &Array2<f32>,
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    let mut stored = o.index_axis(Axis(0), 0).to_owned();
+    stored.swap_axes(0, 1);
+    let stored = stored.as_standard_layout().into_owned();
+    let tensors = vec![
+        (OUTPUT_NAME, EncodedTensor::new(&stored)),
+        (LOGSUMEXP_NAME, EncodedTensor::new(logsumexp)),
+    ];
     safetensors::serialize_to_file(tensors, Some(metadata), path)
         .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
 }

@@ -46,7 +46,12 @@ pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
         .filter_map(|k| match k.family {
-            Family::Fa3 { head_dim, tiling } => Some((head_dim, tiling)),
+            // The dense kernels (each packed one is a dense tiling's twin: `gpu_packed`).
+            Family::Fa3 {
+                head_dim,
+                tiling,
+                packed: false,
+            } => Some((head_dim, tiling)),
             _ => None,
         })
         .collect()

@@ -129,6 +129,7 @@ export FLASH_ATTN_REQUIRE_GPU=1
     r#"step info bin/flash-attn info
 step check bin/flash-attn check --require-gpu --backward
 step check-decode bin/flash-attn check --require-gpu --decode
+step check-packed bin/flash-attn check --require-gpu --packed
 for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
 if [ "${1:-}" != "--quick" ]; then
   for b in bin/bench-*; do step "$(basename "$b")" "$b" --bench --quick; done

@@ -287,34 +287,8 @@ fn launch_checked<T: Element>(
             launch_plan(gpu, &plan, params)?;
         }
         (Blocks::Fa3 { tiling, .. }, StatisticsAddresses::LogSumExp(logsumexp)) => {
-            let element = ElementType::from(T::DTYPE);
-            let mut maps = [0u64; CALL_WORDS];
-            let tensors = [
-                ("q", &operands.q, q_dims, tiling.block_rows()),
-                ("k", &operands.k, k_dims, tiling.block_cols),
-                ("v", &operands.v, v_dims, tiling.block_cols),
-            ];
-            for (i, (name, view, dims, box_rows)) in tensors.into_iter().enumerate() {
-                let operand = MapOperand {
-                    name,
-                    view,
-                    dims,
-                    box_rows,
-                };
-                maps[i * TENSOR_MAP_WORDS..(i + 1) * TENSOR_MAP_WORDS]
-                    .copy_from_slice(&tensor_map::encode(&operand, element)?);
-            }
-            let params = Fa3Params {
-                shape,
-                o: operands.o,
-                logsumexp,
-                tensor_maps: gpu.tensor_maps(maps)?,
-                tile_counters: if tiling.persistent {
-                    gpu.tile_counters()?
-                } else {
-                    0
-                },
-            };
+            let dims = [q_dims, k_dims, v_dims];
+            let params = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
             launch_plan(gpu, &plan, params)?;
         }
         _ => {
@@ -326,6 +300,47 @@ fn launch_checked<T: Element>(
         }
     }
     Ok(plan)
+}
+
+/// FA3's parameter block: the Q, K, V tensor maps encoded for `tiling`'s boxes, and the
+/// persistent grid's tile counters.
+fn fa3_params<T: Element>(
+    gpu: &Gpu,
+    operands: &Operands,
+    [q_dims, k_dims, v_dims]: [[usize; 4]; 3],
+    tiling: flash_kernels::fwd::fa3::config::Fa3Tiling,
+    shape: flash_kernels::common::params::AttentionShape,
+    logsumexp: u64,
+) -> Result<Fa3Params> {
+    let element = ElementType::from(T::DTYPE);
+    let mut maps = [0u64; CALL_WORDS];
+    let tensors = [
+        ("q", &operands.q, q_dims, tiling.block_rows()),
+        ("k", &operands.k, k_dims, tiling.block_cols),
+        ("v", &operands.v, v_dims, tiling.block_cols),
+    ];
+    for (i, (name, view, dims, box_rows)) in tensors.into_iter().enumerate() {
+        let operand = MapOperand {
+            name,
+            view,
+            dims,
+            box_rows,
+        };
+        maps[i * TENSOR_MAP_WORDS..(i + 1) * TENSOR_MAP_WORDS]
+            .copy_from_slice(&tensor_map::encode(&operand, element)?);
+    }
+    Ok(Fa3Params {
+        shape,
+        o: operands.o,
+        logsumexp,
+        tensor_maps: gpu.tensor_maps(maps)?,
+        tile_counters: if tiling.persistent {
+            gpu.tile_counters()?
+        } else {
+            0
+        },
+        packed: PackedSequences::default(),
+    })
 }
 
 /// The FA2 family's parameter block (both kernels take it; B_r is the plan's).

@@ -7,15 +7,17 @@
 //!
 //! The tensors are [`DeviceTensor`]s of batch 1, in any layout (flash-attn's (batch, seqlen,
 //! heads, d) is the packed one); O has Q's dims and L is (heads, total_q), flash-attn's varlen
-//! layout. FA2-TC runs it (`Fa2Tc { packed: true }`, the default tiling of each head dim), FA3
-//! falls back to it (the plan says so), and the other algorithms refuse a packed batch.
+//! layout. FA3 (`Fa3 { packed: true }`: each head dim's default split on the one-tile grid, its
+//! tensor maps over the packed tensors) and FA2-TC (`Fa2Tc { packed: true }`, each head dim's
+//! default tiling) run it; FA3 falls back to FA2-TC where it cannot run (the plan says why), and
+//! the other algorithms refuse a packed batch.
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::common::params::{Operands, PackedSequences};
+use flash_kernels::common::params::{Fa2Params, Fa3Params, Operands, PackedSequences};
 use ndarray::Array2;
 
 use super::plan::{Blocks, Plan};
-use super::{Algorithm, AttentionOptions, Problem, fa2_params, launch_plan};
+use super::{Algorithm, AttentionOptions, Problem, fa2_params, fa3_params, launch_plan};
 use crate::device::Gpu;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -203,8 +205,9 @@ pub fn new_packed_output<T: Element>(
 
 /// Attention over a packed batch: each sequence of `batch` attends to its own keys. Q is
 /// (1, heads, total_q, d) (logical dims, any layout), K and V (1, heads_kv, total_k, d); returns
-/// O in Q's dims and layout, L (heads, total_q) and the plan. `algorithm` is `Fa2Tc` or `Fa3`
-/// (which runs FA2-TC, the plan says why); f16 or bf16 at a head dim FA2-TC compiles, with
+/// O in Q's dims and layout, L (heads, total_q) and the plan. `algorithm` is `Fa3` (on compute
+/// capability 9.0; elsewhere it runs FA2-TC and the plan says why) or `Fa2Tc`; f16 or bf16 at
+/// a head dim they compile (FA3: even, up to 256; FA2-TC: 32, 64, 96, 128, 256), with
 /// 16-byte-aligned rows.
 pub fn attention_packed<T: Element>(
     gpu: &Gpu,
@@ -257,27 +260,35 @@ pub fn attention_packed_into<T: Element>(
         o: output.o.view(gpu),
     };
     let plan = Plan::new(gpu, algorithm, T::DTYPE, &problem, options, Some(&operands))?;
-    let Blocks::Fa2Tc(tiling) = plan.blocks else {
-        unreachable!("a packed batch plans FA2-TC or fails")
-    };
     // Dropped at the end of this call: freed in stream order, after the kernel that reads them.
     let cu_seqlens_q = gpu.upload(batch.cu_seqlens_q(), "cu_seqlens_q")?;
     let cu_seqlens_k = gpu.upload(batch.cu_seqlens_k(), "cu_seqlens_k")?;
-    let params = flash_kernels::common::params::Fa2Params {
-        packed: PackedSequences {
-            cu_seqlens_q: gpu.address(&cu_seqlens_q),
-            cu_seqlens_k: gpu.address(&cu_seqlens_k),
-            total_q: total_q as u32,
-            _pad: 0,
-        },
-        ..fa2_params(
-            operands,
-            &problem,
-            gpu.address(&output.logsumexp),
-            tiling.block_rows(),
-        )
+    let packed = PackedSequences {
+        cu_seqlens_q: gpu.address(&cu_seqlens_q),
+        cu_seqlens_k: gpu.address(&cu_seqlens_k),
+        total_q: total_q as u32,
+        _pad: 0,
     };
-    launch_plan(gpu, &plan, params)?;
+    let logsumexp = gpu.address(&output.logsumexp);
+    match plan.blocks {
+        Blocks::Fa2Tc(tiling) => {
+            let params = Fa2Params {
+                packed,
+                ..fa2_params(operands, &problem, logsumexp, tiling.block_rows())
+            };
+            launch_plan(gpu, &plan, params)?;
+        }
+        Blocks::Fa3 { tiling, .. } => {
+            // The tensor maps span the packed tensors (batch 1, every sequence's rows).
+            let dims = [q.dims(), k.dims(), v.dims()];
+            let params = Fa3Params {
+                packed,
+                ..fa3_params::<T>(gpu, &operands, dims, tiling, problem.shape(), logsumexp)?
+            };
+            launch_plan(gpu, &plan, params)?;
+        }
+        _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),
+    }
     output.plan = Some(plan.clone());
     Ok(plan)
 }

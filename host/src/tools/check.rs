@@ -239,25 +239,7 @@ fn check_typed<T: Element>(
             let (o, lse) = (o.select(Axis(2), &rows), lse.select(Axis(2), &rows));
             let (max_abs_error, nan_outputs) = max_abs_difference(o.view(), reference.o.view());
             let nan_outputs = nan_outputs.max(unwritten);
-            let logsumexp_error =
-                reference
-                    .logsumexp
-                    .iter()
-                    .zip(lse.iter())
-                    .fold(0.0f64, |worst, (&r, &g)| {
-                        let err = if r.is_finite() {
-                            (r - g as f64).abs()
-                        } else if g as f64 == r {
-                            0.0
-                        } else {
-                            f64::INFINITY
-                        };
-                        if err.is_nan() {
-                            f64::INFINITY
-                        } else {
-                            worst.max(err)
-                        }
-                    });
+            let logsumexp_error = logsumexp_error(reference.logsumexp.iter(), lse.iter());
             let passed = nan_outputs == 0
                 && max_abs_error <= bound
                 && logsumexp_error <= LOGSUMEXP_TOLERANCE;
@@ -304,9 +286,31 @@ pub fn run_poisoned<T: Element>(
     Ok((o, lse, plan.kernel_names()))
 }
 
+/// The largest |L − L_ref| where L_ref is finite; infinite where L_ref is −∞ and L is not, or
+/// where L is NaN.
+pub(crate) fn logsumexp_error<'a>(
+    reference: impl Iterator<Item = &'a f64>,
+    got: impl Iterator<Item = &'a f32>,
+) -> f64 {
+    reference.zip(got).fold(0.0f64, |worst, (&r, &g)| {
+        let err = if r.is_finite() {
+            (r - g as f64).abs()
+        } else if g as f64 == r {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+        if err.is_nan() {
+            f64::INFINITY
+        } else {
+            worst.max(err)
+        }
+    })
+}
+
 /// max |a − b| over elements where both are numbers, and the count of elements where `a` is NaN
 /// but `b` is not.
-fn max_abs_difference(a: ArrayView4<f64>, b: ArrayView4<f64>) -> (f64, usize) {
+pub(crate) fn max_abs_difference(a: ArrayView4<f64>, b: ArrayView4<f64>) -> (f64, usize) {
     a.iter()
         .zip(b.iter())
         .fold((0.0f64, 0usize), |(worst, nans), (&x, &y)| {

@@ -4,3 +4,4 @@ pub mod bench;
 pub mod check;
 pub mod check_backward;
 pub mod check_decode;
+pub mod check_packed;

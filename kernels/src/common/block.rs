@@ -91,7 +91,6 @@ impl BlockInfo {
         if grouped { self.head } else { self.kv_head }
     }
 
-
     /// The block of a kernel that takes the causal mask or none, not a window (`fa1`, `fa2` and
     /// the backward pass: the host refuses windows there): its mask's left side is unbounded at
     /// compile time, so its masked tiles cost what they did before windows existed.

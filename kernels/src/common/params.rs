@@ -195,6 +195,10 @@ pub struct Fa3Params {
     /// Device address of two zeroed u32s (`tile::global::TileCounters`), for the persistent grid;
     /// unused on the one-tile-per-block grid.
     pub tile_counters: u64,
+    /// Where each sequence of a packed batch starts (the `_varlen` kernels, whose tensor maps
+    /// span the packed tensors: batch 1, every sequence's rows); all zero otherwise. Last, so
+    /// that the other fields keep their offsets.
+    pub packed: PackedSequences,
 }
 
 /// FlashAttention-2 backward: one parameter block for its three kernels (pre-pass, main loop,

@@ -205,8 +205,13 @@ pub enum Family {
         tiling: Fa2TcTiling,
         packed: bool,
     },
-    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`.
-    Fa3 { head_dim: u32, tiling: Fa3Tiling },
+    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`. `packed`: for a packed
+    /// batch (as [`Family::Fa2Tc`]'s).
+    Fa3 {
+        head_dim: u32,
+        tiling: Fa3Tiling,
+        packed: bool,
+    },
     /// FlashAttention-2 backward, scalar FP32: one of its three kernels.
     Fa2Backward(BackwardStage),
     /// FlashAttention-2 backward's main kernel on tensor cores, for head dims up to
@@ -412,12 +417,14 @@ impl KernelId {
                 Family::Fa3 {
                     head_dim: a,
                     tiling: s,
+                    packed: x,
                 },
                 Family::Fa3 {
                     head_dim: b,
                     tiling: t,
+                    packed: y,
                 },
-            ) => a == b && s.const_eq(t),
+            ) => a == b && s.const_eq(t) && x == y,
             (Family::Fa2Backward(a), Family::Fa2Backward(b)) => a.const_eq(b),
             (
                 Family::Fa2TcBackward {
@@ -487,9 +494,15 @@ impl fmt::Display for KernelId {
                     if packed { PACKED_SUFFIX } else { "" }
                 )
             }
-            Family::Fa3 { head_dim, tiling } => {
-                write!(f, "fa3_forward_{dtype}_d{head_dim}_{tiling}")
-            }
+            Family::Fa3 {
+                head_dim,
+                tiling,
+                packed,
+            } => write!(
+                f,
+                "fa3_forward_{dtype}_d{head_dim}_{tiling}{}",
+                if packed { PACKED_SUFFIX } else { "" }
+            ),
             Family::Fa2Backward(BackwardStage::Main {
                 head_dim_capacity,
                 grouped,
@@ -651,7 +664,11 @@ impl FromStr for KernelId {
                 .ok_or(ParseKernelIdError)?;
             (Family::Fa2Backward(stage), dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_forward_") {
-            // <dtype>_d<d>_w<W>c<C>[p]
+            // <dtype>_d<d>_w<W>c<C>[p|_varlen]
+            let (rest, packed) = match rest.strip_suffix(PACKED_SUFFIX) {
+                Some(rest) => (rest, true),
+                None => (rest, false),
+            };
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
             let (consumers, cols) = rest.split_once('c').ok_or(ParseKernelIdError)?;
@@ -667,6 +684,7 @@ impl FromStr for KernelId {
                 } else {
                     tiling
                 },
+                packed,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("decode_splitkv_") {

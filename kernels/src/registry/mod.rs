@@ -144,7 +144,9 @@ macro_rules! for_each_kernel {
 }
 
 /// Invokes `$emit!` once per kernel of the Hopper module (sm_90a), with
-/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent]`.
+/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent | varlen]` (`varlen`: for a
+/// packed batch of sequences of different lengths, on the one-tile grid, at each head dim's
+/// default split).
 ///
 /// The defaults (`Fa3Tiling::default_for`): d = 64 with three consumer warpgroups (B_r = 192,
 /// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, PERF.md), the others
@@ -171,6 +173,11 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 256 2 64);
         $emit!(fa3 $dtype 64 3 128 persistent);
         $emit!(fa3 $dtype 128 2 128 persistent);
+        $emit!(fa3 $dtype 64 3 128 varlen);
+        $emit!(fa3 $dtype 96 2 128 varlen);
+        $emit!(fa3 $dtype 128 2 128 varlen);
+        $emit!(fa3 $dtype 192 2 112 varlen);
+        $emit!(fa3 $dtype 256 2 80 varlen);
     )*};
 }
 
@@ -200,6 +207,9 @@ macro_rules! backward_grouped_suffix {
 #[macro_export]
 macro_rules! packed_batch {
     () => {
+        false
+    };
+    (persistent) => {
         false
     };
     (varlen) => {
@@ -331,6 +341,7 @@ macro_rules! push_kernel {
             Family::Fa3 {
                 head_dim: $head_dim,
                 tiling: $crate::fa3_tiling!($consumers, $cols $(, $grid)?),
+                packed: $crate::packed_batch!($($grid)?),
             },
             ElementType::$dtype(),
         ));

@@ -23,10 +23,11 @@ job gpu_backward 300 bin/test-gpu_backward --test-threads=2
 job gpu_window 300 bin/test-gpu_window --test-threads=2
 job gpu_packed 300 bin/test-gpu_packed --test-threads=2
 job gpu_attention 320 bin/test-gpu_attention --test-threads=2
-job safetensors_bwd 200 bin/test-safetensors_io run_backward --test-threads=1
+job safetensors_io 200 bin/test-safetensors_io --test-threads=1
 job check 300 bin/flash-attn check --require-gpu
 job check_backward 300 bin/flash-attn check --require-gpu --backward
 job check_decode 300 bin/flash-attn check --require-gpu --decode
+job check_packed 300 bin/flash-attn check --require-gpu --packed
 job python 300 ./run-python-tests.sh
 job memcheck_bwd 300 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 bin/flash-attn check --require-gpu --backward --seqlens 113 --head-dims 64 --dtypes bf16
 job memcheck_window 300 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 bin/flash-attn check --require-gpu --shapes window --dtypes bf16
@@ -35,7 +36,7 @@ bin/flash-attn plan --shape 2,8,1000,128 --kv-heads 2 --backward > $w/t/plan.log
 bin/flash-attn plan --shape 2,8,4096,128 --window 256,0 > $w/t/plan-window.log 2>&1
 wait
 cat $w/t/*.rc; grep -hE "test result|panicked|FAILED|FAIL$" $w/t/*.log | cut -c1-250 | head -30
-grep -h "ERROR SUMMARY" $w/t/*check*.log; tail -qn2 $w/t/check.log $w/t/check_backward.log $w/t/check_decode.log $w/t/python.log
+grep -h "ERROR SUMMARY" $w/t/*check*.log; tail -qn2 $w/t/check.log $w/t/check_backward.log $w/t/check_decode.log $w/t/check_packed.log $w/t/python.log
 echo "correctness at $((SECONDS-t0))s"; save
 shapes="--seqlens 2048,8192 --head-dims 64,128 --causal both"
 for round in 1 2; do

@@ -256,17 +256,26 @@ pub fn fa3_fallback(
 }
 
 /// FA3's tiling at compiled head dim `d` for `problem`: the override if the kernel is compiled
-/// with it, else the default.
+/// with it, else the default. A packed batch's kernels are the default split on the one-tile
+/// grid.
 pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Result<Fa3Tiling> {
     let tilings: Vec<Fa3Tiling> = HOPPER_KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
         .filter_map(|k| match k.family {
-            Family::Fa3 { head_dim, tiling } if head_dim == d => Some(tiling),
+            Family::Fa3 {
+                head_dim,
+                tiling,
+                packed,
+            } if head_dim == d && packed == problem.packed => Some(tiling),
             _ => None,
         })
         .collect();
     match tiling {
+        None if problem.packed => Ok(Fa3Tiling {
+            persistent: false,
+            ..Fa3Tiling::default_for(d, problem.causal, problem.seqlen_k as u32)
+        }),
         // The default asks how long a tile's rows are: a window bounds them by its width, and
         // masks them as the causal mask does (not measured with windows yet).
         None => Ok(Fa3Tiling::default_for(

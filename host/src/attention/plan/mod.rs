@@ -252,11 +252,6 @@ impl Plan {
         operands: Option<&Operands>,
     ) -> Result<()> {
         let problem = self.problem;
-        if problem.packed {
-            let reason = "FA3 takes no packed batch of sequences yet".to_string();
-            self.add_fallback(Algorithm::Fa3, Algorithm::Fa2Tc, reason);
-            return self.plan_fa2_tc(limits, element, options, operands);
-        }
         let head_dim = match fa3_fallback(limits, self.dtype, problem.head_dim, operands) {
             Ok(head_dim) => head_dim,
             Err(reason) => {
@@ -265,7 +260,14 @@ impl Plan {
             }
         };
         let tiling = fa3_tiling(head_dim, options.fa3_tiling, &problem)?;
-        let kernel = KernelId::new(Family::Fa3 { head_dim, tiling }, element);
+        let kernel = KernelId::new(
+            Family::Fa3 {
+                head_dim,
+                tiling,
+                packed: problem.packed,
+            },
+            element,
+        );
         let shared_bytes = tiling.shared_bytes(head_dim);
         let rows_and_threads = (tiling.block_rows(), tiling.threads());
         self.blocks = Blocks::Fa3 { head_dim, tiling };

@@ -1,6 +1,6 @@
 //! `flash-attn check`: every algorithm on fresh random inputs against the f64 reference; with
 //! `--backward`, the backward too (against the f64 reference gradients); with `--decode`, the
-//! decode kernels instead.
+//! decode kernels instead, with `--packed` packed batches of different lengths.
 
 use std::process::ExitCode;
 
@@ -9,6 +9,9 @@ use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::tools::check_backward::{check_backward_problem, describe_backward};
 use flash_attn::tools::check_decode::{
     DECODE_DTYPES, check_decode, describe_decode, standard_decode_cases,
+};
+use flash_attn::tools::check_packed::{
+    PACKED_DTYPES, check_packed, describe_packed, standard_packed_cases,
 };
 use flash_attn::{Algorithm, AttentionOptions, DType, Gpu, Layout};
 use rand::SeedableRng;
@@ -63,6 +66,12 @@ pub struct CheckArgs {
     /// that decoding takes (bf16, f16).
     #[arg(long, conflicts_with_all = ["backward", "algorithms", "fa2_tc_tiling", "fa3_tiling"])]
     decode: bool,
+    /// Check packed batches of sequences of different lengths instead (flash-attn's varlen call:
+    /// empty sequences, sequences without keys, GQA and MQA, every head dim FA2-TC compiles),
+    /// sequence by sequence, for each of --algorithms that takes them (fa2-tc, fa3; default
+    /// both: fa3 runs fa2-tc where it cannot run) and --dtypes (bf16, f16).
+    #[arg(long, conflicts_with_all = ["backward", "decode", "fa2_tc_tiling", "fa3_tiling"])]
+    packed: bool,
 }
 
 /// The backward options `check --backward` runs for one dtype and head dim: every algorithm
@@ -214,20 +223,6 @@ fn parse_or_all<T: std::str::FromStr<Err = flash_attn::Error> + Copy>(
     }
 }
 
-/// The dtypes `check --decode` runs: those asked for (each one decoding takes, or an error
-/// naming it), or all that decoding takes.
-fn decode_dtypes(items: &[String]) -> flash_attn::Result<Vec<DType>> {
-    let dtypes = parse_or_all(items, &DECODE_DTYPES)?;
-    match dtypes.iter().find(|d| !DECODE_DTYPES.contains(d)) {
-        Some(dtype) => Err(flash_attn::Error::InvalidArgument {
-            name: "dtypes",
-            value: dtype.to_string(),
-            allowed: "allowed with --decode: bf16, f16".into(),
-        }),
-        None => Ok(dtypes),
-    }
-}
-
 /// Opens the GPU, or says that the checks are skipped (`None`) when there is none and none is
 /// required.
 fn open_gpu(device: usize, require_gpu: bool) -> flash_attn::Result<Option<Gpu>> {
@@ -263,7 +258,13 @@ fn exit_code(passed: usize, failed: usize) -> ExitCode {
 
 /// `check --decode`: the decode cases of every dtype.
 fn check_decoding(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
-    let dtypes = decode_dtypes(&args.dtypes)?;
+    let dtypes = parse_within(
+        "dtypes",
+        &args.dtypes,
+        &DECODE_DTYPES,
+        &DECODE_DTYPES,
+        "--decode",
+    )?;
     let Some(gpu) = open_gpu(device, args.require_gpu)? else {
         return Ok(ExitCode::SUCCESS);
     };
@@ -283,9 +284,69 @@ fn check_decoding(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCod
     Ok(exit_code(passed, failed))
 }
 
+/// Those of `items` (parsed) that are in `allowed`, or an error naming `name` and the allowed
+/// values; `default` when `items` is empty.
+fn parse_within<
+    T: std::str::FromStr<Err = flash_attn::Error> + Copy + PartialEq + std::fmt::Display,
+>(
+    name: &'static str,
+    items: &[String],
+    allowed: &[T],
+    default: &[T],
+    what: &str,
+) -> flash_attn::Result<Vec<T>> {
+    let values = parse_or_all(items, default)?;
+    match values.iter().find(|v| !allowed.contains(v)) {
+        Some(value) => {
+            let allowed: Vec<String> = allowed.iter().map(|a| a.to_string()).collect();
+            Err(flash_attn::Error::InvalidArgument {
+                name,
+                value: value.to_string(),
+                allowed: format!("allowed with {what}: {}", allowed.join(", ")),
+            })
+        }
+        None => Ok(values),
+    }
+}
+
+/// `check --packed`: the packed-batch cases of every dtype and algorithm.
+fn check_packed_batches(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
+    let dtypes = parse_within(
+        "dtypes",
+        &args.dtypes,
+        &PACKED_DTYPES,
+        &PACKED_DTYPES,
+        "--packed",
+    )?;
+    let takers = [Algorithm::Fa2Tc, Algorithm::Fa3];
+    let algorithms = parse_within("algorithms", &args.algorithms, &takers, &takers, "--packed")?;
+    let Some(gpu) = open_gpu(device, args.require_gpu)? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut rng = seeded(&gpu, args.seed);
+    let (mut passed, mut failed) = (0, 0);
+    for dtype in dtypes {
+        for case in standard_packed_cases(dtype) {
+            for &algorithm in &algorithms {
+                let result = check_packed(&gpu, algorithm, &case, &mut rng)?;
+                println!("{}", describe_packed(&result));
+                if result.passed {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+        }
+    }
+    Ok(exit_code(passed, failed))
+}
+
 pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     if args.decode {
         return check_decoding(device, args);
+    }
+    if args.packed {
+        return check_packed_batches(device, args);
     }
     let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
     let backward_algorithms = parse_or_all(&args.backward_algorithms, &BackwardAlgorithm::ALL)?;

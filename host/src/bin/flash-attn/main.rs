@@ -115,9 +115,14 @@ fn fa3_note() -> String {
         .iter()
         .filter(|k| k.dtype == flash_kernels::registry::ElementType::Bf16)
         .map(|k| match k.family {
-            flash_kernels::registry::Family::Fa3 { head_dim, tiling } => {
-                format!("d{head_dim} {tiling}")
-            }
+            flash_kernels::registry::Family::Fa3 {
+                head_dim,
+                tiling,
+                packed,
+            } => format!(
+                "d{head_dim} {tiling}{}",
+                if packed { " (packed)" } else { "" }
+            ),
             _ => k.to_string(),
         })
         .collect();

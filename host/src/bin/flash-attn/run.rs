@@ -1,5 +1,6 @@
 //! `flash-attn run`: one algorithm on the user's Q, K, V from a safetensors file, O and the row
-//! statistics written to another; with `--backward`, also dQ, dK, dV from the file's dO.
+//! statistics written to another; with `--backward`, also dQ, dK, dV from the file's dO; with
+//! `--packed`, a packed batch of sequences of different lengths (flash-attn's varlen layout).
 //! Reading and checking the file happen before the GPU is opened, so a bad file is reported on
 //! any machine.
 
@@ -9,7 +10,8 @@ use std::process::ExitCode;
 
 use cudarc::driver::CudaSlice;
 use flash_attn::attention::{
-    BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, Plan, attention_backward,
+    BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, PackedBatch, Plan,
+    attention_backward, attention_packed_into, new_packed_output,
 };
 use flash_attn::safetensors_io::{
     self, AttentionFileOutput, BACKWARD_INPUT_ROLES, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
@@ -71,6 +73,16 @@ pub struct RunArgs {
     /// --backward).
     #[arg(long)]
     deterministic: bool,
+    /// The input is a packed batch of sequences of different lengths, as flash-attn's varlen
+    /// call takes it: Q (total_q, heads, head_dim), K and V (total_k, heads_kv, head_dim), and
+    /// the offsets (1-D I32, U32 or I64, batch + 1 each, from 0; --offsets names them). Writes
+    /// `o` (total_q, heads, head_dim) and `lse` (F32, (heads, total_q)). fa2-tc or fa3 (which
+    /// runs fa2-tc); not with --backward.
+    #[arg(long, conflicts_with_all = ["backward", "fa1_sram_floats", "fa2_blocks"])]
+    packed: bool,
+    /// Names of the offsets of Q's and K's rows in a packed input (with --packed).
+    #[arg(long, value_name = "Q,K", default_value = "cu_seqlens_q,cu_seqlens_k", value_parser = parse_offset_names)]
+    offsets: [String; 2],
 }
 
 impl RunArgs {
@@ -176,6 +188,10 @@ fn parse_window(list: &str) -> Result<(i64, i64), String> {
     Ok((parse(&left)?, parse(&right)?))
 }
 
+fn parse_offset_names(list: &str) -> Result<[String; 2], String> {
+    split_exact(list, "tensor names (cu_seqlens_q,cu_seqlens_k)")
+}
+
 fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
     let [rows, cols] = split_exact(list, "block sizes (B_r,B_c)")?;
     let parse = |s: &str| {
@@ -216,7 +232,81 @@ fn check_kv_heads(expected: Option<usize>, problem: &Problem) -> flash_attn::Res
     }
 }
 
+/// `run --packed`: the file's packed batch, checked before the GPU is opened, run and written.
+fn run_packed(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
+    let options = args.options()?;
+    let [q_name, k_name, v_name] = args.names.each_ref().map(String::as_str);
+    let [cu_q, cu_k] = args.offsets.each_ref().map(String::as_str);
+    let (qkv, batch) =
+        safetensors_io::read_packed(&args.input, [q_name, k_name, v_name], [cu_q, cu_k])?;
+    let problem = batch.problem(qkv.dims(), &options)?;
+    check_kv_heads(args.kv_heads, &problem)?;
+    let dtype = qkv.dtype();
+    let gpu = Gpu::open(device)?;
+    let (milliseconds, plan) = match qkv {
+        HostQkv::F32(qkv) => run_packed_typed(&gpu, args, &options, &batch, qkv),
+        HostQkv::F16(qkv) => run_packed_typed(&gpu, args, &options, &batch, qkv),
+        HostQkv::Bf16(qkv) => run_packed_typed(&gpu, args, &options, &batch, qkv),
+    }?;
+    let [total_q, total_k] = batch.totals();
+    println!(
+        "{} {}{dtype}: a packed batch of {} sequences ({total_q} query and {total_k} key rows, \
+         the longest {:?}) on {}: {milliseconds:.3} ms; wrote {}",
+        args.algorithm,
+        if problem.causal { "causal " } else { "" },
+        batch.sequences(),
+        batch.max_seqlens(),
+        gpu.info().name,
+        args.output.display()
+    );
+    println!("plan: {plan}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Uploads the packed Q, K, V (flash-attn's layout), runs the call (timed on the GPU), writes O
+/// and L with the plan in the file's metadata.
+fn run_packed_typed<T: SafetensorsElement>(
+    gpu: &Gpu,
+    args: &RunArgs,
+    options: &AttentionOptions,
+    batch: &PackedBatch,
+    qkv: Qkv<T>,
+) -> flash_attn::Result<(f32, Plan)> {
+    let upload =
+        |a: &ndarray::Array4<T>| DeviceTensor::from_array(gpu, a.view(), Layout::BatchSeqHeadDim);
+    let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
+    drop(qkv);
+    let mut out = new_packed_output(gpu, &q, &k, &v, batch, options)?;
+    let milliseconds = gpu.time_ms(|| {
+        attention_packed_into(gpu, args.algorithm, &q, &k, &v, batch, &mut out, options)
+            .map(|_plan| ())
+    })?;
+    let plan = out
+        .plan
+        .clone()
+        .ok_or_else(|| Error::File("the attention call returned without a plan".into()))?;
+    let heads = q.dims()[1];
+    let metadata = HashMap::from([
+        ("algorithm".into(), args.algorithm.to_string()),
+        ("causal".into(), options.causal.to_string()),
+        ("input".into(), args.input.display().to_string()),
+        ("packed_sequences".into(), batch.sequences().to_string()),
+        ("kernel".into(), plan.kernel_names()),
+        ("plan".into(), plan.to_string()),
+    ]);
+    safetensors_io::write_packed_outputs(
+        &args.output,
+        &out.o.to_array(gpu)?,
+        &out.logsumexp(gpu, heads)?,
+        metadata,
+    )?;
+    Ok((milliseconds, plan))
+}
+
 pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
+    if args.packed {
+        return run_packed(device, args);
+    }
     let options = args.options()?;
     let [q_name, k_name, v_name] = args.names.each_ref().map(String::as_str);
     let qkv = if args.backward {

@@ -186,6 +186,9 @@ pub trait Fa3Config {
     /// Whether the block walks tiles from the counter (the persistent grid) or computes the one
     /// tile its block index names.
     const PERSISTENT: bool = Self::TILING.persistent;
+    /// For a packed batch of sequences of different lengths (`common::params::PackedSequences`;
+    /// the one-tile grid only).
+    const PACKED: bool;
     const BLOCK_COLS: u32 = Self::TILING.block_cols;
     const PANELS: u32 = panels(Self::HEAD_DIM);
     /// k-steps of S = Q_i·K_jᵀ.
@@ -212,6 +215,8 @@ pub trait Fa3Config {
         // TMA boxes are at most 256 rows; K/V tiles start on swizzle atoms (8 rows).
         assert!(tiling.block_cols <= 256 && tiling.block_cols.is_multiple_of(16));
         assert!(tiling.consumers >= 1 && tiling.consumers <= 3);
+        // A packed block reads its one tile's sequence before its barriers exist.
+        assert!(!(Self::PACKED && tiling.persistent));
         assert!(tiling.threads() <= MAX_THREADS_PER_BLOCK);
         assert!(tiling.shared_bytes(Self::HEAD_DIM) <= MAX_SHARED_BYTES_PER_BLOCK);
         // The register split must fit the SM's register file.
@@ -233,9 +238,14 @@ macro_rules! fa3_tiling {
     ($consumers:literal, $cols:literal, persistent) => {
         $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).on_persistent_grid()
     };
+    // A packed batch's kernel: one tile per block.
+    ($consumers:literal, $cols:literal, varlen) => {
+        $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols)
+    };
 }
 
-/// The kernel-name suffix of a list entry's grid: `p` for `persistent`.
+/// The kernel-name suffix of a list entry's grid: `p` for `persistent`, `_varlen` for a packed
+/// batch's kernel.
 #[macro_export]
 macro_rules! fa3_grid_suffix {
     () => {
@@ -244,15 +254,27 @@ macro_rules! fa3_grid_suffix {
     (persistent) => {
         "p"
     };
+    (varlen) => {
+        "_varlen"
+    };
 }
 
-/// `fa3_config!(Name, d, consumers, B_c [, persistent])`: a type implementing [`Fa3Config`].
+/// `fa3_config!(Name, d, consumers, B_c [, persistent | varlen])`: a type implementing
+/// [`Fa3Config`] (`varlen`: for packed batches).
 #[macro_export]
 macro_rules! fa3_config {
+    ($name:ident, $d:literal, $consumers:literal, $cols:literal, varlen) => {
+        $crate::fa3_config!(@config $name, $d, $consumers, $cols, true;);
+    };
     ($name:ident, $d:literal, $consumers:literal, $cols:literal $(, $grid:ident)?) => {
+        $crate::fa3_config!(@config $name, $d, $consumers, $cols, false; $($grid)?);
+    };
+    (@config $name:ident, $d:literal, $consumers:literal, $cols:literal, $packed:literal;
+     $($grid:ident)?) => {
         struct $name;
         impl $crate::fwd::fa3::config::Fa3Config for $name {
             const HEAD_DIM: u32 = $d;
+            const PACKED: bool = $packed;
             const TILING: $crate::fwd::fa3::config::Fa3Tiling =
                 $crate::fa3_tiling!($consumers, $cols $(, $grid)?);
             type const S_TILES: usize = const { $cols / 8 };

@@ -29,7 +29,7 @@ use super::config::{
 };
 use super::scheduler::{Tile, TileScheduler};
 use crate::arch::{self, MBarrier, SharedAddress};
-use crate::common::block::KeyBlocks;
+use crate::common::block::{BlockInfo, KeyBlocks};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
 use crate::common::softcap::Softcap;
@@ -37,7 +37,7 @@ use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
 use crate::tile::fragment::MMA_M;
-use crate::tile::global::{HeadRows16, HeadVector, TileCounters};
+use crate::tile::global::{HeadRows16, HeadVector, TileCounters, packed_sequence_rows};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
 /// Bytes of one `CUtensorMap`: the Q, K and V maps lie this far apart.
@@ -169,6 +169,15 @@ fn ring(j: u32) -> (u32, u32) {
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     let () = C::CHECKED;
+    if C::PACKED {
+        // A row block past its sequence's queries: the whole block returns before any barrier.
+        let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+        if tile_at::<C>(p, &scheduler, scheduler.first())
+            .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
+        {
+            return;
+        }
+    }
     let sram = Fa3Sram::new::<C>();
     if arch::thread_idx_x() == 0 {
         sram.init_barriers::<C>();
@@ -184,6 +193,21 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
         arch::claim_registers::<{ C::CONSUMER_REGISTERS }>();
         consume_tiles::<T, C>(p, &sram, warpgroup - 1);
     }
+}
+
+/// Tile `t`: the scheduler's, or in a packed batch (`C::PACKED`, one tile per block) the one
+/// of its sequence's own rows (`BlockInfo::packed`, from the sequence's offsets).
+#[inline(always)]
+fn tile_at<C: Fa3Config>(p: &Fa3Params, scheduler: &TileScheduler, t: u32) -> Option<Tile> {
+    if !C::PACKED {
+        return scheduler.tile(t);
+    }
+    let tile = scheduler.tile(t)?;
+    let batch_head = tile.info.batch_head;
+    let sequence = batch_head / p.shape.heads;
+    let (query_rows, key_rows) = packed_sequence_rows(&p.packed, sequence);
+    let info = BlockInfo::packed(&p.shape, batch_head, query_rows, key_rows);
+    Some(scheduler.for_sequence(tile, info))
 }
 
 /// Where a block is in its walk over tiles: the ring's blocks are counted across tiles (stage and
@@ -223,7 +247,7 @@ fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
     let counters = TileCounters::new(p.tile_counters);
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
-        let tile = scheduler.tile(t);
+        let tile = tile_at::<C>(p, &scheduler, t);
         if C::PERSISTENT {
             // The consumers are done with the previous Q_i, and read its number long before.
             sram.q_empty().wait(walk.q_phase() ^ 1);
@@ -262,7 +286,7 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sr
         if C::PERSISTENT {
             t = sram.tile();
         }
-        let Some(tile) = scheduler.tile(t) else {
+        let Some(tile) = tile_at::<C>(p, &scheduler, t) else {
             break;
         };
         consume::<T, C>(p, tile, sram, consumer, turns, walk);
@@ -288,10 +312,16 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
     let k = HeadTensorMap::new(maps + TENSOR_MAP_BYTES, info.kv_head, info.batch);
     let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
     sram.q_full().arrive_expect_bytes(C::Q_BYTES);
-    q.load(&sram.q, C::PANELS, row_start, sram.q_full());
+    // Rows from the sequence's first in a packed batch, whose maps span every sequence.
+    let (q_start, k_start) = if C::PACKED {
+        (info.q_start, info.k_start)
+    } else {
+        (0, 0)
+    };
+    q.load(&sram.q, C::PANELS, q_start + row_start, sram.q_full());
     for j in 0..blocks.count() {
         let (stage, phase) = ring(walk.ring_base + j);
-        let key_start = blocks.key_start(j);
+        let key_start = k_start + blocks.key_start(j);
         // The stage's previous block (j − 2) must be released first.
         sram.k_empty(stage).wait(phase ^ 1);
         sram.k_full(stage).arrive_expect_bytes(C::KV_BYTES);
@@ -387,7 +417,15 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warpgroup.land_pv(count - 1, &mut acc, &mut p_tilde);
     }
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
-    let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
+    let (o, logsumexp) = if C::PACKED {
+        let logsumexp = HeadVector::packed(p.logsumexp, info.head, p.packed.total_q, info.q_start);
+        (o.starting_at(info.q_start), logsumexp)
+    } else {
+        (
+            o,
+            HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q),
+        )
+    };
     let (seqlen_q, cols) = (info.seqlen_q, p.shape.head_dim);
     store_rows::<T, _>(
         &o,

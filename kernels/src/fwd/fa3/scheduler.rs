@@ -97,6 +97,18 @@ impl<'a> TileScheduler<'a> {
             blocks: info.key_blocks(row_start, self.block_rows, self.block_cols),
         })
     }
+
+    /// `tile` for the head `info` describes instead: a packed batch's sequence, whose own
+    /// `BlockInfo::packed` has its lengths and first rows (its row blocks past its length have
+    /// no rows).
+    #[inline(always)]
+    pub fn for_sequence(&self, tile: Tile, info: BlockInfo) -> Tile {
+        Tile {
+            info,
+            blocks: info.key_blocks(tile.row_start, self.block_rows, self.block_cols),
+            ..tile
+        }
+    }
 }
 
 /// The K and V bytes of one causal section's heads: a part of the H100's and H200's 50 MB of L2,

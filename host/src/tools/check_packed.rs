@@ -1,0 +1,241 @@
+//! Checking packed batches (`attention::packed`, flash-attn's varlen call) against the f64
+//! reference, sequence by sequence, with the project's tolerance rule (`tools::check`): each
+//! sequence's max |O − O_ref| is at most 2 × (the same error of standard attention computed in
+//! the dtype) plus 1e-5, and L is within 1e-4 where the reference is finite and −∞ where it is
+//! −∞ (a sequence without keys: O = 0, L = −∞). Outputs are poisoned (NaN) before the launch,
+//! so a row the kernels forgot fails.
+
+use ndarray::{Array4, s};
+use rand::Rng;
+
+use crate::attention::{
+    Algorithm, AttentionOptions, PackedBatch, PackedOutput, attention_packed_into,
+};
+use crate::device::Gpu;
+use crate::dtype::{DType, Element};
+use crate::error::Result;
+use crate::model::reference::{attention_in_dtype, attention_reference};
+use crate::tensor::{DeviceTensor, Layout};
+use crate::tools::check::{
+    HALF_ABSOLUTE_SLACK, LOGSUMEXP_TOLERANCE, logsumexp_error, max_abs_difference, random_tensor,
+    to_f64,
+};
+use crate::with_element;
+
+/// One packed batch to check: (query length, key length) per sequence.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PackedCheckCase {
+    pub heads: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub lengths: Vec<(usize, usize)>,
+    pub causal: bool,
+    pub layout: Layout,
+    pub dtype: DType,
+}
+
+/// The outcome of one case: its worst sequence.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PackedCheckResult {
+    pub case: PackedCheckCase,
+    pub algorithm: Algorithm,
+    /// The largest error / bound over the sequences (≤ 1 passes).
+    pub worst_ratio: f64,
+    /// That sequence's error and bound.
+    pub max_abs_error: f64,
+    pub bound: f64,
+    pub logsumexp_error: f64,
+    /// O elements left NaN (poisoned or computed) in any sequence.
+    pub nan_outputs: usize,
+    pub passed: bool,
+    /// The kernels that ran (a fallback shows here).
+    pub kernels: String,
+}
+
+/// The dtypes packed batches take.
+pub const PACKED_DTYPES: [DType; 2] = [DType::Bf16, DType::F16];
+
+/// `flash-attn check --packed`'s cases for one dtype: every head dim FA2-TC compiles, causal
+/// both ways (each in one of the two layouts), GQA at d = 128, on a batch of mixed lengths (one
+/// row, lengths that are no block's multiple, seqlen_q < seqlen_k and >, an empty sequence, one
+/// without keys, a thousand rows); and 48 short sequences beside a long one with MQA.
+pub fn standard_packed_cases(dtype: DType) -> Vec<PackedCheckCase> {
+    let mixed = vec![
+        (1, 1),
+        (300, 300),
+        (17, 203),
+        (0, 5),
+        (203, 17),
+        (4, 0),
+        (1000, 1000),
+    ];
+    let mut cases = Vec::new();
+    for d in crate::attention::fa2_tc_head_dims() {
+        for causal in [false, true] {
+            cases.push(PackedCheckCase {
+                heads: 4,
+                heads_kv: if d == 128 { 2 } else { 4 },
+                head_dim: d as usize,
+                lengths: mixed.clone(),
+                causal,
+                layout: if causal {
+                    Layout::BatchSeqHeadDim
+                } else {
+                    Layout::BatchHeadSeqDim
+                },
+                dtype,
+            });
+        }
+    }
+    let short = (0..48)
+        .map(|i| (i * 7 % 130, 1 + i * 13 % 300))
+        .chain([(2048, 2048)])
+        .collect();
+    cases.push(PackedCheckCase {
+        heads: 8,
+        heads_kv: 1,
+        head_dim: 64,
+        lengths: short,
+        causal: true,
+        layout: Layout::BatchSeqHeadDim,
+        dtype,
+    });
+    cases
+}
+
+/// One line per result.
+pub fn describe_packed(r: &PackedCheckResult) -> String {
+    let c = &r.case;
+    let lengths = if c.lengths.len() <= 8 {
+        format!("{:?}", c.lengths)
+    } else {
+        format!("[{} sequences]", c.lengths.len())
+    };
+    format!(
+        "packed {:<6} {:<4} {:<4} h={} h_kv={} d={:<3} causal={:<5} {lengths}: worst err/bound {:.3} \
+         (err {:.3e}, bound {:.3e}), L err {:.2e}{} → {} [{}]",
+        r.algorithm.name(),
+        c.dtype.name(),
+        c.layout.name(),
+        c.heads,
+        c.heads_kv,
+        c.head_dim,
+        c.causal,
+        r.worst_ratio,
+        r.max_abs_error,
+        r.bound,
+        r.logsumexp_error,
+        if r.nan_outputs > 0 {
+            format!(", {} NaN", r.nan_outputs)
+        } else {
+            String::new()
+        },
+        if r.passed { "pass" } else { "FAIL" },
+        r.kernels
+    )
+}
+
+/// Draws inputs for `case`, runs `algorithm` on the packed batch into poisoned outputs and
+/// checks every sequence against the f64 reference.
+pub fn check_packed(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    case: &PackedCheckCase,
+    rng: &mut impl Rng,
+) -> Result<PackedCheckResult> {
+    with_element!(case.dtype, T => check_typed::<T>(gpu, algorithm, case, rng))
+}
+
+fn offsets(lengths: impl Iterator<Item = usize>) -> Vec<u32> {
+    let mut offsets = vec![0u32];
+    for length in lengths {
+        offsets.push(offsets[offsets.len() - 1] + length as u32);
+    }
+    offsets
+}
+
+fn check_typed<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    case: &PackedCheckCase,
+    rng: &mut impl Rng,
+) -> Result<PackedCheckResult> {
+    let batch = PackedBatch::new(
+        &offsets(case.lengths.iter().map(|l| l.0)),
+        &offsets(case.lengths.iter().map(|l| l.1)),
+    )?;
+    let [total_q, total_k] = batch.totals();
+    let d = case.head_dim;
+    let q = random_tensor::<T>([1, case.heads, total_q, d], rng);
+    let k = random_tensor::<T>([1, case.heads_kv, total_k, d], rng);
+    let v = random_tensor::<T>([1, case.heads_kv, total_k, d], rng);
+    let options = AttentionOptions {
+        causal: case.causal,
+        ..Default::default()
+    };
+    let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
+    let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+    let mut output = PackedOutput {
+        o: DeviceTensor::filled(gpu, dq.dims(), case.layout, T::poison())?,
+        logsumexp: gpu.upload(&vec![f32::NAN; case.heads * total_q], "L")?,
+        plan: None,
+    };
+    let plan = attention_packed_into(gpu, algorithm, &dq, &dk, &dv, &batch, &mut output, &options)?;
+    let scale = plan.problem.softmax_scale as f64;
+    let o = to_f64(&output.o.to_array(gpu)?);
+    let l = output.logsumexp(gpu, case.heads)?;
+    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
+    let mut result = PackedCheckResult {
+        case: case.clone(),
+        algorithm,
+        worst_ratio: 0.0,
+        max_abs_error: 0.0,
+        bound: 0.0,
+        logsumexp_error: 0.0,
+        nan_outputs: 0,
+        passed: true,
+        kernels: plan.kernel_names(),
+    };
+    for b in 0..batch.sequences() {
+        let (queries, keys) = batch.rows(b);
+        if queries.is_empty() {
+            continue;
+        }
+        let got_o = o.slice(s![.., .., queries.clone(), ..]);
+        let got_l = l.slice(s![.., queries.clone()]);
+        let (error, nan, bound, l_error) = if keys.is_empty() {
+            // No key: O = 0 and L = −∞ exactly.
+            let error = got_o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            let nan = got_o.iter().filter(|x| x.is_nan()).count();
+            let l_error = logsumexp_error(
+                std::iter::repeat_n(&f64::NEG_INFINITY, got_l.len()),
+                got_l.iter(),
+            );
+            (error, nan, HALF_ABSOLUTE_SLACK, l_error)
+        } else {
+            let (sq, sk, sv) = (
+                q64.slice(s![.., .., queries.clone(), ..]),
+                k64.slice(s![.., .., keys.clone(), ..]),
+                v64.slice(s![.., .., keys, ..]),
+            );
+            let reference = attention_reference(sq, sk, sv, case.causal, scale);
+            let all: Vec<usize> = (0..queries.len()).collect();
+            let in_dtype = attention_in_dtype::<T>(sq, sk, sv, case.causal, scale, &all);
+            let bound = 2.0 * max_abs_difference(in_dtype.view(), reference.o.view()).0
+                + HALF_ABSOLUTE_SLACK;
+            let (error, nan) = max_abs_difference(got_o, reference.o.view());
+            let l_error = logsumexp_error(reference.logsumexp.iter(), got_l.iter());
+            (error, nan, bound, l_error)
+        };
+        result.nan_outputs += nan;
+        result.logsumexp_error = result.logsumexp_error.max(l_error);
+        let ratio = error / bound;
+        if ratio >= result.worst_ratio {
+            (result.worst_ratio, result.max_abs_error, result.bound) = (ratio, error, bound);
+        }
+    }
+    result.passed = result.nan_outputs == 0
+        && result.worst_ratio <= 1.0
+        && result.logsumexp_error <= LOGSUMEXP_TOLERANCE;
+    Ok(result)
+}
