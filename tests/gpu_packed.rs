@@ -252,3 +252,150 @@ fn many_short_sequences_and_mqa() {
     });
     run_all(&gpu, "packed_short", &cases);
 }
+
+/// Issue 17's prefill target: a packed batch of equal lengths against the dense call on the
+/// same Q, K, V (flash-attn's layout, bf16, the benchmark's B·N = 16384 tokens and H·d = 2048),
+/// FA3 (where it runs) and FA2-TC, causal both ways, N = 2k and 4k: the median of ten timed
+/// runs each, and packed / dense. The dense FA3 call takes the packed kernel's one-tile split, so
+/// the ratio is the packing's cost alone (the persistent grid's own gain is PERF.md's v4). GPU
+/// time: run with `--ignored`.
+#[test]
+#[ignore]
+fn time_packed_batches_against_the_dense_call() {
+    let test = "packed_timing";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    const RUNS: usize = 10;
+    let algorithms = if gpu.has_hopper_module() {
+        vec![Algorithm::Fa3, Algorithm::Fa2Tc]
+    } else {
+        vec![Algorithm::Fa2Tc]
+    };
+    for algorithm in algorithms {
+        for head_dim in [64usize, 128] {
+            for seqlen in [2048usize, 4096] {
+                for causal in [false, true] {
+                    let (batch, heads) = (16384 / seqlen, 2048 / head_dim);
+                    let packed_dims = [1, heads, batch * seqlen, head_dim];
+                    let host = |rng: &mut rand::rngs::StdRng| {
+                        random_tensor::<half::bf16>(packed_dims, rng)
+                    };
+                    let (q, k, v) = (host(&mut rng), host(&mut rng), host(&mut rng));
+                    // The same values as a dense (batch, heads, seqlen, d) batch.
+                    let dense = |a: &Array4<half::bf16>| {
+                        let mut d =
+                            Array4::from_elem([batch, heads, seqlen, head_dim], a[[0, 0, 0, 0]]);
+                        for b in 0..batch {
+                            d.slice_mut(s![b, .., .., ..]).assign(&a.slice(s![
+                                0,
+                                ..,
+                                b * seqlen..(b + 1) * seqlen,
+                                ..
+                            ]));
+                        }
+                        d
+                    };
+                    let upload = |a: &Array4<half::bf16>| {
+                        DeviceTensor::from_array(&gpu, a.view(), Layout::BatchSeqHeadDim)
+                            .expect("upload")
+                    };
+                    let (pq, pk, pv) = (upload(&q), upload(&k), upload(&v));
+                    let (dq, dk, dv) = (upload(&dense(&q)), upload(&dense(&k)), upload(&dense(&v)));
+                    let batch_offsets =
+                        PackedBatch::from_lengths(&vec![seqlen; batch]).expect("offsets");
+                    let options = AttentionOptions {
+                        causal,
+                        ..Default::default()
+                    };
+                    let mut packed_out = flash_attn::attention::new_packed_output(
+                        &gpu,
+                        &pq,
+                        &pk,
+                        &pv,
+                        &batch_offsets,
+                        &options,
+                    )
+                    .expect("output");
+                    let plan = attention_packed_into(
+                        &gpu,
+                        algorithm,
+                        &pq,
+                        &pk,
+                        &pv,
+                        &batch_offsets,
+                        &mut packed_out,
+                        &options,
+                    )
+                    .expect("warm-up");
+                    let dense_options = match plan.blocks {
+                        Blocks::Fa3 { tiling, .. } => AttentionOptions {
+                            fa3_tiling: Some(tiling),
+                            ..options
+                        },
+                        _ => options,
+                    };
+                    let mut dense_out = flash_attn::attention::new_output(
+                        &gpu,
+                        algorithm,
+                        &dq,
+                        &dk,
+                        &dv,
+                        &dense_options,
+                    )
+                    .expect("output");
+                    let median = |times: Vec<f32>| {
+                        let mut times = times;
+                        times.sort_by(f32::total_cmp);
+                        f64::from(times[RUNS / 2])
+                    };
+                    let packed_ms = median(
+                        gpu.time_each_ms(RUNS, |_| {
+                            attention_packed_into(
+                                &gpu,
+                                algorithm,
+                                &pq,
+                                &pk,
+                                &pv,
+                                &batch_offsets,
+                                &mut packed_out,
+                                &options,
+                            )
+                            .map(|_| ())
+                        })
+                        .expect("timed packed runs"),
+                    );
+                    let dense_ms = median(
+                        gpu.time_each_ms(RUNS, |_| {
+                            flash_attn::attention::attention_into(
+                                &gpu,
+                                algorithm,
+                                &dq,
+                                &dk,
+                                &dv,
+                                &mut dense_out,
+                                &dense_options,
+                            )
+                            .map(|_| ())
+                        })
+                        .expect("timed dense runs"),
+                    );
+                    let flops =
+                        4.0 * (batch * heads) as f64 * (seqlen * seqlen) as f64 * head_dim as f64
+                            / if causal { 2.0 } else { 1.0 };
+                    let tflops = |ms: f64| flops / (ms * 1e-3) / 1e12;
+                    println!(
+                        "{algorithm} d = {head_dim}, N = {seqlen}, causal = {causal}: packed {:.1} \
+                         TFLOP/s ({packed_ms:.3} ms), dense {:.1} ({dense_ms:.3} ms), packed / dense \
+                         {:.3} [{}]",
+                        tflops(packed_ms),
+                        tflops(dense_ms),
+                        dense_ms / packed_ms,
+                        plan.kernel_names()
+                    );
+                }
+            }
+        }
+    }
+}

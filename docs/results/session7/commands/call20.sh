@@ -10,6 +10,8 @@
 #   e2, e4, e8 main (v5's SASS with the split off) with every 2nd / 4th / 8th 8-key tile's
 #          exponentials on the FMA units at d = 64
 #          (FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY, `common::softmax::exp2_polynomial`)
+# Last, packed batches of equal lengths timed against the dense call (tests/gpu_packed.rs,
+# `time_packed_batches_against_the_dense_call`).
 # First the e2, e4 and e8 modules' correctness (check on FA3 alone, both dtypes, their defaults and
 # the persistent tiling at d = 64).
 # The bundle: as call 19's (on window-on-main), then
@@ -41,4 +43,7 @@ for round in 1 2; do
     echo "$v-$round rc=$? at $((SECONDS-t0))s"; grep -E '^\| [0-9]' $w/$v-$round/bench.md | grep -v GiB | head -12; save
   done
 done
+# Packed batches of equal lengths against the dense call (issue 17's prefill target).
+timeout $((560 - (SECONDS - t0))) bin/test-gpu_packed --ignored --nocapture time_packed > $w/packed-timing.log 2>&1
+echo "packed timing rc=$? at $((SECONDS-t0))s"; grep "packed / dense" $w/packed-timing.log
 echo "done at $((SECONDS-t0))s"; save
