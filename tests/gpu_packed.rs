@@ -1,55 +1,41 @@
 //! GPU tests of packed batches (flash-attn's varlen call, `attention::packed`): FA3's and
 //! FA2-TC's `_varlen` kernels on one packed Q, K, V against the same family's dense kernel (the
-//! same tiling) run on each sequence alone. They must agree bit for bit (the same arithmetic on the same rows: only where the rows
-//! are read from differs), and the dense kernel is the one `gpu_attention` checks against the
-//! f64 reference. Outputs are poisoned first, so a row the kernel forgot fails; sequences
-//! without queries or without keys (O = 0, L = −∞), GQA, causal masks aligned per sequence, both
-//! layouts, every head dim FA2-TC compiles. Skipped without a GPU (unless
-//! FLASH_ATTN_REQUIRE_GPU is set).
+//! same tiling) run on each sequence alone. They must agree bit for bit: the same arithmetic on
+//! the same rows, only where the rows are read from differs; and the dense kernels are the ones
+//! `gpu_attention` checks against the f64 reference (`check --packed` compares the packed ones
+//! with it directly, on the same cases). Outputs are poisoned first, so a row the kernel forgot
+//! fails; sequences without queries or without keys (O = 0, L = −∞), GQA and MQA, causal masks
+//! aligned per sequence, both layouts, every head dim FA2-TC compiles. Skipped without a GPU
+//! (unless FLASH_ATTN_REQUIRE_GPU is set).
 
 mod common;
 
-use flash_attn::attention::{
-    Blocks, PackedBatch, PackedOutput, attention, attention_packed_into, fa2_tc_head_dims,
-};
+use flash_attn::attention::{Blocks, PackedBatch, PackedOutput, attention, attention_packed_into};
 use flash_attn::tools::check::random_tensor;
-use flash_attn::{Algorithm, AttentionOptions, DType, DeviceTensor, Element, Gpu, Layout};
+use flash_attn::tools::check_packed::{PACKED_DTYPES, PackedCheckCase, standard_packed_cases};
+use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
 use flash_attn::{Error, with_element};
 use ndarray::{Array4, s};
 use rand::Rng;
 
-/// One packed batch: (query length, key length) per sequence.
-struct Case {
-    algorithm: Algorithm,
-    heads: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    lengths: Vec<(usize, usize)>,
-    causal: bool,
-    layout: Layout,
-    dtype: DType,
-}
-
-fn offsets(lengths: impl Iterator<Item = usize>) -> Vec<u32> {
-    let mut offsets = vec![0u32];
-    for length in lengths {
-        offsets.push(offsets[offsets.len() - 1] + length as u32);
-    }
-    offsets
-}
-
 /// Runs `case` packed and per sequence; the first disagreement, if any.
-fn check_case(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result<String, String> {
-    with_element!(case.dtype, T => check_typed::<T>(gpu, case, rng))
+fn check_case(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    case: &PackedCheckCase,
+    rng: &mut impl Rng,
+) -> Result<String, String> {
+    with_element!(case.dtype, T => check_typed::<T>(gpu, algorithm, case, rng))
 }
 
-fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result<String, String> {
+fn check_typed<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    case: &PackedCheckCase,
+    rng: &mut impl Rng,
+) -> Result<String, String> {
     let fail = |e: Error| e.to_string();
-    let batch = PackedBatch::new(
-        &offsets(case.lengths.iter().map(|l| l.0)),
-        &offsets(case.lengths.iter().map(|l| l.1)),
-    )
-    .map_err(fail)?;
+    let batch = PackedBatch::from_length_pairs(&case.lengths).map_err(fail)?;
     let [total_q, total_k] = batch.totals();
     let q = random_tensor::<T>([1, case.heads, total_q, case.head_dim], rng);
     let k = random_tensor::<T>([1, case.heads_kv, total_k, case.head_dim], rng);
@@ -71,17 +57,8 @@ fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result
             .map_err(fail)?,
         plan: None,
     };
-    let plan = attention_packed_into(
-        gpu,
-        case.algorithm,
-        &dq,
-        &dk,
-        &dv,
-        &batch,
-        &mut output,
-        &options,
-    )
-    .map_err(fail)?;
+    let plan = attention_packed_into(gpu, algorithm, &dq, &dk, &dv, &batch, &mut output, &options)
+        .map_err(fail)?;
     // The dense kernel of the same family and tiling, per sequence.
     let (dense_algorithm, dense_options) = match plan.blocks {
         Blocks::Fa3 { tiling, .. } => (
@@ -150,98 +127,70 @@ fn check_typed<T: Element>(gpu: &Gpu, case: &Case, rng: &mut impl Rng) -> Result
     ))
 }
 
-fn run_all(gpu: &Gpu, test: &str, cases: &[Case]) {
+/// The algorithms that run packed batches on this GPU: FA2-TC, and FA3 where it runs.
+fn algorithms(gpu: &Gpu) -> Vec<Algorithm> {
+    if gpu.has_hopper_module() {
+        vec![Algorithm::Fa2Tc, Algorithm::Fa3]
+    } else {
+        vec![Algorithm::Fa2Tc]
+    }
+}
+
+fn run_all(gpu: &Gpu, test: &str, cases: &[PackedCheckCase]) {
     let mut rng = common::seeded_rng(test);
     let mut failures = Vec::new();
-    for case in cases {
-        let label = format!(
-            "{} {} h {}/{} d {} causal={} {} lengths {:?}",
-            case.algorithm,
-            case.dtype,
-            case.heads,
-            case.heads_kv,
-            case.head_dim,
-            case.causal,
-            case.layout.name(),
-            case.lengths
-        );
-        match check_case(gpu, case, &mut rng) {
-            Ok(kernel) => println!("{label}: pass ({kernel})"),
-            Err(e) => failures.push(format!("{label}: {e}")),
+    let mut runs = 0;
+    for algorithm in algorithms(gpu) {
+        for case in cases {
+            let label = format!(
+                "{algorithm} {} h {}/{} d {} causal={} {} lengths {:?}",
+                case.dtype,
+                case.heads,
+                case.heads_kv,
+                case.head_dim,
+                case.causal,
+                case.layout.name(),
+                case.lengths
+            );
+            runs += 1;
+            match check_case(gpu, algorithm, case, &mut rng) {
+                Ok(kernel) => println!("{label}: pass ({kernel})"),
+                Err(e) => failures.push(format!("{label}: {e}")),
+            }
         }
     }
-    println!("{test}: {} cases, {} failed", cases.len(), failures.len());
+    println!("{test}: {runs} cases, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Every compiled head dim, both dtypes and layouts, causal both ways, GQA, on a batch of mixed
-/// lengths: one row, lengths not multiples of any block, seqlen_q < seqlen_k and >, an empty
-/// sequence and one without keys.
+/// `check --packed`'s cases (`tools::check_packed::standard_packed_cases`: every compiled head
+/// dim, both dtypes and layouts, causal both ways, GQA and MQA, a batch of mixed lengths with
+/// an empty sequence and one without keys, 48 short sequences beside a long one).
 #[test]
 fn packed_batches_match_the_dense_kernel_per_sequence() {
     let Some(gpu) = common::gpu_or_skip("packed_batches_match_the_dense_kernel_per_sequence")
     else {
         return;
     };
-    let lengths = vec![
-        (1, 1),
-        (300, 300),
-        (17, 203),
-        (0, 5),
-        (203, 17),
-        (4, 0),
-        (1000, 1000),
-    ];
-    let mut cases = Vec::new();
-    let algorithms = if gpu.has_hopper_module() {
-        vec![Algorithm::Fa2Tc, Algorithm::Fa3]
-    } else {
-        vec![Algorithm::Fa2Tc]
-    };
-    for algorithm in algorithms {
-        for d in fa2_tc_head_dims() {
-            for dtype in [DType::Bf16, DType::F16] {
-                for causal in [false, true] {
-                    cases.push(Case {
-                        algorithm,
-                        heads: 4,
-                        heads_kv: if d == 128 { 2 } else { 4 },
-                        head_dim: d as usize,
-                        lengths: lengths.clone(),
-                        causal,
-                        layout: if causal {
-                            Layout::BatchSeqHeadDim
-                        } else {
-                            Layout::BatchHeadSeqDim
-                        },
-                        dtype,
-                    });
-                }
-            }
-        }
-    }
+    let cases: Vec<PackedCheckCase> = PACKED_DTYPES
+        .into_iter()
+        .flat_map(standard_packed_cases)
+        .collect();
     run_all(&gpu, "packed_grid", &cases);
 }
 
-/// Many short sequences (one row block each, most of the grid's blocks past their sequence)
-/// and MQA.
+/// Random lengths: 64 sequences of 0–129 queries on 1–299 keys beside one of 2048, MQA.
 #[test]
-fn many_short_sequences_and_mqa() {
-    let Some(gpu) = common::gpu_or_skip("many_short_sequences_and_mqa") else {
+fn random_short_sequences_and_mqa() {
+    let Some(gpu) = common::gpu_or_skip("random_short_sequences_and_mqa") else {
         return;
     };
-    let mut rng = common::seeded_rng("many_short_sequences_lengths");
+    let mut rng = common::seeded_rng("random_short_sequences_lengths");
     let lengths: Vec<(usize, usize)> = (0..64)
         .map(|_| (rng.random_range(0..130), rng.random_range(1..300)))
         .chain([(2048, 2048)])
         .collect();
-    let algorithm = if gpu.has_hopper_module() {
-        Algorithm::Fa3
-    } else {
-        Algorithm::Fa2Tc
-    };
-    let cases = [DType::Bf16, DType::F16].map(|dtype| Case {
-        algorithm,
+    let cases = PACKED_DTYPES.map(|dtype| PackedCheckCase {
         heads: 8,
         heads_kv: 1,
         head_dim: 64,
@@ -250,7 +199,7 @@ fn many_short_sequences_and_mqa() {
         layout: Layout::BatchSeqHeadDim,
         dtype,
     });
-    run_all(&gpu, "packed_short", &cases);
+    run_all(&gpu, "packed_random", &cases);
 }
 
 /// Issue 17's prefill target: a packed batch of equal lengths against the dense call on the

@@ -90,6 +90,13 @@ impl PackedBatch {
         Self::new(&offsets, &offsets)
     }
 
+    /// Each sequence's (query, key) lengths.
+    pub fn from_length_pairs(lengths: &[(usize, usize)]) -> Result<Self> {
+        let queries: Vec<usize> = lengths.iter().map(|l| l.0).collect();
+        let keys: Vec<usize> = lengths.iter().map(|l| l.1).collect();
+        Self::new(&cumulative(&queries)?, &cumulative(&keys)?)
+    }
+
     /// The number of sequences.
     pub fn sequences(&self) -> usize {
         self.cu_seqlens_q.len() - 1

@@ -146,24 +146,13 @@ pub fn check_packed(
     with_element!(case.dtype, T => check_typed::<T>(gpu, algorithm, case, rng))
 }
 
-fn offsets(lengths: impl Iterator<Item = usize>) -> Vec<u32> {
-    let mut offsets = vec![0u32];
-    for length in lengths {
-        offsets.push(offsets[offsets.len() - 1] + length as u32);
-    }
-    offsets
-}
-
 fn check_typed<T: Element>(
     gpu: &Gpu,
     algorithm: Algorithm,
     case: &PackedCheckCase,
     rng: &mut impl Rng,
 ) -> Result<PackedCheckResult> {
-    let batch = PackedBatch::new(
-        &offsets(case.lengths.iter().map(|l| l.0)),
-        &offsets(case.lengths.iter().map(|l| l.1)),
-    )?;
+    let batch = PackedBatch::from_length_pairs(&case.lengths)?;
     let [total_q, total_k] = batch.totals();
     let d = case.head_dim;
     let q = random_tensor::<T>([1, case.heads, total_q, d], rng);
