@@ -36,7 +36,7 @@ use crate::common::softcap::Softcap;
 use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
-use crate::tile::fragment::MMA_M;
+use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector, TileCounters, packed_sequence_rows};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
@@ -359,6 +359,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         // The sequence row of this warp's first row of the accumulators.
         warp_row: row_start + group_row + arch::warp_idx() % 4 * MMA_M,
         blocks: &blocks,
+        seqlen_q: info.seqlen_q,
         seqlen_k: info.seqlen_k,
         softcap: Softcap::of(&p.shape),
         score_scale: p.shape.softmax_scale * LOG2_E,
@@ -517,6 +518,9 @@ struct Consumer<'a> {
     /// The sequence row of this warp's first row.
     warp_row: u32,
     blocks: &'a KeyBlocks,
+    /// The sequence's queries: in a packed batch the rows past them are the next sequence's
+    /// (TMA reads them), and must not move the warp's rescale decision.
+    seqlen_q: u32,
     seqlen_k: u32,
     softcap: Softcap,
     score_scale: f32,
@@ -645,8 +649,16 @@ impl Consumer<'_> {
         }
         let scores = &mut probabilities;
         let block_max = [block.row_max(scores, 0), block.row_max(scores, 1)];
-        let jumps =
-            needs_rescale(stats[0].max, block_max[0]) || needs_rescale(stats[1].max, block_max[1]);
+        // A packed batch's rows past the sequence hold the next sequence's queries (a dense
+        // batch's are zero, and never jump past the first block): they do not vote, so a
+        // sequence's result does not depend on its neighbour's (and equals the dense call's).
+        let row_votes = |h: usize| {
+            !C::PACKED
+                || self.warp_row + accumulator_row(arch::lane_idx()) + h as u32 * LDMATRIX_SIDE
+                    < self.seqlen_q
+        };
+        let jumps = (needs_rescale(stats[0].max, block_max[0]) && row_votes(0))
+            || (needs_rescale(stats[1].max, block_max[1]) && row_votes(1));
         // One decision per warp: the branches are warp-uniform.
         let rescale = !conditional_rescale(C::HEAD_DIM) || arch::vote_any(jumps);
         let mut alpha = [1.0f32; 2];
