@@ -4,8 +4,8 @@
 # then the window's cost on fa2-tc's dense path (main's and window-on-main's PTX subsets through
 # FLASH_ATTN_PTX, A B A B), then the standard backward timed at one shape.
 # The bundle (64 MiB at most): `cargo xtask bundle` on window-on-main (main merged; it carries only
-# the tests that need a GPU); remove bin/bench-attention and test-gpu_numerics if it is too large;
-# then
+# the tests that need a GPU: 59.2 MiB); remove bin/bench-attention and bin/test-gpu_numerics
+# (unused here) to make room; then
 #   SUBSET='fa2tc_forward_bf16_d(64|128)_.*' scripts/ptx_variants.sh main=a119fc3 s7=.
 # Run: bash docs/results/session7/commands/call19.sh $OUT (carry bundle).
 set -u

@@ -14,11 +14,12 @@
 # `time_packed_batches_against_the_dense_call`).
 # First the e2, e4 and e8 modules' correctness (check on FA3 alone, both dtypes, their defaults and
 # the persistent tiling at d = 64).
-# The bundle: as call 19's (on window-on-main), then
-#   scripts/ptx_variants.sh prev5=2556f95 v5=a119fc3 s7=. \
+# The bundle: as call 19's (on window-on-main: 59.2 MiB with its 10 binaries; delete
+# bin/bench-attention and bin/test-gpu_numerics, unused here, to make room), then
+#   SUBSET=fa2tc_forward_bf16_d64_w4r2s2c64 scripts/ptx_variants.sh prev5=2556f95 v5=a119fc3 s7=. \
 #     e2=main:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=2 e4=main:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=4 \
 #     e8=main:FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=8
-# (the main modules it writes are not used here; delete them if the bundle is too large).
+# (SUBSET keeps the main modules it also writes small; they are not used here).
 # Run: bash docs/results/session7/commands/call20.sh $OUT (carry bundle).
 set -u
 out=$1; w=$(mktemp -d); t0=$SECONDS
