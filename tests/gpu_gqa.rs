@@ -857,19 +857,7 @@ fn every_fa3_tiling_takes_grouped_kv_heads() {
     }
     let mut rng = common::seeded_rng("every_fa3_tiling_takes_grouped_kv_heads");
     let mut failures = Vec::new();
-    for kernel in flash_kernels::registry::HOPPER_KERNELS.iter() {
-        // The dense kernels (each packed one is a dense tiling's twin: `gpu_packed`).
-        let flash_kernels::registry::Family::Fa3 {
-            head_dim,
-            tiling,
-            packed: false,
-        } = kernel.family
-        else {
-            continue;
-        };
-        if kernel.dtype != flash_kernels::registry::ElementType::Bf16 {
-            continue;
-        }
+    for (head_dim, tiling) in common::fa3_tilings() {
         let options = AttentionOptions {
             fa3_tiling: Some(tiling),
             ..Default::default()

@@ -24,6 +24,24 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     }
 }
 
+/// FA3's dense kernels, one per (compiled head dim, tiling): the bf16 entries of the Hopper
+/// list (each packed `_varlen` kernel is a dense tiling's twin, `gpu_packed`'s to check).
+pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
+    use flash_kernels::registry::{ElementType, Family, HOPPER_KERNELS};
+    HOPPER_KERNELS
+        .iter()
+        .filter(|k| k.dtype == ElementType::Bf16)
+        .filter_map(|k| match k.family {
+            Family::Fa3 {
+                head_dim,
+                tiling,
+                packed: false,
+            } => Some((head_dim, tiling)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The `flash-attn` CLI: cargo's build of it, or the copy beside this test binary (where
 /// `cargo xtask bundle` puts both: on the GPU machine there is no cargo build tree).
 pub fn cli() -> PathBuf {
