@@ -246,7 +246,7 @@ fn read_inputs(
     let inputs = roles
         .iter()
         .zip(names)
-        .map(|(role, name)| InputTensor::find(&file, path, role, name, packed))
+        .map(|(role, name)| InputTensor::find(file, path, role, name, packed))
         .collect::<Result<Vec<_>>>()?;
     let [q, ..] = &inputs[..] else {
         return Err(Error::File("no tensors asked for".into()));
