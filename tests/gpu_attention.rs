@@ -154,19 +154,7 @@ fn every_fa3_tiling_matches_the_reference() {
         return;
     }
     let mut tilings = Vec::new();
-    for kernel in flash_kernels::registry::HOPPER_KERNELS.iter() {
-        // The dense kernels (each packed one is a dense tiling's twin: `gpu_packed`).
-        let flash_kernels::registry::Family::Fa3 {
-            head_dim,
-            tiling,
-            packed: false,
-        } = kernel.family
-        else {
-            continue;
-        };
-        if kernel.dtype != flash_kernels::registry::ElementType::Bf16 {
-            continue;
-        }
+    for (head_dim, tiling) in common::fa3_tilings() {
         let options = flash_attn::AttentionOptions {
             fa3_tiling: Some(tiling),
             ..Default::default()

@@ -136,7 +136,14 @@ impl HostQkv {
 /// safetensors file at `path`, checking that each exists, is 4-D and is F32, F16 or BF16, and that
 /// all three share one dtype. Whether their shapes agree is [`crate::Problem::new`]'s to say.
 pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
-    read_inputs(path, &INPUT_ROLES, &names, false).map(|(qkv, _)| qkv)
+    let bytes = read_bytes(path)?;
+    read_inputs(
+        &deserialize(&bytes, path)?,
+        path,
+        &INPUT_ROLES,
+        &names,
+        false,
+    )
 }
 
 /// A packed batch from the file at `path`: Q, K, V (the tensors `names`, each
@@ -149,8 +156,9 @@ pub fn read_packed(
     names: [&str; 3],
     offsets: [&str; 2],
 ) -> Result<(HostQkv, PackedBatch)> {
-    let (qkv, file) = read_inputs(path, &INPUT_ROLES, &names, true)?;
-    let file = SafeTensors::deserialize(&file).map_err(|e| Error::File(e.to_string()))?;
+    let bytes = read_bytes(path)?;
+    let file = deserialize(&bytes, path)?;
+    let qkv = read_inputs(&file, path, &INPUT_ROLES, &names, true)?;
     let [q, k] = offsets.map(|name| read_offsets(&file, path, name));
     Ok((qkv, PackedBatch::new(&q?, &k?)?))
 }
@@ -201,29 +209,44 @@ fn read_offsets(file: &SafeTensors, path: &Path, name: &str) -> Result<Vec<u32>>
 /// [`read_qkv`] plus dO, the fourth of `names` ([`BACKWARD_INPUT_ROLES`] by default), with the
 /// same checks (4-D, Q's dtype); whether its shape is Q's is the backward's check to make.
 pub fn read_backward_inputs(path: &Path, names: [&str; 4]) -> Result<HostQkv> {
-    read_inputs(path, &BACKWARD_INPUT_ROLES, &names, false).map(|(qkv, _)| qkv)
+    let bytes = read_bytes(path)?;
+    read_inputs(
+        &deserialize(&bytes, path)?,
+        path,
+        &BACKWARD_INPUT_ROLES,
+        &names,
+        false,
+    )
 }
 
-/// The tensors `names` (playing `roles`: Q, K, V and optionally dO) of the file at `path`, 4-D,
-/// or with `packed` 3-D in flash-attn's varlen layout; and the file's bytes.
-fn read_inputs(
-    path: &Path,
-    roles: &[&'static str],
-    names: &[&str],
-    packed: bool,
-) -> Result<(HostQkv, Vec<u8>)> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::File(format!("cannot read {}: {e}", path.display())))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| {
+/// The bytes of the file at `path` (the `SafeTensors` view borrows them).
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::File(format!("cannot read {}: {e}", path.display())))
+}
+
+/// The safetensors file in `bytes`, read from `path`.
+fn deserialize<'a>(bytes: &'a [u8], path: &Path) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes).map_err(|e| {
         Error::File(format!(
             "{} is not a valid safetensors file: {e}",
             path.display()
         ))
-    })?;
+    })
+}
+
+/// The tensors `names` (playing `roles`: Q, K, V and optionally dO) of the file at `path`, 4-D,
+/// or with `packed` 3-D in flash-attn's varlen layout.
+fn read_inputs(
+    file: &SafeTensors,
+    path: &Path,
+    roles: &[&'static str],
+    names: &[&str],
+    packed: bool,
+) -> Result<HostQkv> {
     let inputs = roles
         .iter()
         .zip(names)
-        .map(|(role, name)| InputTensor::find(&file, path, role, name, packed))
+        .map(|(role, name)| InputTensor::find(file, path, role, name, packed))
         .collect::<Result<Vec<_>>>()?;
     let [q, ..] = &inputs[..] else {
         return Err(Error::File("no tensors asked for".into()));
@@ -241,9 +264,7 @@ fn read_inputs(
             });
         }
     }
-    let qkv = with_element!(q.dtype, T => HostQkv::from(decode_qkv::<T>(&inputs)?));
-    drop(inputs);
-    Ok((qkv, bytes))
+    Ok(with_element!(q.dtype, T => HostQkv::from(decode_qkv::<T>(&inputs)?)))
 }
 
 /// One of Q, K, V found in a file, with a supported dtype and rank 4.

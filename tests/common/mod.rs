@@ -39,14 +39,14 @@ pub fn assert_own_kernels(result: &flash_attn::tools::check::CheckResult) {
     );
 }
 
-/// Every compiled FA3 tiling with its head dim (the bf16 kernels; f16 has the same list).
+/// FA3's dense kernels, one per (compiled head dim, tiling): the bf16 entries of the Hopper
+/// list (each packed `_varlen` kernel is a dense tiling's twin, `gpu_packed`'s to check).
 pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
     use flash_kernels::registry::{ElementType, Family, HOPPER_KERNELS};
     HOPPER_KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
         .filter_map(|k| match k.family {
-            // The dense kernels (each packed one is a dense tiling's twin: `gpu_packed`).
             Family::Fa3 {
                 head_dim,
                 tiling,

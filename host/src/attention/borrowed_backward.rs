@@ -11,7 +11,8 @@
 use flash_kernels::common::params::Operands;
 
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
-use super::backward_gpu::{BackwardCall, BackwardOptions, BackwardPlan, launch_backward};
+use super::backward_gpu::{BackwardCall, launch_backward};
+use super::backward_plan::{BackwardOptions, BackwardPlan};
 use super::borrowed::{BorrowedTensor, check_address, check_no_overlap, check_tensor, view};
 use super::problem::AttentionOptions;
 use crate::device::Gpu;

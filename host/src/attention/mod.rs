@@ -2,7 +2,8 @@
 //!
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
 //! - [`backward`]: the backward pass's arguments, checked, and its CPU emulation on host tensors;
-//! - [`backward_gpu`]: the FA2 backward on the GPU, its plan and its launches;
+//! - [`backward_plan`]: the backward's plan (algorithm, fallback, kernels, workspace);
+//! - [`backward_gpu`]: the backward's calls and launches on the GPU;
 //! - [`decode`]: decoding against a KV cache (split-KV, GQA, paged caches), its own API;
 //! - [`borrowed`]: the same call on device memory another library owns (PyTorch's tensors);
 //! - [`borrowed_backward`]: the backward on such memory (the Python bridge's autograd);
@@ -12,6 +13,7 @@
 
 pub mod backward;
 pub mod backward_gpu;
+pub mod backward_plan;
 pub mod borrowed;
 pub mod borrowed_backward;
 pub mod decode;
@@ -27,10 +29,8 @@ use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
-pub use backward_gpu::{
-    BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews, attention_backward,
-    attention_backward_into,
-};
+pub use backward_gpu::{attention_backward, attention_backward_into};
+pub use backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use borrowed_backward::{BorrowedBackwardArguments, BorrowedRows, attention_backward_borrowed};
 pub use packed::{

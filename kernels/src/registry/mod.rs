@@ -8,11 +8,13 @@
 //! compiled without being listed, or listed without being compiled.
 
 mod id;
+mod name;
 
 pub use id::{
-    BackwardStage, CacheLayout, ElementType, Family, KernelId, Module, ParseKernelIdError,
-    StandardBackwardStage, StandardStage,
+    BackwardStage, CacheLayout, ElementType, Family, KernelId, Module, StandardBackwardStage,
+    StandardStage,
 };
+pub use name::ParseKernelIdError;
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 

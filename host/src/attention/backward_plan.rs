@@ -1,0 +1,495 @@
+//! The backward pass's plan, decided and checked against the device before anything runs:
+//! FA2's three launches with the main kernel on tensor cores or scalar ([`BackwardAlgorithm`],
+//! with a fallback's reason), deterministic or not ([`BackwardOptions`]), or the standard
+//! backward's six (every N × N matrix in HBM); for grouped K/V heads (GQA/MQA) the main kernels
+//! compiled for them and `bwd::group_sum` after them, with the expanded dK, dV workspace
+//! (`backward_gpu` has the calls and launches).
+
+use std::fmt;
+
+use flash_kernels::bwd::fa2::config as fa2_backward;
+use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use flash_kernels::bwd::group_sum::config as group_sum;
+use flash_kernels::common::params::TensorView;
+use flash_kernels::fwd::standard::config as standard;
+use flash_kernels::registry::{
+    BackwardStage, ElementType, Family, KERNELS, KernelId, StandardBackwardStage,
+};
+
+use super::plan::{
+    Launch, LaunchLimits, PlannedLaunch, check_shared, check_threads, kernel_names,
+    misaligned_view, standard_launches, standard_product, standard_rows, standard_tiles,
+    write_launches,
+};
+use super::problem::{MAX_HEAD_DIM, Problem};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Which main kernel computes the backward pass (the pre- and post-pass are the same for both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BackwardAlgorithm {
+    /// FlashAttention-2's backward, scalar FP32 (`bwd::fa2`): every dtype and head dim.
+    Fa2,
+    /// The same on tensor cores (`bwd::fa2_tc`): f16/bf16, head dims that are multiples of 8
+    /// (each on the smallest compiled capacity that holds it: 64, 96, 128, 192, 256), rows
+    /// 16-byte aligned; anything else runs [`BackwardAlgorithm::Fa2`], and the plan says why.
+    /// The default.
+    #[default]
+    Fa2Tc,
+    /// The standard backward (`bwd::standard`): S and P recomputed into HBM by the standard
+    /// forward's kernels, then dP, dS (HBM), dQ, dK, dV by tiled products; O(N²) workspace per
+    /// head (f32 S/dP/dS and P in the input dtype), the baseline for memory and time. Every dtype
+    /// and head dim; deterministic by construction (no atomic adds).
+    Standard,
+}
+
+impl BackwardAlgorithm {
+    pub const ALL: [BackwardAlgorithm; 3] = [
+        BackwardAlgorithm::Standard,
+        BackwardAlgorithm::Fa2,
+        BackwardAlgorithm::Fa2Tc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackwardAlgorithm::Fa2 => "fa2",
+            BackwardAlgorithm::Fa2Tc => "fa2-tc",
+            BackwardAlgorithm::Standard => "standard",
+        }
+    }
+}
+
+impl fmt::Display for BackwardAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackwardAlgorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        BackwardAlgorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                Error::invalid("backward algorithm", s, "allowed: standard, fa2, fa2-tc")
+            })
+    }
+}
+
+/// What a backward call may choose beyond the forward's options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    /// The main kernel asked for (default: [`BackwardAlgorithm::Fa2Tc`], the fastest, which
+    /// falls back to the scalar one where it cannot run).
+    pub algorithm: BackwardAlgorithm,
+    /// dQ the same bits on every run: the key blocks add to each row block's dQ in a fixed
+    /// order (one flag per row block, `tile::global::RowBlockFlags`) instead of as their atomic
+    /// adds land. Costs a u32 per (batch·head, row block) and the waits for the turn.
+    pub deterministic: bool,
+}
+
+/// Everything one backward call runs, decided before any launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackwardPlan {
+    pub problem: Problem,
+    pub dtype: DType,
+    /// The main kernel's family that runs (after any fallback).
+    pub algorithm: BackwardAlgorithm,
+    /// Why the algorithm asked for does not run, as "`fa2-tc` falls back to `fa2`: …".
+    pub fallback: Option<String>,
+    pub deterministic: bool,
+    /// The main kernel's B_r and B_c.
+    pub block_rows: u32,
+    pub block_cols: u32,
+    /// FA2: pre-pass, main kernel, post-pass. Standard: the standard forward's scores and
+    /// softmax (S and P recomputed), then dP, dS, dQ and dK with dV. Grouped K/V heads: then
+    /// the group sum.
+    pub launches: Vec<PlannedLaunch>,
+    /// f32 elements of the dQ accumulator, (batch·heads, seqlen_q, head_dim); 0 for standard.
+    pub dq_accumulator: usize,
+    /// f32 elements of D, (batch·heads, seqlen_q) (FA2); for standard, of the recomputed L.
+    pub delta: usize,
+    /// u32 flags of deterministic mode, (batch·heads, ⌈seqlen_q / B_r⌉); 0 otherwise.
+    pub dq_flags: usize,
+    /// Standard only: f32 elements of S (then dP, then dS), (batch·heads, seqlen_q, seqlen_k).
+    pub scores: usize,
+    /// Standard only: elements of P in the input dtype, S's shape.
+    pub probs: usize,
+    /// Grouped K/V heads only: elements of each of the expanded dK and dV, in the input dtype,
+    /// (batch·heads_q, seqlen_k, head_dim); 0 otherwise.
+    pub expanded_kv_gradients: usize,
+}
+
+/// The device views the tensor-core kernel copies from or stores pairs to, for its alignment
+/// check (a plan made without tensors assumes aligned ones).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardViews {
+    pub q: TensorView,
+    pub k: TensorView,
+    pub v: TensorView,
+    pub d_o: TensorView,
+    pub dk: TensorView,
+    pub dv: TensorView,
+}
+
+impl BackwardPlan {
+    /// Plans the backward of `problem` for `dtype` within `limits`: the main kernel `options`
+    /// asks for where it can run (else the scalar one, with the reason), of the smallest
+    /// compiled head-dim capacity that holds d, its shared memory and threads checked.
+    pub fn new(
+        limits: &dyn LaunchLimits,
+        dtype: DType,
+        problem: &Problem,
+        options: &BackwardOptions,
+        views: Option<&BackwardViews>,
+    ) -> Result<Self> {
+        if options.algorithm == BackwardAlgorithm::Standard {
+            return Self::standard(limits, dtype, problem, options);
+        }
+        let element = ElementType::from(dtype);
+        let d = problem.head_dim as u32;
+        let grouped = problem.is_grouped();
+        let mut fallback = None;
+        let tensor_core = match options.algorithm {
+            // (Standard was planned above.)
+            BackwardAlgorithm::Fa2 | BackwardAlgorithm::Standard => None,
+            BackwardAlgorithm::Fa2Tc => match tensor_core_main_kernel(dtype, d, grouped, views) {
+                Ok(kernel) => Some(kernel),
+                Err(reason) => {
+                    fallback = Some(format!(
+                        "{} falls back to {}: {reason}",
+                        BackwardAlgorithm::Fa2Tc,
+                        BackwardAlgorithm::Fa2
+                    ));
+                    None
+                }
+            },
+        };
+        let (algorithm, main, block_rows, block_cols, threads, shared_bytes, tiling) =
+            match tensor_core {
+                Some(kernel) => {
+                    let capacity = kernel.head_dim_capacity().expect("a capacity");
+                    let tiling = Fa2TcBackwardTiling::for_capacity(capacity);
+                    let name = format!("fa2-tc backward {tiling} (capacity {capacity})");
+                    (
+                        BackwardAlgorithm::Fa2Tc,
+                        kernel,
+                        tiling.block_rows,
+                        tiling.block_cols(),
+                        tiling.threads(),
+                        tiling.shared_bytes(capacity),
+                        name,
+                    )
+                }
+                None => {
+                    let kernel = main_kernel(element, d, grouped).ok_or_else(|| {
+                        Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
+                    })?;
+                    let capacity = kernel.head_dim_capacity().expect("a capacity");
+                    let block_rows = fa2_backward::block_rows(capacity);
+                    let block_cols = fa2_backward::BLOCK_COLS;
+                    (
+                        BackwardAlgorithm::Fa2,
+                        kernel,
+                        block_rows,
+                        block_cols,
+                        fa2_backward::main_threads(),
+                        fa2_backward::shared_bytes(block_rows, d) as u32,
+                        format!("fa2-backward B_r = {block_rows}, B_c = {block_cols}"),
+                    )
+                }
+            };
+        if options.deterministic && algorithm != BackwardAlgorithm::Fa2Tc {
+            return Err(Error::invalid(
+                "deterministic",
+                true,
+                format!(
+                    "only the tensor-core backward (fa2-tc: f16/bf16, head dims that are \
+                     multiples of 8, 16-byte-aligned rows) orders dQ's adds, and the standard \
+                     backward has none{}",
+                    fallback
+                        .as_ref()
+                        .map(|f| format!("; here {f}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        check_shared(limits, shared_bytes, "head_dim", tiling, problem.head_dim)?;
+        check_threads(limits, main, threads, "head_dim")?;
+        let heads = problem.batch_heads() as u32;
+        let pass = |stage| {
+            let kernel = KernelId::new(Family::Fa2Backward(stage), element);
+            let row_blocks = problem.seqlen_q.div_ceil(fa2_backward::PASS_ROWS as usize) as u32;
+            PlannedLaunch {
+                kernel,
+                launch: Launch {
+                    grid: (row_blocks, heads, 1),
+                    threads: fa2_backward::PASS_THREADS,
+                    shared_bytes: 0,
+                },
+            }
+        };
+        let (pre, post) = (
+            pass(BackwardStage::Preprocess),
+            pass(BackwardStage::Postprocess),
+        );
+        for planned in [pre, post] {
+            check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
+        }
+        let key_blocks = problem.seqlen_k.div_ceil(block_cols as usize) as u32;
+        let main = PlannedLaunch {
+            kernel: main,
+            launch: Launch {
+                grid: (key_blocks, heads, 1),
+                threads,
+                shared_bytes,
+            },
+        };
+        let row_blocks = problem.seqlen_q.div_ceil(block_rows as usize);
+        let mut launches = vec![pre, main, post];
+        launches.extend(group_sum_launch(limits, element, problem)?);
+        Ok(Self {
+            problem: *problem,
+            dtype,
+            algorithm,
+            fallback,
+            deterministic: options.deterministic,
+            block_rows,
+            block_cols,
+            launches,
+            dq_accumulator: problem.rows() * problem.head_dim,
+            delta: problem.rows(),
+            dq_flags: if options.deterministic {
+                problem.batch_heads() * row_blocks
+            } else {
+                0
+            },
+            scores: 0,
+            probs: 0,
+            expanded_kv_gradients: expanded_kv_gradients(problem),
+        })
+    }
+
+    /// The standard backward's plan: the standard forward's scores and softmax kernels (S and P
+    /// recomputed into HBM), then dP = dO·Vᵀ over (key tiles, query tiles, heads), dS one warp
+    /// per query row, dQ over (head-dim tiles, query tiles, heads), dK and dV over (head-dim
+    /// tiles, key tiles, heads); the workspace S (f32) and P (dtype), each batch·heads·N_q·N_k.
+    fn standard(
+        limits: &dyn LaunchLimits,
+        dtype: DType,
+        problem: &Problem,
+        options: &BackwardOptions,
+    ) -> Result<Self> {
+        let element = ElementType::from(dtype);
+        let heads = problem.batch_heads() as u32;
+        let (q_tiles, k_tiles, d_tiles) = (
+            standard_tiles(problem.seqlen_q),
+            standard_tiles(problem.seqlen_k),
+            standard_tiles(problem.head_dim),
+        );
+        let own = [
+            (
+                StandardBackwardStage::ProbsGradient,
+                standard_product((k_tiles, q_tiles, heads)),
+            ),
+            (
+                StandardBackwardStage::ScoresGradient,
+                standard_rows(problem),
+            ),
+            (
+                StandardBackwardStage::QueryGradient,
+                standard_product((d_tiles, q_tiles, heads)),
+            ),
+            (
+                StandardBackwardStage::KeyValueGradients,
+                standard_product((d_tiles, k_tiles, heads)),
+            ),
+        ];
+        // The forward's scores and softmax recompute S and P (its third kernel, O = P·V, is not
+        // needed: O is the forward's).
+        let mut launches = standard_launches(problem, element);
+        launches.truncate(2);
+        launches.extend(own.into_iter().map(|(stage, launch)| PlannedLaunch {
+            kernel: KernelId::new(Family::StandardBackward(stage), element),
+            launch,
+        }));
+        for planned in &launches {
+            check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
+            check_shared(
+                limits,
+                planned.launch.shared_bytes,
+                "head_dim",
+                planned.kernel,
+                problem.head_dim,
+            )?;
+        }
+        launches.extend(group_sum_launch(limits, element, problem)?);
+        let matrix = problem.batch_heads() * problem.seqlen_q * problem.seqlen_k;
+        Ok(Self {
+            problem: *problem,
+            dtype,
+            algorithm: BackwardAlgorithm::Standard,
+            fallback: None,
+            deterministic: options.deterministic,
+            block_rows: standard::MATMUL_TILE,
+            block_cols: standard::MATMUL_TILE,
+            launches,
+            dq_accumulator: 0,
+            delta: problem.rows(),
+            dq_flags: 0,
+            scores: matrix,
+            probs: matrix,
+            expanded_kv_gradients: expanded_kv_gradients(problem),
+        })
+    }
+
+    /// Bytes of device memory the call allocates beside its tensors (D or L, the dQ
+    /// accumulator, the flags; for standard S/dP/dS and P; for grouped K/V heads the expanded
+    /// dK and dV).
+    pub fn workspace_bytes(&self) -> usize {
+        4 * (self.delta + self.dq_accumulator + self.dq_flags + self.scores)
+            + (self.probs + 2 * self.expanded_kv_gradients) * self.dtype.size_bytes()
+    }
+
+    /// The group sum's launch, for grouped K/V heads (the last launch).
+    pub(super) fn group_sum(&self) -> Option<PlannedLaunch> {
+        self.launches
+            .last()
+            .filter(|planned| planned.kernel.family == Family::GroupSum)
+            .copied()
+    }
+
+    /// Every kernel's name, in launch order, joined by `+`.
+    pub fn kernel_names(&self) -> String {
+        kernel_names(&self.launches)
+    }
+}
+
+impl fmt::Display for BackwardPlan {
+    /// One line: algorithm, kernels, grids, threads, shared memory, B_r × B_c, the mode, and a
+    /// fallback's reason.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} backward:", self.algorithm)?;
+        write_launches(f, &self.launches)?;
+        write!(f, " (B_r = {}, B_c = {}", self.block_rows, self.block_cols)?;
+        if self.deterministic {
+            write!(f, ", deterministic: {} row-block flags", self.dq_flags)?;
+        }
+        if self.problem.is_grouped() {
+            write!(
+                f,
+                ", grouped: dK, dV summed over {} query heads per K/V head",
+                self.problem.kv_group()
+            )?;
+        }
+        write!(f, ", workspace {} bytes)", self.workspace_bytes())?;
+        if let Some(fallback) = &self.fallback {
+            write!(f, "; {fallback}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The compiled scalar main kernel for `element` at head dim `d` (for grouped K/V heads or not):
+/// the smallest capacity that holds d.
+fn main_kernel(element: ElementType, d: u32, grouped: bool) -> Option<KernelId> {
+    smallest_capacity(
+        element,
+        d,
+        |family| matches!(family, Family::Fa2Backward(BackwardStage::Main { grouped: g, .. }) if g == grouped),
+    )
+}
+
+/// Elements of each of the expanded dK and dV of a grouped problem, (batch·heads_q, seqlen_k,
+/// head_dim); 0 when ungrouped.
+fn expanded_kv_gradients(problem: &Problem) -> usize {
+    if problem.is_grouped() {
+        problem.batch_heads() * problem.seqlen_k * problem.head_dim
+    } else {
+        0
+    }
+}
+
+/// The group sum's launch for a grouped problem (none when ungrouped): grid (⌈seqlen_k /
+/// ROWS⌉, batch·heads_kv, dK and dV), its threads checked.
+fn group_sum_launch(
+    limits: &dyn LaunchLimits,
+    element: ElementType,
+    problem: &Problem,
+) -> Result<Option<PlannedLaunch>> {
+    if !problem.is_grouped() {
+        return Ok(None);
+    }
+    let planned = PlannedLaunch {
+        kernel: KernelId::new(Family::GroupSum, element),
+        launch: Launch {
+            grid: (
+                problem.seqlen_k.div_ceil(group_sum::ROWS as usize) as u32,
+                (problem.batch * problem.heads_kv) as u32,
+                group_sum::GRADIENTS,
+            ),
+            threads: group_sum::THREADS,
+            shared_bytes: 0,
+        },
+    };
+    check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
+    Ok(Some(planned))
+}
+
+/// The compiled kernel of `element` whose family passes `is_family`, of the smallest head-dim
+/// capacity that holds d.
+fn smallest_capacity(
+    element: ElementType,
+    d: u32,
+    is_family: impl Fn(Family) -> bool,
+) -> Option<KernelId> {
+    KERNELS
+        .iter()
+        .filter(|k| k.dtype == element && is_family(k.family))
+        .filter(|k| k.head_dim_capacity().is_some_and(|capacity| capacity >= d))
+        .min_by_key(|k| k.head_dim_capacity())
+        .copied()
+}
+
+/// The tensor-core main kernel for this call (for grouped K/V heads or not), or why there is
+/// none: f32, a head dim that is not a multiple of 8 (rows are copied in 16-byte chunks), or a
+/// tensor whose rows are not 16-byte aligned (grouped, the kernel stores into the expanded
+/// workspace, not into dK and dV, which the group sum writes element by element).
+fn tensor_core_main_kernel(
+    dtype: DType,
+    d: u32,
+    grouped: bool,
+    views: Option<&BackwardViews>,
+) -> std::result::Result<KernelId, String> {
+    if dtype == DType::F32 {
+        return Err("f32 has no tensor-core kernel (f16 and bf16 do)".into());
+    }
+    if !d.is_multiple_of(8) {
+        return Err(format!(
+            "head_dim {d} is not a multiple of 8 (the tensor-core kernel copies rows in 16-byte \
+             chunks)"
+        ));
+    }
+    if let Some(v) = views {
+        let views = [
+            ("q", &v.q),
+            ("k", &v.k),
+            ("v", &v.v),
+            ("d_o", &v.d_o),
+            ("dk", &v.dk),
+            ("dv", &v.dv),
+        ];
+        // Grouped, the kernel stores into the expanded workspace: dK and dV are the group sum's.
+        let copied_or_stored = if grouped { &views[..4] } else { &views[..] };
+        if let Some(reason) = misaligned_view(copied_or_stored) {
+            return Err(reason);
+        }
+    }
+    smallest_capacity(
+        ElementType::from(dtype),
+        d,
+        |family| matches!(family, Family::Fa2TcBackward { grouped: g, .. } if g == grouped),
+    )
+    .ok_or_else(|| format!("head_dim {d} is past the tensor-core kernels' largest capacity"))
+}
