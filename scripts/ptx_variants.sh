@@ -5,7 +5,9 @@
 # after `cargo xtask bundle` (which empties bundle/).
 #
 # Usage: scripts/ptx_variants.sh NAME=REV[:VAR=VALUE...] ...
-#   REV    a git revision, built in a worktree under target/variants/, or `.` for this tree
+#   REV    a git revision, built in a worktree under $VARIANTS (default /tmp/flash-attn-variants:
+#          outside the repository, else cargo takes the worktree's kernels crate for a member of
+#          this tree's workspace), or `.` for this tree
 #   VAR    environment for the kernels' build, e.g. FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=2
 # Writes bundle/ptx/NAME_hopper.ptx.gz and NAME_main.ptx.gz; with SUBSET set (a regex of entry
 # names, e.g. 'fa2tc_forward_bf16_d(64|128)_.*'), the main module keeps only those entries
@@ -13,7 +15,8 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-mkdir -p bundle/ptx target/variants
+variants=${VARIANTS:-/tmp/flash-attn-variants}
+mkdir -p bundle/ptx target/variants "$variants"
 for spec in "$@"; do
   name=${spec%%=*}
   rest=${spec#*=}
@@ -24,7 +27,7 @@ for spec in "$@"; do
   if [ "$rev" = "." ]; then
     tree=$root
   else
-    tree=$root/target/variants/$(git rev-parse --short "$rev")
+    tree=$variants/$(git rev-parse --short "$rev")
     [ -d "$tree" ] || git worktree add --detach "$tree" "$rev" > /dev/null
   fi
   echo "$name: ${rev} ${env_args[*]:-}"

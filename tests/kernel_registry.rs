@@ -7,7 +7,8 @@ use flash_attn::attention::{
 use flash_attn::attention::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
 use flash_attn::{DType, Error};
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
-use flash_kernels::registry::{ElementType, Family, KERNELS, KernelId, Module};
+use flash_kernels::fwd::fa3::config::Fa3Tiling;
+use flash_kernels::registry::{ElementType, Family, ForwardForm, KERNELS, KernelId, Module};
 
 #[test]
 fn each_kernel_list_is_exactly_its_modules_entry_points() {
@@ -42,7 +43,7 @@ fn kernel_names_read_back_as_their_ids() {
         Family::Fa2Tc {
             head_dim: 128,
             tiling: Fa2TcTiling::new(4, 2, 1, 64),
-            packed: false,
+            form: ForwardForm::Dense,
         },
         ElementType::Bf16,
     );
@@ -52,7 +53,7 @@ fn kernel_names_read_back_as_their_ids() {
         Family::Fa2Tc {
             head_dim: 128,
             tiling: Fa2TcTiling::new(4, 2, 1, 64),
-            packed: true,
+            form: ForwardForm::Packed,
         },
         ElementType::F16,
     );
@@ -60,6 +61,30 @@ fn kernel_names_read_back_as_their_ids() {
         packed.to_string(),
         "fa2tc_forward_f16_d128_w4r2s1c64_varlen"
     );
+    // Every form's name reads back as its id, in both families.
+    for form in ForwardForm::ALL {
+        let fa2_tc = KernelId::new(
+            Family::Fa2Tc {
+                head_dim: 64,
+                tiling: Fa2TcTiling::new(4, 2, 2, 64),
+                form,
+            },
+            ElementType::Bf16,
+        );
+        let fa3 = KernelId::new(
+            Family::Fa3 {
+                head_dim: 128,
+                tiling: Fa3Tiling::new(2, 128),
+                form,
+            },
+            ElementType::F16,
+        );
+        for id in [fa2_tc, fa3] {
+            let name = id.to_string();
+            assert!(name.ends_with(form.suffix()), "{name}");
+            assert_eq!(name.parse::<KernelId>(), Ok(id), "{name}");
+        }
+    }
     for bad in [
         "",
         "fa2_forward_f64_d64_bc64",
@@ -602,29 +627,54 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
     }
 }
 
-/// The packed-batch kernels are FA2-TC's default tiling at every head dim it compiles, in both
-/// 16-bit dtypes: the plan takes the default for a packed batch, and refuses other tilings.
+/// The packed-batch and window (`local`) kernels are FA2-TC's default tiling at every head dim
+/// it compiles, and FA3's default split on the one-tile grid at each of its head dims, in both
+/// 16-bit dtypes: the plans take those defaults for those calls.
 #[test]
-fn every_fa2_tc_head_dim_has_a_packed_kernel_at_its_default_tiling() {
-    let packed: Vec<(u32, Fa2TcTiling, ElementType)> = KERNELS
-        .iter()
-        .filter_map(|k| match k.family {
-            Family::Fa2Tc {
-                head_dim,
-                tiling,
-                packed: true,
-            } => Some((head_dim, tiling, k.dtype)),
-            _ => None,
-        })
-        .collect();
-    let head_dims = flash_attn::attention::fa2_tc_head_dims();
-    assert_eq!(packed.len(), 2 * head_dims.len(), "{packed:?}");
-    for d in head_dims {
+fn every_head_dim_has_packed_and_local_kernels_at_its_default_tiling() {
+    for form in [ForwardForm::Packed, ForwardForm::Local] {
+        let fa2_tc: Vec<(u32, Fa2TcTiling, ElementType)> = KERNELS
+            .iter()
+            .filter_map(|k| match k.family {
+                Family::Fa2Tc {
+                    head_dim,
+                    tiling,
+                    form: f,
+                } if f == form => Some((head_dim, tiling, k.dtype)),
+                _ => None,
+            })
+            .collect();
+        let fa3: Vec<(u32, Fa3Tiling, ElementType)> = flash_kernels::registry::HOPPER_KERNELS
+            .iter()
+            .filter_map(|k| match k.family {
+                Family::Fa3 {
+                    head_dim,
+                    tiling,
+                    form: f,
+                } if f == form => Some((head_dim, tiling, k.dtype)),
+                _ => None,
+            })
+            .collect();
+        let head_dims = flash_attn::attention::fa2_tc_head_dims();
+        assert_eq!(fa2_tc.len(), 2 * head_dims.len(), "{form:?}: {fa2_tc:?}");
+        assert_eq!(fa3.len(), 2 * 5, "{form:?}: {fa3:?}");
         for dtype in [ElementType::F16, ElementType::Bf16] {
-            assert!(
-                packed.contains(&(d, Fa2TcTiling::default_for(d), dtype)),
-                "no packed kernel at d = {d}, {dtype:?}: {packed:?}"
-            );
+            for &d in &head_dims {
+                assert!(
+                    fa2_tc.contains(&(d, Fa2TcTiling::default_for(d), dtype)),
+                    "no {form:?} FA2-TC kernel at d = {d}, {dtype:?}: {fa2_tc:?}"
+                );
+            }
+            for d in [64, 96, 128, 192, 256] {
+                let one_tile = Fa3Tiling {
+                    persistent: false,
+                    ..Fa3Tiling::default_for(d, false, 4096)
+                };
+                assert!(
+                    fa3.contains(&(d, one_tile, dtype)),
+                    "no {form:?} FA3 kernel at d = {d}, {dtype:?}: {fa3:?}"
+                );
+            }
         }
     }
 }

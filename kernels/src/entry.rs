@@ -186,15 +186,16 @@ macro_rules! entry_point {
         };
     };
     (fa2_tc $dtype:ident $d:literal $warps:literal $rows:literal $stages:literal $cols:literal
-     $($varlen:ident)?) => {
+     $($form:ident)?) => {
         const _: () = {
             fa2_tc_config!(Config, $d, $warps, $rows, $stages, $cols);
+            type const PACKED: bool = const { $crate::forward_form!($($form)?).is_packed() };
+            type const LOCAL: bool = const { $crate::forward_form!($($form)?).is_local() };
             #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w",
                 $warps, "r", $rows, "s", $stages, "c", $cols,
-                $crate::packed_batch_suffix!($($varlen)?)))]
+                $crate::forward_form_suffix!($($form)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2Params) {
-                fa2_tc::kernel::forward::<element!($dtype), Config,
-                    { $crate::packed_batch!($($varlen)?) }>(&params)
+                fa2_tc::kernel::forward::<element!($dtype), Config, PACKED, LOCAL>(&params)
             }
         };
     };

@@ -50,7 +50,7 @@ pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
             Family::Fa3 {
                 head_dim,
                 tiling,
-                packed: false,
+                form: flash_kernels::registry::ForwardForm::Dense,
             } => Some((head_dim, tiling)),
             _ => None,
         })

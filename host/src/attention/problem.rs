@@ -6,6 +6,7 @@ use flash_kernels::common::softcap::Softcap;
 use flash_kernels::fwd::fa2_tc::config::{DEFAULT_BLOCK_COLS, Fa2TcTiling};
 use flash_kernels::fwd::fa3::config::Fa3Tiling;
 use flash_kernels::fwd::standard::config::MATMUL_TILE;
+use flash_kernels::registry::ForwardForm;
 
 use crate::error::{Error, Result};
 use crate::model::scoring::Scoring;
@@ -347,6 +348,18 @@ impl Problem {
             Some(("softcap", self.softcap.to_string()))
         } else {
             None
+        }
+    }
+
+    /// Which form of the tensor-core forward kernels serves this call: a packed batch's, a
+    /// window's or soft-capping's (`local`), or the dense one, which has neither compiled in.
+    pub fn forward_form(&self) -> ForwardForm {
+        if self.packed {
+            ForwardForm::Packed
+        } else if self.window_or_softcap().is_some() {
+            ForwardForm::Local
+        } else {
+            ForwardForm::Dense
         }
     }
 

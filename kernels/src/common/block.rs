@@ -78,7 +78,7 @@ impl BlockInfo {
             seqlen_k: key_rows[1].saturating_sub(key_rows[0]),
             q_start: query_rows[0],
             k_start: key_rows[0],
-            ..Self::new(shape, batch_head)
+            ..Self::causal_only(shape, batch_head)
         }
     }
 
@@ -91,14 +91,26 @@ impl BlockInfo {
         if grouped { self.head } else { self.kv_head }
     }
 
-    /// The block of a kernel that takes the causal mask or none, not a window (`fa1`, `fa2` and
-    /// the backward pass: the host refuses windows there): its mask's left side is unbounded at
-    /// compile time, so its masked tiles cost what they did before windows existed.
+    /// The block of a kernel that takes the causal mask or none, not a window (`fa1`, `fa2`, the
+    /// backward pass, and the dense and packed forms of `fa2-tc` and `fa3`: the host sends windows
+    /// to the `local` form only): its mask's left side is unbounded at compile time, so its
+    /// masked tiles cost what they did before windows existed.
     #[inline(always)]
     pub fn causal_only(shape: &AttentionShape, batch_head: u32) -> Self {
         Self {
             window: KeyWindow::causal(shape.causal != 0),
             ..Self::new(shape, batch_head)
+        }
+    }
+
+    /// The block of a tensor-core forward kernel (`registry::ForwardForm`): its window as the
+    /// parameters give it in the `local` form, else [`BlockInfo::causal_only`].
+    #[inline(always)]
+    pub fn of_form(shape: &AttentionShape, batch_head: u32, local: bool) -> Self {
+        if local {
+            Self::new(shape, batch_head)
+        } else {
+            Self::causal_only(shape, batch_head)
         }
     }
 

@@ -124,7 +124,7 @@ impl AttentionMask {
         if !self.enabled {
             return seqlen_k;
         }
-        (query as i32 + self.last_offset + 1).clamp(0, seqlen_k as i32) as u32
+        clip_to_keys(query as i32 + self.last_offset + 1, seqlen_k)
     }
 
     /// The first key visible to `query`, clipped to [0, seqlen_k] (0 when the left side is
@@ -134,7 +134,7 @@ impl AttentionMask {
         if !self.is_left_bounded() {
             return 0;
         }
-        (query as i32 + self.first_offset).clamp(0, seqlen_k as i32) as u32
+        clip_to_keys(query as i32 + self.first_offset, seqlen_k)
     }
 
     /// The first key the window's left side lets `query` see, not clipped to the keys that
@@ -198,6 +198,14 @@ impl AttentionMask {
         self.enabled && (key_end as i32 - 1) > row_start as i32 + self.last_offset
             || self.is_left_bounded() && (key_start as i32) < row_end as i32 - 1 + self.first_offset
     }
+}
+
+/// `key` clipped to [0, seqlen_k], by max and min rather than `clamp`, whose check that its
+/// bounds are ordered (`seqlen_k as i32` could be negative, as far as the compiler knows) put a
+/// panic call into every kernel that masks.
+#[inline(always)]
+fn clip_to_keys(key: i32, seqlen_k: u32) -> u32 {
+    (key.max(0) as u32).min(seqlen_k)
 }
 
 #[cfg(test)]

@@ -194,19 +194,17 @@ pub enum Family {
         head_dim_capacity: u32,
         block_cols: u32,
     },
-    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`. `packed`: for a packed
-    /// batch of sequences of different lengths (`common::params::PackedSequences`).
+    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`, in one [`ForwardForm`].
     Fa2Tc {
         head_dim: u32,
         tiling: Fa2TcTiling,
-        packed: bool,
+        form: ForwardForm,
     },
-    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`. `packed`: for a packed
-    /// batch (as [`Family::Fa2Tc`]'s).
+    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`, in one [`ForwardForm`].
     Fa3 {
         head_dim: u32,
         tiling: Fa3Tiling,
-        packed: bool,
+        form: ForwardForm,
     },
     /// FlashAttention-2 backward, scalar FP32: one of its three kernels.
     Fa2Backward(BackwardStage),
@@ -229,6 +227,56 @@ pub enum Family {
     /// The grouped backward's last kernel (any head dim, any group): each K/V head's dK and dV
     /// as the sum of its query heads' rows of the expanded workspace.
     GroupSum,
+}
+
+/// Which calls a forward kernel of the tensor-core families serves. Each form is its own entry,
+/// compiled from the same kernel body with the form's features as constants, so the dense
+/// kernels carry none of the others' work: the window and soft-capping cost FA2-TC up to 11% and
+/// FA3 up to 8% when they were runtime options of every kernel (call 20, PERF.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ForwardForm {
+    /// One length per batch, the causal mask or none, no soft-capping.
+    Dense,
+    /// A packed batch of sequences of different lengths (`common::params::PackedSequences`;
+    /// entry suffix `_varlen`), at each head dim's default tiling.
+    Packed,
+    /// A sliding window and/or logit soft-capping (`common::mask::KeyWindow`,
+    /// `common::softcap`; entry suffix `_local`), at each head dim's default tiling.
+    Local,
+}
+
+impl ForwardForm {
+    pub const ALL: [ForwardForm; 3] = [ForwardForm::Dense, ForwardForm::Packed, ForwardForm::Local];
+
+    /// The entry-name suffix.
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            ForwardForm::Dense => "",
+            ForwardForm::Packed => "_varlen",
+            ForwardForm::Local => "_local",
+        }
+    }
+
+    pub const fn is_packed(self) -> bool {
+        matches!(self, ForwardForm::Packed)
+    }
+
+    /// Whether the kernel reads the window and soft-capping from its parameters (else it takes
+    /// the causal mask or none, and no capping, as constants).
+    pub const fn is_local(self) -> bool {
+        matches!(self, ForwardForm::Local)
+    }
+
+    // Constructors named as the kernel lists spell the forms (`for_each_kernel!`).
+    pub const fn dense() -> Self {
+        ForwardForm::Dense
+    }
+    pub const fn varlen() -> Self {
+        ForwardForm::Packed
+    }
+    pub const fn local() -> Self {
+        ForwardForm::Local
+    }
 }
 
 /// How a KV cache is stored.
@@ -401,26 +449,26 @@ impl KernelId {
                 Family::Fa2Tc {
                     head_dim: a,
                     tiling: s,
-                    packed: x,
+                    form: x,
                 },
                 Family::Fa2Tc {
                     head_dim: b,
                     tiling: t,
-                    packed: y,
+                    form: y,
                 },
-            ) => a == b && s.const_eq(t) && x == y,
+            ) => a == b && s.const_eq(t) && x as u8 == y as u8,
             (
                 Family::Fa3 {
                     head_dim: a,
                     tiling: s,
-                    packed: x,
+                    form: x,
                 },
                 Family::Fa3 {
                     head_dim: b,
                     tiling: t,
-                    packed: y,
+                    form: y,
                 },
-            ) => a == b && s.const_eq(t) && x == y,
+            ) => a == b && s.const_eq(t) && x as u8 == y as u8,
             (Family::Fa2Backward(a), Family::Fa2Backward(b)) => a.const_eq(b),
             (
                 Family::Fa2TcBackward {

@@ -11,8 +11,8 @@ mod id;
 mod name;
 
 pub use id::{
-    BackwardStage, CacheLayout, ElementType, Family, KernelId, Module, StandardBackwardStage,
-    StandardStage,
+    BackwardStage, CacheLayout, ElementType, Family, ForwardForm, KernelId, Module,
+    StandardBackwardStage, StandardStage,
 };
 pub use name::ParseKernelIdError;
 
@@ -36,7 +36,8 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 ///   dkdv);
 /// - `group_sum <dtype>`: the grouped backward's sum of each K/V head's group of dK and dV;
 /// - `fa2_tc ... varlen`: FA2 on tensor cores for a packed batch of sequences of different
-///   lengths (`common::params::PackedSequences`), at each head dim's default tiling
+///   lengths (`common::params::PackedSequences`), and `fa2_tc ... local`, for a sliding window
+///   and soft-capping (`ForwardForm`), each at each head dim's default tiling
 ///   (`Fa2TcTiling::default_for`; a CPU test holds the two together);
 /// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
 ///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
@@ -68,14 +69,15 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
         $crate::for_each_kernel!(@standard_backward $emit [f32 f16 bf16]);
         $crate::for_each_kernel!(@group_sum $emit [f32 f16 bf16]);
-        $crate::for_each_kernel!(@fa2_tc_varlen $emit [f16 bf16]);
+        $crate::for_each_kernel!(@fa2_tc_default $emit [f16 bf16] varlen);
+        $crate::for_each_kernel!(@fa2_tc_default $emit [f16 bf16] local);
     };
-    (@fa2_tc_varlen $emit:ident [$($dtype:ident)*]) => {$(
-        $emit!(fa2_tc $dtype 32 4 2 2 64 varlen);
-        $emit!(fa2_tc $dtype 64 4 2 2 64 varlen);
-        $emit!(fa2_tc $dtype 96 4 2 1 64 varlen);
-        $emit!(fa2_tc $dtype 128 4 2 1 64 varlen);
-        $emit!(fa2_tc $dtype 256 4 1 1 64 varlen);
+    (@fa2_tc_default $emit:ident [$($dtype:ident)*] $form:ident) => {$(
+        $emit!(fa2_tc $dtype 32 4 2 2 64 $form);
+        $emit!(fa2_tc $dtype 64 4 2 2 64 $form);
+        $emit!(fa2_tc $dtype 96 4 2 1 64 $form);
+        $emit!(fa2_tc $dtype 128 4 2 1 64 $form);
+        $emit!(fa2_tc $dtype 256 4 1 1 64 $form);
     )*};
     (@group_sum $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(group_sum $dtype);
@@ -146,9 +148,9 @@ macro_rules! for_each_kernel {
 }
 
 /// Invokes `$emit!` once per kernel of the Hopper module (sm_90a), with
-/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent | varlen]` (`varlen`: for a
-/// packed batch of sequences of different lengths, on the one-tile grid, at each head dim's
-/// default split).
+/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent | varlen | local]` (`varlen`:
+/// for a packed batch of sequences of different lengths, `local`: for a sliding window and
+/// soft-capping; both on the one-tile grid, at each head dim's default split).
 ///
 /// The defaults (`Fa3Tiling::default_for`): d = 64 with three consumer warpgroups (B_r = 192,
 /// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, PERF.md), the others
@@ -175,12 +177,16 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 256 2 64);
         $emit!(fa3 $dtype 64 3 128 persistent);
         $emit!(fa3 $dtype 128 2 128 persistent);
-        $emit!(fa3 $dtype 64 3 128 varlen);
-        $emit!(fa3 $dtype 96 2 128 varlen);
-        $emit!(fa3 $dtype 128 2 128 varlen);
-        $emit!(fa3 $dtype 192 2 112 varlen);
-        $emit!(fa3 $dtype 256 2 80 varlen);
+        $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype varlen);
+        $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype local);
     )*};
+    (@fa3_default $emit:ident $dtype:ident $form:ident) => {
+        $emit!(fa3 $dtype 64 3 128 $form);
+        $emit!(fa3 $dtype 96 2 128 $form);
+        $emit!(fa3 $dtype 128 2 128 $form);
+        $emit!(fa3 $dtype 192 2 112 $form);
+        $emit!(fa3 $dtype 256 2 80 $form);
+    };
 }
 
 /// `true` for a list entry marked `grouped` (a backward main kernel for grouped K/V heads).
@@ -205,28 +211,33 @@ macro_rules! backward_grouped_suffix {
     };
 }
 
-/// `true` for a list entry marked `varlen` (an FA2-TC kernel for packed sequences).
+/// The [`ForwardForm`] of a forward list entry: its last word (`varlen`, `local`), dense
+/// without one or on the persistent grid.
 #[macro_export]
-macro_rules! packed_batch {
+macro_rules! forward_form {
     () => {
-        false
+        $crate::registry::ForwardForm::Dense
     };
     (persistent) => {
-        false
+        $crate::registry::ForwardForm::Dense
     };
-    (varlen) => {
-        true
+    ($form:ident) => {
+        $crate::registry::ForwardForm::$form()
     };
 }
 
-/// The entry-name suffix of a kernel for packed sequences.
+/// The entry-name suffix of a forward list entry's form (`ForwardForm::suffix`, as a literal
+/// for `concat!`).
 #[macro_export]
-macro_rules! packed_batch_suffix {
+macro_rules! forward_form_suffix {
     () => {
         ""
     };
     (varlen) => {
         "_varlen"
+    };
+    (local) => {
+        "_local"
     };
 }
 
@@ -343,7 +354,7 @@ macro_rules! push_kernel {
             Family::Fa3 {
                 head_dim: $head_dim,
                 tiling: $crate::fa3_tiling!($consumers, $cols $(, $grid)?),
-                packed: $crate::packed_batch!($($grid)?),
+                form: $crate::forward_form!($($grid)?),
             },
             ElementType::$dtype(),
         ));
@@ -374,12 +385,12 @@ macro_rules! push_kernel {
         ));
     };
     ($list:ident; fa2_tc $dtype:ident $head_dim:literal $warps:literal $rows:literal
-     $stages:literal $cols:literal $($varlen:ident)?) => {
+     $stages:literal $cols:literal $($form:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa2Tc {
                 head_dim: $head_dim,
                 tiling: Fa2TcTiling::new($warps, $rows, $stages, $cols),
-                packed: $crate::packed_batch!($($varlen)?),
+                form: $crate::forward_form!($($form)?),
             },
             ElementType::$dtype(),
         ));

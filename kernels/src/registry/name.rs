@@ -5,7 +5,8 @@ use core::fmt;
 use core::str::FromStr;
 
 use super::id::{
-    BackwardStage, CacheLayout, ElementType, Family, KernelId, StandardBackwardStage, StandardStage,
+    BackwardStage, CacheLayout, ElementType, Family, ForwardForm, KernelId, StandardBackwardStage,
+    StandardStage,
 };
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
@@ -13,8 +14,8 @@ use crate::fwd::fa3::config::Fa3Tiling;
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,
     /// `fa1_forward_<dtype>`,
-    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen]`,
-    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `decode_splitkv_<dtype>_d<d>_<cache>`,
+    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local]`,
+    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>[p|_varlen|_local]`, `decode_splitkv_<dtype>_d<d>_<cache>`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
     /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `backward_group_sum_<dtype>`.
@@ -33,7 +34,7 @@ impl fmt::Display for KernelId {
             Family::Fa2Tc {
                 head_dim,
                 tiling,
-                packed,
+                form,
             } => {
                 let Fa2TcTiling {
                     warps,
@@ -44,17 +45,17 @@ impl fmt::Display for KernelId {
                 write!(
                     f,
                     "fa2tc_forward_{dtype}_d{head_dim}_w{warps}r{row_tiles}s{kv_stages}c{block_cols}{}",
-                    if packed { PACKED_SUFFIX } else { "" }
+                    form.suffix()
                 )
             }
             Family::Fa3 {
                 head_dim,
                 tiling,
-                packed,
+                form,
             } => write!(
                 f,
                 "fa3_forward_{dtype}_d{head_dim}_{tiling}{}",
-                if packed { PACKED_SUFFIX } else { "" }
+                form.suffix()
             ),
             Family::Fa2Backward(BackwardStage::Main {
                 head_dim_capacity,
@@ -83,8 +84,14 @@ impl fmt::Display for KernelId {
     }
 }
 
-/// The suffix of an FA2-TC kernel for packed sequences (`registry::packed_batch_suffix!`).
-const PACKED_SUFFIX: &str = "_varlen";
+/// `name` without its [`ForwardForm`]'s suffix, and that form (dense when it has none).
+fn strip_form(name: &str) -> (&str, ForwardForm) {
+    ForwardForm::ALL
+        .into_iter()
+        .filter(|form| !form.suffix().is_empty())
+        .find_map(|form| name.strip_suffix(form.suffix()).map(|rest| (rest, form)))
+        .unwrap_or((name, ForwardForm::Dense))
+}
 
 /// The suffix of a backward main kernel compiled for grouped K/V heads
 /// (`registry::backward_grouped_suffix!` in the entry names).
@@ -112,8 +119,8 @@ impl fmt::Display for ParseKernelIdError {
             "not a kernel name (standard_<stage>_<dtype>, standard_backward_<stage>_<dtype>, \
              fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, \
-             fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen], \
-             fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen], fa2_backward_<pre|post>process_<dtype>, \
+             fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local], \
+             fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen|_local], fa2_backward_<pre|post>process_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>[_grouped], \
              fa2tc_backward_<dtype>_d<capacity>[_grouped], backward_group_sum_<dtype>, \
              decode_splitkv_<dtype>_d<d>_<cache>, decode_combine_<dtype>_d<d>, \
@@ -167,11 +174,8 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_forward_") {
-            // <dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen]
-            let (rest, packed) = match rest.strip_suffix(PACKED_SUFFIX) {
-                Some(rest) => (rest, true),
-                None => (rest, false),
-            };
+            // <dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local]
+            let (rest, form) = strip_form(rest);
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
             let (warps, rest) = rest.split_once('r').ok_or(ParseKernelIdError)?;
@@ -186,7 +190,7 @@ impl FromStr for KernelId {
             let family = Family::Fa2Tc {
                 head_dim: number(head_dim)?,
                 tiling,
-                packed,
+                form,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
@@ -218,11 +222,8 @@ impl FromStr for KernelId {
                 .ok_or(ParseKernelIdError)?;
             (Family::Fa2Backward(stage), dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_forward_") {
-            // <dtype>_d<d>_w<W>c<C>[p|_varlen]
-            let (rest, packed) = match rest.strip_suffix(PACKED_SUFFIX) {
-                Some(rest) => (rest, true),
-                None => (rest, false),
-            };
+            // <dtype>_d<d>_w<W>c<C>[p|_varlen|_local]
+            let (rest, form) = strip_form(rest);
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;
             let (consumers, cols) = rest.split_once('c').ok_or(ParseKernelIdError)?;
@@ -238,7 +239,7 @@ impl FromStr for KernelId {
                 } else {
                     tiling
                 },
-                packed,
+                form,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("decode_splitkv_") {

@@ -89,12 +89,17 @@ impl ScoreBlock {
         let end_cols: [i32; 2] = core::array::from_fn(|h| {
             self.mask.visible_key_end(row(h), self.seqlen_k) as i32 - lane_key
         });
-        // Unbounded on the left, the window's start is far below the block: nothing hidden.
-        let first_col = self.mask.window_start(lane_row) - lane_key;
-        let row_shift = |h: usize| (h as u32 * LDMATRIX_SIDE) as i32;
-        mask_columns(scores, |col, h| {
-            col >= end_cols[h] || col - row_shift(h) < first_col
-        });
+        if self.mask.is_left_bounded() {
+            let first_col = self.mask.window_start(lane_row) - lane_key;
+            let row_shift = |h: usize| (h as u32 * LDMATRIX_SIDE) as i32;
+            mask_columns(scores, |col, h| {
+                col >= end_cols[h] || col - row_shift(h) < first_col
+            });
+        } else {
+            // A constant branch outside the `local` kernels: their dense twins compare the
+            // right end only, as before windows existed.
+            mask_columns(scores, |col, h| col >= end_cols[h]);
+        }
     }
 
     /// max_k S[row, k] · scale · log2 e for the lane's row `h`, complete across the quad (lanes

@@ -5,7 +5,9 @@ use flash_kernels::common::params::{Operands, TensorView};
 use flash_kernels::fwd::fa1::config::Fa1Blocks;
 use flash_kernels::fwd::fa2_tc::config::{COPY_ELEMENTS, Fa2TcTiling};
 use flash_kernels::fwd::fa3::config::{self as fa3, Fa3Tiling};
-use flash_kernels::registry::{ElementType, Family, HOPPER_KERNELS, KERNELS, KernelId};
+use flash_kernels::registry::{
+    ElementType, Family, ForwardForm, HOPPER_KERNELS, KERNELS, KernelId,
+};
 
 use super::{Blocks, CompiledLimits, LaunchLimits, Plan};
 use crate::attention::problem::{Algorithm, AttentionOptions, Problem};
@@ -106,13 +108,13 @@ pub fn fa2_blocks(
     }
 }
 
-/// FA2-TC's tiling: the override if the kernel is compiled with it at this head dim, else the
-/// default for the head dim. `packed`: for a packed batch, whose kernels have the default
-/// tilings only.
+/// FA2-TC's tiling: the override if the kernel is compiled with it at this head dim in `form`,
+/// else the default for the head dim (the packed and local forms have the default tilings
+/// only).
 pub fn fa2_tc_tiling(
     head_dim: usize,
     tiling: Option<Fa2TcTiling>,
-    packed: bool,
+    form: ForwardForm,
 ) -> Result<Fa2TcTiling> {
     let d = head_dim as u32;
     let compiled = |t: Fa2TcTiling| {
@@ -120,7 +122,7 @@ pub fn fa2_tc_tiling(
             Family::Fa2Tc {
                 head_dim: d,
                 tiling: t,
-                packed,
+                form,
             },
             ElementType::Bf16,
         ))
@@ -129,7 +131,7 @@ pub fn fa2_tc_tiling(
         None => Ok(Fa2TcTiling::default_for(d)),
         Some(t) if compiled(t) => Ok(t),
         Some(t) => {
-            let allowed: Vec<String> = fa2_tc_tilings_of(d, packed)
+            let allowed: Vec<String> = fa2_tc_tilings_of(d, form)
                 .iter()
                 .map(|t| t.to_string())
                 .collect();
@@ -137,7 +139,8 @@ pub fn fa2_tc_tiling(
                 "fa2_tc_tiling",
                 t,
                 format!(
-                    "allowed at head_dim {head_dim}: {} (warps x row tiles s K/V stages c B_c)",
+                    "allowed at head_dim {head_dim}{}: {} (warps x row tiles s K/V stages c B_c)",
+                    form_note(form),
                     allowed.join(", ")
                 ),
             ))
@@ -147,12 +150,11 @@ pub fn fa2_tc_tiling(
 
 /// The tilings FA2-TC is compiled with at head dim `d` (empty if none).
 pub fn fa2_tc_tilings(d: u32) -> Vec<Fa2TcTiling> {
-    fa2_tc_tilings_of(d, false)
+    fa2_tc_tilings_of(d, ForwardForm::Dense)
 }
 
-/// The tilings of FA2-TC's kernels at head dim `d` for dense (`packed` false) or packed
-/// batches.
-fn fa2_tc_tilings_of(d: u32, packed: bool) -> Vec<Fa2TcTiling> {
+/// The tilings of FA2-TC's kernels at head dim `d` in `form`.
+fn fa2_tc_tilings_of(d: u32, form: ForwardForm) -> Vec<Fa2TcTiling> {
     KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
@@ -160,11 +162,20 @@ fn fa2_tc_tilings_of(d: u32, packed: bool) -> Vec<Fa2TcTiling> {
             Family::Fa2Tc {
                 head_dim,
                 tiling,
-                packed: p,
-            } if head_dim == d && p == packed => Some(tiling),
+                form: f,
+            } if head_dim == d && f == form => Some(tiling),
             _ => None,
         })
         .collect()
+}
+
+/// How an error about a tiling names the kernels' form: they differ by form.
+fn form_note(form: ForwardForm) -> &'static str {
+    match form {
+        ForwardForm::Dense => "",
+        ForwardForm::Packed => " for a packed batch",
+        ForwardForm::Local => " with a window or soft-capping",
+    }
 }
 
 /// The head dims FA2-TC is compiled for, ascending.
@@ -256,9 +267,10 @@ pub fn fa3_fallback(
 }
 
 /// FA3's tiling at compiled head dim `d` for `problem`: the override if the kernel is compiled
-/// with it, else the default. A packed batch's kernels are the default split on the one-tile
-/// grid.
+/// with it in the problem's form, else the default. A packed batch's and a window's kernels
+/// are the default split on the one-tile grid.
 pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Result<Fa3Tiling> {
+    let form = problem.forward_form();
     let tilings: Vec<Fa3Tiling> = HOPPER_KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
@@ -266,22 +278,20 @@ pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Resul
             Family::Fa3 {
                 head_dim,
                 tiling,
-                packed,
-            } if head_dim == d && packed == problem.packed => Some(tiling),
+                form: f,
+            } if head_dim == d && f == form => Some(tiling),
             _ => None,
         })
         .collect();
     match tiling {
-        None if problem.packed => Ok(Fa3Tiling {
+        None if form != ForwardForm::Dense => Ok(Fa3Tiling {
             persistent: false,
             ..Fa3Tiling::default_for(d, problem.causal, problem.seqlen_k as u32)
         }),
-        // The default asks how long a tile's rows are: a window bounds them by its width, and
-        // masks them as the causal mask does (not measured with windows yet).
         None => Ok(Fa3Tiling::default_for(
             d,
-            problem.causal || problem.window.is_bounded(),
-            problem.keys_per_row() as u32,
+            problem.causal,
+            problem.seqlen_k as u32,
         )),
         Some(t) if tilings.contains(&t) => Ok(t),
         Some(t) => {
@@ -290,7 +300,8 @@ pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Resul
                 "fa3_tiling",
                 t,
                 format!(
-                    "allowed at compiled head dim {d}: {} (consumer warpgroups, B_c)",
+                    "allowed at compiled head dim {d}{}: {} (consumer warpgroups, B_c)",
+                    form_note(form),
                     allowed.join(", ")
                 ),
             ))

@@ -168,6 +168,14 @@ impl Plan {
                 "allowed for a packed batch of sequences: fa2-tc, fa3 (which runs fa2-tc)",
             ));
         }
+        if let (true, Some((name, value))) = (problem.packed, problem.window_or_softcap()) {
+            return Err(Error::invalid(
+                name,
+                value,
+                "none for a packed batch: its kernels are compiled without windows and \
+                 soft-capping (dense batches take both on fa2-tc, fa3 and standard)",
+            ));
+        }
         match algorithm {
             Algorithm::Standard => plan.launches = standard_launches(problem, element),
             Algorithm::Fa1 => {
@@ -221,12 +229,13 @@ impl Plan {
             self.add_fallback(Algorithm::Fa2Tc, Algorithm::Fa2, reason);
             return self.plan_fa2(limits, element, options);
         }
-        let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling, problem.packed)?;
+        let form = problem.forward_form();
+        let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling, form)?;
         let kernel = KernelId::new(
             Family::Fa2Tc {
                 head_dim: problem.head_dim as u32,
                 tiling,
-                packed: problem.packed,
+                form,
             },
             element,
         );
@@ -264,7 +273,7 @@ impl Plan {
             Family::Fa3 {
                 head_dim,
                 tiling,
-                packed: problem.packed,
+                form: problem.forward_form(),
             },
             element,
         );

@@ -118,10 +118,14 @@ fn fa3_note() -> String {
             flash_kernels::registry::Family::Fa3 {
                 head_dim,
                 tiling,
-                packed,
+                form,
             } => format!(
                 "d{head_dim} {tiling}{}",
-                if packed { " (packed)" } else { "" }
+                match form {
+                    flash_kernels::registry::ForwardForm::Dense => "",
+                    flash_kernels::registry::ForwardForm::Packed => " (packed)",
+                    flash_kernels::registry::ForwardForm::Local => " (window, soft-capping)",
+                }
             ),
             _ => k.to_string(),
         })

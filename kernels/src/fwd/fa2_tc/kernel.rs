@@ -116,9 +116,12 @@ fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddr
 /// `C::TILING.threads()` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
 /// `PACKED`: a packed batch of sequences of different lengths (`PackedSequences`): each block
 /// reads its sequence's rows, and the row blocks past its length return at once (the grid is the
-/// longest sequence's).
+/// longest sequence's). `LOCAL`: a sliding window and soft-capping, read from the parameters
+/// (else the causal mask or none, and no capping, as constants: `registry::ForwardForm`).
 #[inline(always)]
-pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(p: &Fa2Params) {
+pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const LOCAL: bool>(
+    p: &Fa2Params,
+) {
     let () = C::CHECKED;
     let block_cols = C::KEY_TILES as u32 * MMA_N; // B_c: KEY_TILES tiles of MMA_N keys
     let head_dim = C::HEAD_DIM;
@@ -130,7 +133,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(p: &Fa2
         let (query_rows, key_rows) = packed_sequence_rows(&p.packed, batch_head / shape.heads);
         BlockInfo::packed(shape, batch_head, query_rows, key_rows)
     } else {
-        BlockInfo::new(shape, batch_head)
+        BlockInfo::of_form(shape, batch_head, LOCAL)
     };
     // Causal or windowed: the last row blocks see the most keys; start them first so the grid's
     // tail is short.
@@ -188,7 +191,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(p: &Fa2
         key_start: 0,
         row_start,
         mask: blocks.mask(),
-        softcap: Softcap::of(shape),
+        softcap: Softcap::of_form(shape, LOCAL),
         seqlen_k: info.seqlen_k,
         score_scale: shape.softmax_scale * LOG2_E,
     };

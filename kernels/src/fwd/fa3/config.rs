@@ -4,6 +4,7 @@
 
 use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
 use crate::common::softmax::Exp2Split;
+use crate::registry::ForwardForm;
 
 /// Threads of a warpgroup: the 4 warps that issue one `wgmma` together.
 pub const WARPGROUP_THREADS: u32 = 128;
@@ -186,9 +187,12 @@ pub trait Fa3Config {
     /// Whether the block walks tiles from the counter (the persistent grid) or computes the one
     /// tile its block index names.
     const PERSISTENT: bool = Self::TILING.persistent;
-    /// For a packed batch of sequences of different lengths (`common::params::PackedSequences`;
-    /// the one-tile grid only).
-    const PACKED: bool;
+    /// Which calls the kernel serves (`registry::ForwardForm`): a packed batch of sequences of
+    /// different lengths (`common::params::PackedSequences`), or a sliding window and
+    /// soft-capping; both on the one-tile grid only.
+    const FORM: ForwardForm;
+    const PACKED: bool = Self::FORM.is_packed();
+    const LOCAL: bool = Self::FORM.is_local();
     const BLOCK_COLS: u32 = Self::TILING.block_cols;
     const PANELS: u32 = panels(Self::HEAD_DIM);
     /// k-steps of S = Q_i·K_jᵀ.
@@ -215,8 +219,10 @@ pub trait Fa3Config {
         // TMA boxes are at most 256 rows; K/V tiles start on swizzle atoms (8 rows).
         assert!(tiling.block_cols <= 256 && tiling.block_cols.is_multiple_of(16));
         assert!(tiling.consumers >= 1 && tiling.consumers <= 3);
-        // A packed block reads its one tile's sequence before its barriers exist.
+        // A packed block reads its one tile's sequence before its barriers exist; the persistent
+        // grid is compiled dense only.
         assert!(!(Self::PACKED && tiling.persistent));
+        assert!(!(Self::LOCAL && tiling.persistent));
         assert!(tiling.threads() <= MAX_THREADS_PER_BLOCK);
         assert!(tiling.shared_bytes(Self::HEAD_DIM) <= MAX_SHARED_BYTES_PER_BLOCK);
         // The register split must fit the SM's register file.
@@ -238,43 +244,33 @@ macro_rules! fa3_tiling {
     ($consumers:literal, $cols:literal, persistent) => {
         $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols).on_persistent_grid()
     };
-    // A packed batch's kernel: one tile per block.
-    ($consumers:literal, $cols:literal, varlen) => {
+    // A packed batch's or a window's kernel: one tile per block.
+    ($consumers:literal, $cols:literal, $form:ident) => {
         $crate::fwd::fa3::config::Fa3Tiling::new($consumers, $cols)
     };
 }
 
-/// The kernel-name suffix of a list entry's grid: `p` for `persistent`, `_varlen` for a packed
-/// batch's kernel.
+/// The kernel-name suffix of a list entry's grid and form: `p` for `persistent`, `_varlen` for
+/// a packed batch's kernel, `_local` for a window's.
 #[macro_export]
 macro_rules! fa3_grid_suffix {
-    () => {
-        ""
-    };
     (persistent) => {
         "p"
     };
-    (varlen) => {
-        "_varlen"
+    ($($form:ident)?) => {
+        $crate::forward_form_suffix!($($form)?)
     };
 }
 
-/// `fa3_config!(Name, d, consumers, B_c [, persistent | varlen])`: a type implementing
-/// [`Fa3Config`] (`varlen`: for packed batches).
+/// `fa3_config!(Name, d, consumers, B_c [, persistent | varlen | local])`: a type implementing
+/// [`Fa3Config`] (`varlen`: for packed batches; `local`: for windows and soft-capping).
 #[macro_export]
 macro_rules! fa3_config {
-    ($name:ident, $d:literal, $consumers:literal, $cols:literal, varlen) => {
-        $crate::fa3_config!(@config $name, $d, $consumers, $cols, true;);
-    };
     ($name:ident, $d:literal, $consumers:literal, $cols:literal $(, $grid:ident)?) => {
-        $crate::fa3_config!(@config $name, $d, $consumers, $cols, false; $($grid)?);
-    };
-    (@config $name:ident, $d:literal, $consumers:literal, $cols:literal, $packed:literal;
-     $($grid:ident)?) => {
         struct $name;
         impl $crate::fwd::fa3::config::Fa3Config for $name {
             const HEAD_DIM: u32 = $d;
-            const PACKED: bool = $packed;
+            const FORM: $crate::registry::ForwardForm = $crate::forward_form!($($grid)?);
             const TILING: $crate::fwd::fa3::config::Fa3Tiling =
                 $crate::fa3_tiling!($consumers, $cols $(, $grid)?);
             type const S_TILES: usize = const { $cols / 8 };

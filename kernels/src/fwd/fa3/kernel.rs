@@ -171,7 +171,7 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     let () = C::CHECKED;
     if C::PACKED {
         // A row block past its sequence's queries: the whole block returns before any barrier.
-        let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+        let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
         if tile_at::<C>(p, &scheduler, scheduler.first())
             .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
         {
@@ -243,7 +243,7 @@ impl TileWalk {
 /// Q (an end mark, a number past the problem, arrives alone).
 #[inline(always)]
 fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
-    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let counters = TileCounters::new(p.tile_counters);
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
@@ -277,7 +277,7 @@ fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
 /// One consumer warpgroup: each tile the producer hands it, as [`consume`].
 #[inline(always)]
 fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram, consumer: u32) {
-    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS);
+    let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
     turns.start();
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
@@ -361,7 +361,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         blocks: &blocks,
         seqlen_q: info.seqlen_q,
         seqlen_k: info.seqlen_k,
-        softcap: Softcap::of(&p.shape),
+        softcap: Softcap::of_form(&p.shape, C::LOCAL),
         score_scale: p.shape.softmax_scale * LOG2_E,
         turns,
         ring_base: walk.ring_base,

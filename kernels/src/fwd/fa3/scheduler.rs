@@ -37,15 +37,18 @@ pub struct TileScheduler<'a> {
     shape: &'a AttentionShape,
     block_rows: u32,
     block_cols: u32,
+    /// The kernel's form takes windows (`Fa3Config::LOCAL`; else the causal mask or none).
+    local: bool,
 }
 
 impl<'a> TileScheduler<'a> {
     #[inline(always)]
-    pub fn new(shape: &'a AttentionShape, block_rows: u32, block_cols: u32) -> Self {
+    pub fn new(shape: &'a AttentionShape, block_rows: u32, block_cols: u32, local: bool) -> Self {
         Self {
             shape,
             block_rows,
             block_cols,
+            local,
         }
     }
 
@@ -77,19 +80,20 @@ impl<'a> TileScheduler<'a> {
         if t >= row_blocks * heads {
             return None;
         }
-        let (batch_head, row_block) = if BlockInfo::new(self.shape, 0).heaviest_rows_last() {
-            // Section by section; in one, r counts row blocks down from the longest, and the
-            // section's heads take turns at each (the last section may have fewer heads).
-            let section = self.section_heads().min(heads);
-            let first_head = t / (section * row_blocks) * section;
-            let section_heads = section.min(heads - first_head);
-            let u = t - first_head * row_blocks;
-            let r = u / section_heads;
-            (first_head + u % section_heads, row_blocks - 1 - r)
-        } else {
-            (t / row_blocks, t % row_blocks)
-        };
-        let info = BlockInfo::new(self.shape, batch_head);
+        let (batch_head, row_block) =
+            if BlockInfo::of_form(self.shape, 0, self.local).heaviest_rows_last() {
+                // Section by section; in one, r counts row blocks down from the longest, and the
+                // section's heads take turns at each (the last section may have fewer heads).
+                let section = self.section_heads().min(heads);
+                let first_head = t / (section * row_blocks) * section;
+                let section_heads = section.min(heads - first_head);
+                let u = t - first_head * row_blocks;
+                let r = u / section_heads;
+                (first_head + u % section_heads, row_blocks - 1 - r)
+            } else {
+                (t / row_blocks, t % row_blocks)
+            };
+        let info = BlockInfo::of_form(self.shape, batch_head, self.local);
         let row_start = row_block * self.block_rows;
         Some(Tile {
             info,
@@ -136,7 +140,7 @@ mod tests {
 
     /// Every (head, row block) exactly once, as `(batch_head, row_start, key blocks)` in tile order.
     fn walk(shape: &AttentionShape) -> Vec<(u32, u32, u32)> {
-        let scheduler = TileScheduler::new(shape, 128, 128);
+        let scheduler = TileScheduler::new(shape, 128, 128, true);
         let tiles: Vec<_> = (0..)
             .map_while(|t| scheduler.tile(t))
             .map(|tile| (tile.info.batch_head, tile.row_start, tile.blocks.count()))
@@ -161,7 +165,10 @@ mod tests {
     fn causal_tiles_run_longest_first_within_each_l2_section() {
         // K and V of one head at seqlen_k = 32k, d = 128: 16 MiB, so two heads a section.
         let causal = shape(1, 5, 640, 32768, true);
-        assert_eq!(TileScheduler::new(&causal, 128, 128).section_heads(), 2);
+        assert_eq!(
+            TileScheduler::new(&causal, 128, 128, true).section_heads(),
+            2
+        );
         let tiles = walk(&causal);
         let sections = [0..10, 10..20, 20..25];
         for section in sections {

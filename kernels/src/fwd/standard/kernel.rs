@@ -15,7 +15,7 @@ use crate::arch;
 use crate::common::block::BlockInfo;
 use crate::common::element::Element;
 use crate::common::params::StandardParams;
-use crate::common::softcap::Softcap;
+use crate::common::softcap::{Softcap, tanh_precise};
 use crate::common::softmax::{LOG2_E, RowStats, fa1_merge};
 use crate::tile::global::{HeadRows, HeadVector};
 use crate::tile::shared::SharedTile;
@@ -106,7 +106,7 @@ pub fn scores<T: Element>(p: &StandardParams) {
     if tile_col + tx < shape.seqlen_k {
         let softcap = Softcap::of(shape);
         let dot = if softcap.is_on() {
-            softcap.apply(dot, arch::tanh)
+            softcap.apply(dot, |x| tanh_precise(x, arch::exp2))
         } else {
             dot
         };
