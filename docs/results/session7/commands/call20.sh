@@ -40,7 +40,7 @@ timeout 80 python3 scripts/torch_sdpa_bench.py --backends torch-flash,torch-cudn
 echo "torch rc=$? at $((SECONDS-t0))s"; save
 for round in 1 2; do
   for v in prev5 v5 s7 e2 e4 e8; do
-    FLASH_ATTN_HOPPER_PTX=ptx/${v}_hopper.ptx timeout 40 bin/flash-attn bench --algorithms fa3 $shapes --no-max-seqlen --torch $w/torch.json --out-dir $w/$v-$round > $w/$v-$round.log 2>&1
+    FLASH_ATTN_HOPPER_PTX=ptx/${v}_hopper.ptx timeout 60 bin/flash-attn bench --algorithms fa3 $shapes --no-max-seqlen --torch $w/torch.json --out-dir $w/$v-$round > $w/$v-$round.log 2>&1
     echo "$v-$round rc=$? at $((SECONDS-t0))s"; grep -E '^\| [0-9]' $w/$v-$round/bench.md | grep -v GiB | head -12; save
   done
 done
