@@ -3,7 +3,7 @@
 
 use flash_attn::attention::CompiledLimits;
 use flash_attn::attention::decode::{
-    CacheGeometry, DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes, TablePages,
+    CacheGeometry, DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes, SplitMerge, TablePages,
 };
 use flash_attn::model::decode_reference::{DecodeCase, decode_reference};
 use flash_attn::model::reference::attention_reference;
@@ -158,15 +158,23 @@ fn the_plan_splits_the_anchor_shapes_to_fill_the_h200() {
         );
         let split_kv = plan.launches[0];
         assert_eq!(split_kv.launch.grid, (splits, 1, batch as u32 * 8));
+        // Every default split count fills at most one wave, so several splits merge in the
+        // split-KV kernel's last blocks: one launch, with a counter per (batch, KV head).
         assert_eq!(
             split_kv.kernel.family,
             Family::Decode {
                 head_dim: 128,
-                cache: CacheLayout::Contiguous
+                cache: CacheLayout::Contiguous,
+                one_launch: splits > 1,
             }
         );
-        // The combine runs only with several splits, over every query row.
-        assert_eq!(plan.launches.len(), if splits > 1 { 2 } else { 1 });
+        assert_eq!(plan.launches.len(), 1, "{plan}");
+        let expected_merge = if splits > 1 {
+            SplitMerge::LastBlock
+        } else {
+            SplitMerge::Direct
+        };
+        assert_eq!(plan.merge, expected_merge);
         assert_eq!(
             plan.workspace_stats,
             if splits > 1 {
@@ -174,6 +182,10 @@ fn the_plan_splits_the_anchor_shapes_to_fill_the_h200() {
             } else {
                 0
             }
+        );
+        assert_eq!(
+            plan.workspace_counters,
+            if splits > 1 { batch * 8 } else { 0 }
         );
         for launch in &plan.launches {
             assert!(KERNELS.contains(&launch.kernel), "{}", launch.kernel);
@@ -190,6 +202,7 @@ fn forced_splits_and_row_tiles() {
     let p = problem(&s).unwrap();
     let options = DecodeOptions {
         splits: Some(7),
+        one_launch: Some(false),
         ..Default::default()
     };
     let plan = DecodePlan::new(&CompiledLimits::H200, DType::F16, &p, &options).unwrap();
@@ -212,7 +225,16 @@ fn every_decode_head_dim_and_layout_is_compiled() {
         for &head_dim in &HEAD_DIMS {
             for cache in CacheLayout::ALL {
                 for family in [
-                    Family::Decode { head_dim, cache },
+                    Family::Decode {
+                        head_dim,
+                        cache,
+                        one_launch: false,
+                    },
+                    Family::Decode {
+                        head_dim,
+                        cache,
+                        one_launch: true,
+                    },
                     Family::DecodeCombine { head_dim },
                     Family::KvAppend { cache },
                 ] {

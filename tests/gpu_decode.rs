@@ -60,6 +60,8 @@ fn case(
         causal,
         dtype,
         splits: None,
+        one_launch: None,
+        reruns: Vec::new(),
     }
 }
 

@@ -293,6 +293,29 @@ pub unsafe fn release_add_u32(pointer: *mut u32, value: u32) {
     }
 }
 
+/// `fence.acq_rel.gpu` then `atom.acq_rel.gpu.global.add.u32`: adds 1 to the arrival counter at
+/// `pointer` and returns what it held before. Release: every global write this thread has made,
+/// or has seen performed (its block's, after a barrier: the fence is cumulative, as CUDA's
+/// `__threadfence()` before a grid barrier's atomic), is visible to any thread that later
+/// acquires a value this add produced. Acquire: when the value returned shows that every other
+/// block has arrived, each one's writes before its own arrival are visible to this thread, and,
+/// after a barrier, to its block (the last block of a one-launch split-KV group reads the other
+/// blocks' partial results this way).
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at a u32 in global memory (a buffer the host
+/// allocated) that, while the kernel runs, only atomics touch.
+#[inline(always)]
+pub unsafe fn arrive_acq_rel_u32(pointer: *mut u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("fence.acq_rel.gpu;", "atom.acq_rel.gpu.global.add.u32 {old}, [{p}], 1;",
+             old = out(reg32) old, p = in(reg64) pointer, options(nostack));
+    }
+    old
+}
+
 /// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
 ///
 /// The host sizes the launch with the same arithmetic (each family's `config`), so a kernel that carves
