@@ -293,14 +293,15 @@ pub unsafe fn release_add_u32(pointer: *mut u32, value: u32) {
     }
 }
 
-/// `fence.acq_rel.gpu` then `atom.acq_rel.gpu.global.add.u32`: adds 1 to the arrival counter at
-/// `pointer` and returns what it held before. Release: every global write this thread has made,
-/// or has seen performed (its block's, after a barrier: the fence is cumulative, as CUDA's
-/// `__threadfence()` before a grid barrier's atomic), is visible to any thread that later
-/// acquires a value this add produced. Acquire: when the value returned shows that every other
-/// block has arrived, each one's writes before its own arrival are visible to this thread, and,
-/// after a barrier, to its block (the last block of a one-launch split-KV group reads the other
-/// blocks' partial results this way).
+/// `atom.acq_rel.gpu.global.add.u32`: adds 1 to the arrival counter at `pointer` and returns what
+/// it held before. Release: every global write this thread has made, or has seen performed (its
+/// block's, after a barrier: release is cumulative, as the `__threadfence()` before a grid
+/// barrier's atomic is), is visible to any thread that later acquires a value this add produced.
+/// Acquire: when the value returned shows that every other block has arrived, each one's writes
+/// before its own arrival are visible to this thread, and, after a barrier, to its block (the
+/// last block of a one-launch split-KV group reads the other blocks' partial results this way).
+/// On sm_90 ptxas makes it `MEMBAR.ALL.GPU` (the release fence), `ATOMG.E.ADD.STRONG.GPU`, then
+/// `CCTL.IVALL` (the SM's L1 invalidated, so no stale line of another block's results is read).
 ///
 /// # Safety
 /// `pointer` must be 4-byte aligned and point at a u32 in global memory (a buffer the host
@@ -310,8 +311,8 @@ pub unsafe fn arrive_acq_rel_u32(pointer: *mut u32) -> u32 {
     let old: u32;
     // SAFETY: the caller's contract.
     unsafe {
-        asm!("fence.acq_rel.gpu;", "atom.acq_rel.gpu.global.add.u32 {old}, [{p}], 1;",
-             old = out(reg32) old, p = in(reg64) pointer, options(nostack));
+        asm!("atom.acq_rel.gpu.global.add.u32 {old}, [{p}], 1;", old = out(reg32) old,
+             p = in(reg64) pointer, options(nostack));
     }
     old
 }

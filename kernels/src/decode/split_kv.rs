@@ -4,9 +4,9 @@
 //! the workspace, and the combine kernel merges the splits ([`super::combine`]). With one split
 //! the block writes O and L itself. The one-launch form (`ONE_LAUNCH`) needs no combine kernel:
 //! after storing its partial results each block arrives at its group's counter
-//! (`tile::global::SplitArrivals`: a release fence, then an acquire-release atomic add), and the
-//! block that arrives last sees every other split's partial results, merges them
-//! ([`super::combine::combine_row`]) and resets the counter.
+//! (`tile::global::SplitArrivals`: an acquire-release atomic add, its release cumulative over the
+//! block's stores before a barrier), and the block that arrives last sees every other split's
+//! partial results, merges them ([`super::combine::combine_row`]) and resets the counter.
 //!
 //! Decoding reads each key once and does 2·rows·d multiply-adds with it, so the kernel is a
 //! stream of K/V bytes: each warp loads its step's 16 keys and values straight into mma
@@ -85,7 +85,7 @@ pub fn split_kv<T: TensorCoreElement, C: DecodeConfig, const ONE_LAUNCH: bool>(p
     let direct = p.splits == 1 || (ONE_LAUNCH && arrivals == 1);
     // A split past the sequence's end has nothing to add. With one split the block still writes
     // O = 0 and L = −∞ for an empty cache.
-    if ONE_LAUNCH && block.split >= arrivals || !direct && block.key_start >= block.seqlen {
+    if (ONE_LAUNCH && block.split >= arrivals) || (!direct && block.key_start >= block.seqlen) {
         return;
     }
     let (g, _) = lane_coordinates();
