@@ -5,7 +5,8 @@
 //!
 //! - [`cache`]: the lengths and the block table on the device, with the host copies the checks read;
 //! - [`problem`]: the call's shapes and options, checked;
-//! - [`plan`]: the split of the keys, the kernels and their launches, the workspace;
+//! - [`plan`]: the split of the keys, their merge (one launch or two), the kernels and their
+//!   launches, the workspace;
 //! - this file: the API (allocate, build the parameter block, launch the plan).
 //!
 //! ```text
