@@ -142,6 +142,31 @@ pub fn standard_decode_cases(dtype: DType) -> Vec<DecodeCheckCase> {
     cases
 }
 
+/// `flash-attn check --decode --shapes sanitizer`'s cases for one dtype: short caches, so that
+/// compute-sanitizer (memcheck, racecheck) gets through in seconds, down every decode path: one
+/// launch over several row tiles and paged, called again with other split counts on one
+/// workspace; two launches; one split; appends; a sequence with no key in each batch.
+pub fn sanitizer_decode_cases(dtype: DType) -> Vec<DecodeCheckCase> {
+    let lengths = [300, 17, 0, 130];
+    vec![
+        DecodeCheckCase {
+            splits: Some(3),
+            one_launch: Some(true),
+            reruns: vec![Some(2), Some(1), None, Some(3)],
+            ..DecodeCheckCase::new(dtype, (32, 2), 2, 128, &lengths, Some(16))
+        },
+        DecodeCheckCase {
+            splits: Some(3),
+            one_launch: Some(false),
+            ..DecodeCheckCase::new(dtype, (8, 2), 1, 128, &lengths, None)
+        },
+        DecodeCheckCase {
+            new_tokens: 4,
+            ..DecodeCheckCase::new(dtype, (4, 4), 4, 64, &lengths, None)
+        },
+    ]
+}
+
 /// The outcome of one case.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DecodeCheckResult {
