@@ -179,8 +179,9 @@ fn decode_one_launch_passes_the_grid() {
 }
 
 /// One workspace, call after call: the one-launch counters are back at zero after each call, so
-/// a call with the same or another split count (or the plan's, or two launches in between)
-/// finds them as the first did. Each call's output is poisoned first and checked.
+/// a call with the same or another split count (the plan's, 128 splits over several waves, or
+/// one split that leaves them untouched in between) finds them as the first did. Each call's
+/// output is poisoned first and checked.
 #[test]
 fn decode_one_launch_counters_reset_between_calls() {
     let Some(gpu) = common::gpu_or_skip("decode_one_launch_counters_reset_between_calls") else {
