@@ -376,6 +376,24 @@ pub unsafe fn offset<T>(pointer: *mut T, count: usize) -> *mut T {
     unsafe { pointer.add(count) }
 }
 
+/// An f32 from global memory, read at L2 and not cached in L1 (`ld.global.cg.f32`): for results
+/// that other blocks of the same kernel wrote (the split-KV partials that the last block of a
+/// one-launch group merges), so that no line an earlier load left in this SM's L1 is read stale,
+/// whatever the acquire's L1 invalidation covers.
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at an f32 in global memory this thread may read.
+#[inline(always)]
+pub unsafe fn load_l2_f32(pointer: *const f32) -> f32 {
+    let value: f32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("ld.global.cg.f32 {v}, [{p}];", v = out(reg32) value, p = in(reg64) pointer,
+             options(nostack, readonly, preserves_flags));
+    }
+    value
+}
+
 /// 16 bytes from global memory that no thread writes during the kernel, bypassing L1
 /// (`ld.global.nc.L1::no_allocate.v4.u32`): the streaming read of a K/V cache row, which no
 /// other warp of the SM reads again.
