@@ -10,8 +10,8 @@
 #    (`--shapes sanitizer`: both merges, repeated calls, appends); the plans at the anchors.
 # B, timing alone (105 s at most; ~60 s expected): PyTorch's decode backends, then ours at ANCHORS.md's shapes: the plan's
 #    choice (`decode`), two launches forced (`decode-two-launch`), 16 and 64 splits forced.
-# The bundle: `cargo xtask bundle` on decode-one-launch (delete bin/bench-attention and the test
-# binaries other than test-gpu_decode if it is over 64 MiB).
+# The bundle: `cargo xtask bundle` on decode-one-launch (at d5d8707: 51.5 MiB, 9 binaries and the
+# wheel; it fits the 64 MiB transfer as it is).
 # Run from the repository root: bash docs/results/session8/commands/decode.sh $OUT (carry bundle).
 set -u
 out=$1; w=$(mktemp -d); t0=$SECONDS
