@@ -8,8 +8,9 @@
 #    merges at forced split counts, one workspace called with other split counts in a row), check
 #    --decode, and compute-sanitizer memcheck and racecheck on check --decode's short caches
 #    (`--shapes sanitizer`: both merges, repeated calls, appends); the plans at the anchors.
-# B, timing alone (105 s at most; ~60 s expected): PyTorch's decode backends, then ours at ANCHORS.md's shapes: the plan's
-#    choice (`decode`), two launches forced (`decode-two-launch`), 16 and 64 splits forced.
+# B, timing alone (105 s at most; ~60 s expected): PyTorch's decode backends, then ours at
+#    ANCHORS.md's shapes: the plan's choice (`decode`), two launches forced (`decode-two-launch`),
+#    16 and 64 splits forced (`decode-s16`, `decode-s64`).
 # The bundle: `cargo xtask bundle` on decode-one-launch (at d5d8707: 51.5 MiB, 9 binaries and the
 # wheel; it fits the 64 MiB transfer as it is).
 # Run from the repository root: bash docs/results/session8/commands/decode.sh $OUT (carry bundle).
