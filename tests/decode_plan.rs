@@ -3,7 +3,7 @@
 
 use flash_attn::attention::CompiledLimits;
 use flash_attn::attention::decode::{
-    CacheGeometry, DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes, TablePages,
+    CacheGeometry, DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes, SplitMerge, TablePages,
 };
 use flash_attn::model::decode_reference::{DecodeCase, decode_reference};
 use flash_attn::model::reference::attention_reference;
@@ -158,15 +158,23 @@ fn the_plan_splits_the_anchor_shapes_to_fill_the_h200() {
         );
         let split_kv = plan.launches[0];
         assert_eq!(split_kv.launch.grid, (splits, 1, batch as u32 * 8));
+        // Every default split count fills at most one wave, so several splits merge in the
+        // split-KV kernel's last blocks: one launch, with a counter per (batch, KV head).
         assert_eq!(
             split_kv.kernel.family,
             Family::Decode {
                 head_dim: 128,
-                cache: CacheLayout::Contiguous
+                cache: CacheLayout::Contiguous,
+                one_launch: splits > 1,
             }
         );
-        // The combine runs only with several splits, over every query row.
-        assert_eq!(plan.launches.len(), if splits > 1 { 2 } else { 1 });
+        assert_eq!(plan.launches.len(), 1, "{plan}");
+        let expected_merge = if splits > 1 {
+            SplitMerge::LastBlock
+        } else {
+            SplitMerge::Direct
+        };
+        assert_eq!(plan.merge, expected_merge);
         assert_eq!(
             plan.workspace_stats,
             if splits > 1 {
@@ -174,6 +182,10 @@ fn the_plan_splits_the_anchor_shapes_to_fill_the_h200() {
             } else {
                 0
             }
+        );
+        assert_eq!(
+            plan.workspace_counters,
+            if splits > 1 { batch * 8 } else { 0 }
         );
         for launch in &plan.launches {
             assert!(KERNELS.contains(&launch.kernel), "{}", launch.kernel);
@@ -190,6 +202,7 @@ fn forced_splits_and_row_tiles() {
     let p = problem(&s).unwrap();
     let options = DecodeOptions {
         splits: Some(7),
+        one_launch: Some(false),
         ..Default::default()
     };
     let plan = DecodePlan::new(&CompiledLimits::H200, DType::F16, &p, &options).unwrap();
@@ -206,13 +219,113 @@ fn forced_splits_and_row_tiles() {
     assert!(DecodePlan::new(&CompiledLimits::H200, DType::F16, &p, &bad).is_err());
 }
 
+/// The merge: one split needs none; several merge in the split-KV kernel's last blocks while the
+/// grid fits one wave of 2 blocks on each of the 132 SMs, and in the combine kernel past it;
+/// `one_launch` forces either (but one split stays direct).
+#[test]
+fn the_plan_merges_in_one_launch_while_the_grid_fits_one_wave() {
+    let choose = |splits, blocks, one_launch| SplitMerge::choose(splits, blocks, 132, one_launch).0;
+    assert_eq!(choose(1, 8, None), SplitMerge::Direct);
+    assert_eq!(choose(1, 8, Some(true)), SplitMerge::Direct);
+    assert_eq!(choose(1, 8, Some(false)), SplitMerge::Direct);
+    assert_eq!(choose(33, 8, None), SplitMerge::LastBlock);
+    assert_eq!(choose(2, 132, None), SplitMerge::LastBlock);
+    assert_eq!(choose(3, 88, None), SplitMerge::LastBlock);
+    assert_eq!(choose(2, 133, None), SplitMerge::CombineKernel);
+    assert_eq!(choose(128, 32, None), SplitMerge::CombineKernel);
+    assert_eq!(choose(128, 32, Some(true)), SplitMerge::LastBlock);
+    assert_eq!(choose(2, 8, Some(false)), SplitMerge::CombineKernel);
+
+    // Batch 4, 8 KV heads, 2 tokens of 4 query heads each (one row tile per KV head): 32
+    // blocks a split.
+    let lengths = [5000u32, 64, 1, 0];
+    let s = shapes([4, 32, 2, 128], [4, 8, 5000, 128], &lengths, None);
+    let p = problem(&s).unwrap();
+    let plan_with = |splits, one_launch| {
+        let options = DecodeOptions {
+            splits: Some(splits),
+            one_launch,
+            ..Default::default()
+        };
+        DecodePlan::new(&CompiledLimits::H200, DType::Bf16, &p, &options).unwrap()
+    };
+    let family = |plan: &DecodePlan, i: usize| plan.launches[i].kernel.family;
+    // 7 splits × 32 blocks fit one wave: one launch, a counter per (batch, KV head).
+    let one = plan_with(7, None);
+    assert_eq!(one.merge, SplitMerge::LastBlock);
+    assert_eq!(one.launches.len(), 1);
+    assert_eq!(
+        family(&one, 0),
+        Family::Decode {
+            head_dim: 128,
+            cache: CacheLayout::Contiguous,
+            one_launch: true
+        }
+    );
+    assert_eq!(one.workspace_counters, 32);
+    assert_eq!(one.workspace_stats, 7 * 4 * 32 * 2);
+    assert_eq!(one.workspace_o, one.workspace_stats * 128);
+    assert!(one.to_string().contains("no combine launch"), "{one}");
+    // 64 splits × 32 blocks take eight waves: two launches, no counters.
+    let two = plan_with(64, None);
+    assert_eq!(two.merge, SplitMerge::CombineKernel);
+    assert_eq!(two.launches.len(), 2);
+    assert_eq!(
+        family(&two, 0),
+        Family::Decode {
+            head_dim: 128,
+            cache: CacheLayout::Contiguous,
+            one_launch: false
+        }
+    );
+    assert_eq!(family(&two, 1), Family::DecodeCombine { head_dim: 128 });
+    assert_eq!(two.workspace_counters, 0);
+    assert!(two.to_string().contains("more than one wave"), "{two}");
+    // Forced either way; one split is direct, with no workspace at all.
+    assert_eq!(plan_with(64, Some(true)).launches.len(), 1);
+    assert_eq!(plan_with(7, Some(false)).launches.len(), 2);
+    let direct = plan_with(1, Some(true));
+    assert_eq!(direct.merge, SplitMerge::Direct);
+    assert_eq!(
+        (
+            direct.workspace_o,
+            direct.workspace_stats,
+            direct.workspace_counters
+        ),
+        (0, 0, 0)
+    );
+    assert!(!direct.kernel_names().contains("onelaunch"));
+    // Several row tiles: a counter per (batch, KV head, row tile). 32 query heads on one KV
+    // head × 16 tokens: 32 row tiles.
+    let one_kv = [1000u32];
+    let s = shapes([1, 32, 16, 64], [1, 1, 1024, 64], &one_kv, None);
+    let p = problem(&s).unwrap();
+    let options = DecodeOptions {
+        splits: Some(4),
+        ..Default::default()
+    };
+    let plan = DecodePlan::new(&CompiledLimits::H200, DType::F16, &p, &options).unwrap();
+    assert_eq!(plan.merge, SplitMerge::LastBlock);
+    assert_eq!(plan.launches[0].launch.grid, (4, 32, 1));
+    assert_eq!(plan.workspace_counters, 32);
+}
+
 #[test]
 fn every_decode_head_dim_and_layout_is_compiled() {
     for dtype in [ElementType::F16, ElementType::Bf16] {
         for &head_dim in &HEAD_DIMS {
             for cache in CacheLayout::ALL {
                 for family in [
-                    Family::Decode { head_dim, cache },
+                    Family::Decode {
+                        head_dim,
+                        cache,
+                        one_launch: false,
+                    },
+                    Family::Decode {
+                        head_dim,
+                        cache,
+                        one_launch: true,
+                    },
                     Family::DecodeCombine { head_dim },
                     Family::KvAppend { cache },
                 ] {

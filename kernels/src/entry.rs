@@ -83,13 +83,17 @@ macro_rules! entry_point {
             }
         };
     };
-    (decode $dtype:ident $d:literal $cache:ident) => {
+    (decode $dtype:ident $d:literal $cache:ident $($one_launch:ident)?) => {
         const _: () = {
             decode_config!(Config, $d, paged!($cache));
             #[unsafe(export_name = concat!("decode_splitkv_", stringify!($dtype), "_d", $d, "_",
-                stringify!($cache)))]
+                stringify!($cache), $crate::decode_one_launch_suffix!($($one_launch)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: DecodeParams) {
-                split_kv::split_kv::<element!($dtype), Config>(&params)
+                split_kv::split_kv::<
+                    element!($dtype),
+                    Config,
+                    { $crate::decode_one_launch!($($one_launch)?) },
+                >(&params)
             }
         };
     };

@@ -270,6 +270,19 @@ impl Gpu {
         }
     }
 
+    /// [`Gpu::alloc`], then zeroed on the stream (counters that kernels expect at zero).
+    pub fn alloc_zeroed<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        what: &'static str,
+    ) -> Result<CudaSlice<T>> {
+        let mut slice = self.alloc::<T>(len, what)?;
+        self.stream
+            .memset_zeros(&mut slice)
+            .context(|| format!("zeroing {what}"))?;
+        Ok(slice)
+    }
+
     /// Device address of a buffer, for a parameter block.
     pub(crate) fn address<T>(&self, slice: &CudaSlice<T>) -> u64 {
         use cudarc::driver::DevicePtr;

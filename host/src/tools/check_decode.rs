@@ -2,15 +2,17 @@
 //! (`tools::check`): max |O − O_ref| ≤ 2 × (the same error of standard attention computed in the
 //! dtype) + 1e-5, L within 1e-4 where the reference is finite and −∞ where it is −∞; outputs
 //! poisoned (NaN) before the launch, so a row the kernels forgot fails. Keys appended by the call
-//! are checked in the cache too (bit for bit).
+//! are checked in the cache too (bit for bit). A case may call again on the same workspace with
+//! other split counts (`DecodeCheckCase::reruns`), each call checked: the one-launch merge's
+//! counters must be back at zero after every call.
 
 use ndarray::{Array2, Array4, ArrayView4};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
 use crate::attention::decode::{
-    BlockTable, CacheSeqlens, DecodeArguments, DecodeOptions, DecodeOutput, decode_into,
-    new_decode_output,
+    BlockTable, CacheSeqlens, DecodeArguments, DecodeOptions, DecodeOutput, DecodePlan,
+    DecodeWorkspace, decode_with_workspace, new_decode_output, plan_decode,
 };
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
@@ -37,6 +39,52 @@ pub struct DecodeCheckCase {
     pub dtype: DType,
     /// Split count override (None: the plan's).
     pub splits: Option<u32>,
+    /// Merge override (`DecodeOptions::one_launch`; None: the plan's).
+    pub one_launch: Option<bool>,
+    /// Further calls after the first, in order, on the same workspace: each one's split count
+    /// override (None: the plan's).
+    pub reruns: Vec<Option<u32>>,
+}
+
+impl DecodeCheckCase {
+    /// The case with default options: causal, the plan's splits and merge, one call.
+    pub fn new(
+        dtype: DType,
+        heads: (usize, usize),
+        q_tokens: usize,
+        head_dim: usize,
+        cache_seqlens: &[usize],
+        page_size: Option<usize>,
+    ) -> Self {
+        Self {
+            heads_q: heads.0,
+            heads_kv: heads.1,
+            q_tokens,
+            head_dim,
+            cache_seqlens: cache_seqlens.to_vec(),
+            new_tokens: 0,
+            page_size,
+            causal: true,
+            dtype,
+            splits: None,
+            one_launch: None,
+            reruns: Vec::new(),
+        }
+    }
+
+    /// The options of call `call` (0: the first; then `reruns`).
+    fn options(&self, call: usize) -> DecodeOptions {
+        DecodeOptions {
+            causal: self.causal,
+            softmax_scale: None,
+            splits: if call == 0 {
+                self.splits
+            } else {
+                self.reruns[call - 1]
+            },
+            one_launch: self.one_launch,
+        }
+    }
 }
 
 /// The dtypes the decode kernels take.
@@ -49,19 +97,9 @@ pub const DECODE_DTYPES: [DType; 2] = [DType::Bf16, DType::F16];
 /// with several tokens, a forced single split (the direct path) and many splits, and one 128k
 /// cache.
 pub fn standard_decode_cases(dtype: DType) -> Vec<DecodeCheckCase> {
-    let case =
-        |heads: (usize, usize), q_tokens, head_dim, lengths: &[usize], page_size| DecodeCheckCase {
-            heads_q: heads.0,
-            heads_kv: heads.1,
-            q_tokens,
-            head_dim,
-            cache_seqlens: lengths.to_vec(),
-            new_tokens: 0,
-            page_size,
-            causal: true,
-            dtype,
-            splits: None,
-        };
+    let case = |heads, q_tokens, head_dim, lengths: &[usize], page_size| {
+        DecodeCheckCase::new(dtype, heads, q_tokens, head_dim, lengths, page_size)
+    };
     let mixed = [0, 1, 17, 1000, 3001];
     let mut cases = Vec::new();
     for heads in [(4, 4), (8, 2), (32, 1)] {
@@ -85,8 +123,48 @@ pub fn standard_decode_cases(dtype: DType) -> Vec<DecodeCheckCase> {
             ..case((32, 8), 2, 128, &[5000, 64, 1, 0], Some(64))
         });
     }
+    // Both merges at many splits; then one workspace called with 7, 64, 7 and the plan's
+    // splits in a row (the one-launch counters reset by each call).
+    for one_launch in [false, true] {
+        cases.push(DecodeCheckCase {
+            splits: Some(33),
+            one_launch: Some(one_launch),
+            ..case((32, 8), 1, 64, &[4096, 700, 0], None)
+        });
+    }
+    cases.push(DecodeCheckCase {
+        splits: Some(7),
+        one_launch: Some(true),
+        reruns: vec![Some(64), Some(7), None],
+        ..case((8, 2), 4, 128, &[3001, 17, 0, 1000], Some(16))
+    });
     cases.push(case((32, 8), 1, 128, &[131_072], None));
     cases
+}
+
+/// `flash-attn check --decode --shapes sanitizer`'s cases for one dtype: short caches, so that
+/// compute-sanitizer (memcheck, racecheck) gets through in seconds, down every decode path: one
+/// launch over several row tiles and paged, called again with other split counts on one
+/// workspace; two launches; one split; appends; a sequence with no key in each batch.
+pub fn sanitizer_decode_cases(dtype: DType) -> Vec<DecodeCheckCase> {
+    let lengths = [300, 17, 0, 130];
+    vec![
+        DecodeCheckCase {
+            splits: Some(3),
+            one_launch: Some(true),
+            reruns: vec![Some(2), Some(1), None, Some(3)],
+            ..DecodeCheckCase::new(dtype, (32, 2), 2, 128, &lengths, Some(16))
+        },
+        DecodeCheckCase {
+            splits: Some(3),
+            one_launch: Some(false),
+            ..DecodeCheckCase::new(dtype, (8, 2), 1, 128, &lengths, None)
+        },
+        DecodeCheckCase {
+            new_tokens: 4,
+            ..DecodeCheckCase::new(dtype, (4, 4), 4, 64, &lengths, None)
+        },
+    ]
 }
 
 /// The outcome of one case.
@@ -103,7 +181,7 @@ pub struct DecodeCheckResult {
     /// Appended cache elements that differ from the new keys and values.
     pub append_mismatches: usize,
     pub passed: bool,
-    /// The plan's one-line summary.
+    /// The plans' one-line summaries (one per call, joined by " then ").
     pub plan: String,
 }
 
@@ -117,7 +195,7 @@ impl DecodeCheckResult {
 pub fn describe_decode(r: &DecodeCheckResult) -> String {
     let c = &r.case;
     format!(
-        "{} heads {}/{} tokens {} d {} lengths {:?}+{} {} causal={} splits={:?}: err {:.3e} \
+        "{} heads {}/{} tokens {} d {} lengths {:?}+{} {} causal={} splits={:?}{}{}: err {:.3e} \
          (bound {:.3e}), L err {:.2e}, bad {}, append mismatches {} → {} [{}]",
         c.dtype,
         c.heads_q,
@@ -130,6 +208,13 @@ pub fn describe_decode(r: &DecodeCheckResult) -> String {
             .map_or("contiguous".to_string(), |p| format!("paged {p}")),
         c.causal,
         c.splits,
+        c.one_launch
+            .map_or(String::new(), |one| format!(" one_launch={one}")),
+        if c.reruns.is_empty() {
+            String::new()
+        } else {
+            format!(" then splits {:?}", c.reruns)
+        },
         r.max_abs_error,
         r.bound,
         r.logsumexp_error,
@@ -238,17 +323,18 @@ fn check_typed<T: Element>(
         block_table: block_table.as_ref(),
         new_kv: (case.new_tokens > 0).then_some((&k_new, &v_new)),
     };
-    let options = DecodeOptions {
-        causal: case.causal,
-        softmax_scale: None,
-        splits: case.splits,
-    };
-    let mut output: DecodeOutput<T> = new_decode_output(gpu, &args, &options)?;
-    output.o.fill(gpu, T::poison())?;
-    gpu.fill(&mut output.logsumexp, f32::NAN)?;
-    let plan = decode_into(gpu, &args, &mut output, &options)?;
-    let o = output.o.to_array(gpu)?;
-    let logsumexp = output.logsumexp(gpu)?;
+    let plans = (0..=case.reruns.len())
+        .map(|call| plan_decode(gpu, &args, &case.options(call)))
+        .collect::<Result<Vec<DecodePlan>>>()?;
+    let mut workspace = DecodeWorkspace::covering(gpu, &plans)?;
+    let mut output: DecodeOutput<T> = new_decode_output(gpu, &args, &case.options(0))?;
+    let mut calls = Vec::new();
+    for plan in &plans {
+        output.o.fill(gpu, T::poison())?;
+        gpu.fill(&mut output.logsumexp, f32::NAN)?;
+        decode_with_workspace(gpu, &args, &mut output, &mut workspace, plan)?;
+        calls.push((output.o.to_array(gpu)?, output.logsumexp(gpu)?));
+    }
 
     // The cache as the call should have left it: the new keys at each sequence's end.
     let (mut k_expected, mut v_expected) = (host.k_cache.clone(), host.v_cache.clone());
@@ -287,7 +373,7 @@ fn check_typed<T: Element>(
         seqlens: &seqlens,
         block_table: host.table.as_ref().map(|t| t.view()),
         causal: case.causal,
-        scale: plan.problem.softmax_scale as f64,
+        scale: plans[0].problem.softmax_scale as f64,
     };
     let reference = decode_reference(&reference_case);
     let in_dtype = decode_in_dtype::<T>(&reference_case);
@@ -297,21 +383,23 @@ fn check_typed<T: Element>(
             .map(|(x, r)| (x - r).abs())
             .fold(0.0f64, f64::max)
     };
-    let got = o.mapv(|x| x.to_f64());
     let baseline_error = max_error(in_dtype.view());
-    let max_abs_error = max_error(got.view());
-    let mut bad_outputs = got.iter().filter(|x| x.is_nan()).count();
-    let mut logsumexp_error = 0.0f64;
-    for (l, r) in logsumexp.iter().zip(&reference.logsumexp) {
-        let l = *l as f64;
-        if r.is_finite() {
-            if l.is_finite() {
-                logsumexp_error = logsumexp_error.max((l - r).abs());
-            } else {
+    let (mut max_abs_error, mut bad_outputs, mut logsumexp_error) = (0.0f64, 0, 0.0f64);
+    for (o, logsumexp) in &calls {
+        let got = o.mapv(|x| x.to_f64());
+        max_abs_error = max_abs_error.max(max_error(got.view()));
+        bad_outputs += got.iter().filter(|x| x.is_nan()).count();
+        for (l, r) in logsumexp.iter().zip(&reference.logsumexp) {
+            let l = *l as f64;
+            if r.is_finite() {
+                if l.is_finite() {
+                    logsumexp_error = logsumexp_error.max((l - r).abs());
+                } else {
+                    bad_outputs += 1;
+                }
+            } else if l != f64::NEG_INFINITY {
                 bad_outputs += 1;
             }
-        } else if l != f64::NEG_INFINITY {
-            bad_outputs += 1;
         }
     }
     let bound = 2.0 * baseline_error + HALF_ABSOLUTE_SLACK;
@@ -328,6 +416,10 @@ fn check_typed<T: Element>(
         bad_outputs,
         append_mismatches,
         passed,
-        plan: plan.to_string(),
+        plan: plans
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" then "),
     })
 }

@@ -304,6 +304,30 @@ pub unsafe fn release_add_u32(pointer: *mut u32, value: u32) {
     }
 }
 
+/// `atom.acq_rel.gpu.global.add.u32`: adds 1 to the arrival counter at `pointer` and returns what
+/// it held before. Release: every global write this thread has made, or has seen performed (its
+/// block's, after a barrier: release is cumulative, as the `__threadfence()` before a grid
+/// barrier's atomic is), is visible to any thread that later acquires a value this add produced.
+/// Acquire: when the value returned shows that every other block has arrived, each one's writes
+/// before its own arrival are visible to this thread, and, after a barrier, to its block (the
+/// last block of a one-launch split-KV group reads the other blocks' partial results this way).
+/// On sm_90 ptxas makes it `MEMBAR.ALL.GPU` (the release fence), `ATOMG.E.ADD.STRONG.GPU`, then
+/// `CCTL.IVALL` (the SM's L1 invalidated, so no stale line of another block's results is read).
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at a u32 in global memory (a buffer the host
+/// allocated) that, while the kernel runs, only atomics touch.
+#[inline(always)]
+pub unsafe fn arrive_acq_rel_u32(pointer: *mut u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {old}, [{p}], 1;", old = out(reg32) old,
+             p = in(reg64) pointer, options(nostack));
+    }
+    old
+}
+
 /// Hands out consecutive, non-overlapping f32 tiles of the block's dynamic shared memory.
 ///
 /// The host sizes the launch with the same arithmetic (each family's `config`), so a kernel that carves
@@ -361,6 +385,24 @@ pub unsafe fn store<T>(pointer: *mut T, value: T) {
 pub unsafe fn offset<T>(pointer: *mut T, count: usize) -> *mut T {
     // SAFETY: the caller's contract.
     unsafe { pointer.add(count) }
+}
+
+/// An f32 from global memory, read at L2 and not cached in L1 (`ld.global.cg.f32`): for results
+/// that other blocks of the same kernel wrote (the split-KV partials that the last block of a
+/// one-launch group merges), so that no line an earlier load left in this SM's L1 is read stale,
+/// whatever the acquire's L1 invalidation covers.
+///
+/// # Safety
+/// `pointer` must be 4-byte aligned and point at an f32 in global memory this thread may read.
+#[inline(always)]
+pub unsafe fn load_l2_f32(pointer: *const f32) -> f32 {
+    let value: f32;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("ld.global.cg.f32 {v}, [{p}];", v = out(reg32) value, p = in(reg64) pointer,
+             options(nostack, readonly, preserves_flags));
+    }
+    value
 }
 
 /// 16 bytes from global memory that no thread writes during the kernel, bypassing L1

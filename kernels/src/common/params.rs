@@ -293,6 +293,9 @@ pub struct DecodeParams {
     /// u32 (batch, table_stride): page of each `page_size` keys of each sequence; 0 for a
     /// contiguous cache.
     pub block_table: u64,
+    /// u32 per (batch·heads_kv, row tile), zero between launches: the one-launch split-KV
+    /// kernel's arrival counters (`tile::global::SplitArrivals`); 0 for the other kernels.
+    pub split_counters: u64,
     pub table_stride: u32,
     pub page_size: u32,
     pub batch: u32,

@@ -48,9 +48,10 @@ pub const COMBINE_THREADS: u32 = COMBINE_ROWS * 32;
 pub const APPEND_THREADS: u32 = 256;
 
 /// Floats of the merge's shared memory: each warp's m and ℓ for the 16 rows, and its Õ
-/// (16 rows × d at the odd stride d + 1, conflict-free column reads).
+/// (16 rows × d at the odd stride d + 1, conflict-free column reads); then one word, the
+/// one-launch kernel's "this block arrived last" for the whole block.
 pub const fn shared_floats(head_dim: u32) -> u32 {
-    WARPS * TILE_ROWS * (2 + (head_dim | 1))
+    WARPS * TILE_ROWS * (2 + (head_dim | 1)) + 1
 }
 
 /// Bytes of dynamic shared memory of a split-KV block.

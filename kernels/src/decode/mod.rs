@@ -4,8 +4,10 @@
 //! - [`config`]: the block geometry, the split plan and [`config::DecodeConfig`] (host and GPU);
 //! - `append`: new keys and values written into the cache (GPU);
 //! - `split_kv`: one block per (split of the keys, 16 query rows, batch·KV head), each writing
-//!   its partial (Õ, m, ℓ) (GPU);
-//! - `combine`: the splits merged by their (m, ℓ) into O and L (GPU).
+//!   its partial (Õ, m, ℓ); in its one-launch form the last block of each group then merges
+//!   them (GPU);
+//! - `combine`: the splits merged by their (m, ℓ) into O and L, as a second kernel or by that
+//!   last block (GPU).
 
 pub mod config;
 

@@ -2,7 +2,11 @@
 //! each sequence are split into ranges, one block per (split, 16 query rows, batch·KV head); each
 //! block runs FA2's online softmax over its range and writes its unnormalised Õ with (m, ℓ) to
 //! the workspace, and the combine kernel merges the splits ([`super::combine`]). With one split
-//! the block writes O and L itself.
+//! the block writes O and L itself. The one-launch form (`ONE_LAUNCH`) needs no combine kernel:
+//! after storing its partial results each block arrives at its group's counter
+//! (`tile::global::SplitArrivals`: an acquire-release atomic add, its release cumulative over the
+//! block's stores before a barrier), and the block that arrives last sees every other split's
+//! partial results, merges them ([`super::combine::combine_row`]) and resets the counter.
 //!
 //! Decoding reads each key once and does 2·rows·d multiply-adds with it, so the kernel is a
 //! stream of K/V bytes: each warp loads its step's 16 keys and values straight into mma
@@ -19,16 +23,17 @@
 //!  └──────────────────────────────┘                 memory by FA1's rule (seed 000)
 //! ```
 
-use super::config::{DecodeConfig, STEP_KEYS, TILE_ROWS, WARPS};
+use super::combine::combine_row;
+use super::config::{DecodeConfig, STEP_KEYS, SplitPlan, TILE_ROWS, WARPS};
 use crate::arch;
-use crate::common::block::DecodeBlock;
+use crate::common::block::{DecodeBlock, DecodeRow};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::DecodeParams;
 use crate::common::softcap::Softcap;
 use crate::common::softmax::{Exp2Split, LOG2_E, RowStats, fa1_merge, needs_rescale};
 use crate::tile::accumulator::ScoreBlock;
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col};
-use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::global::{HeadRows16, HeadVector, SplitArrivals};
 use crate::tile::kv_cache::{
     CacheRows, key_fragments, lane_coordinates, output_col, query_fragments, value_fragment,
     value_rows,
@@ -54,9 +59,11 @@ struct StepInputs<'a, C: DecodeConfig> {
 }
 
 /// The kernel body: grid (splits, row tiles, batch·heads_kv), [`super::config::THREADS`]
-/// threads, [`super::config::shared_bytes`]`(d)` bytes of dynamic shared memory.
+/// threads, [`super::config::shared_bytes`]`(d)` bytes of dynamic shared memory. `ONE_LAUNCH`:
+/// the last block of each (batch·KV head, row tile) merges the splits, with the counters at
+/// `p.split_counters`.
 #[inline(always)]
-pub fn split_kv<T: TensorCoreElement, C: DecodeConfig>(p: &DecodeParams) {
+pub fn split_kv<T: TensorCoreElement, C: DecodeConfig, const ONE_LAUNCH: bool>(p: &DecodeParams) {
     let () = C::CHECKED;
     let batch = arch::block_idx_z() / p.heads_kv;
     // SAFETY: the host allocated `batch` lengths; z < batch·heads_kv.
@@ -69,10 +76,17 @@ pub fn split_kv<T: TensorCoreElement, C: DecodeConfig>(p: &DecodeParams) {
         arch::block_idx_z(),
         cached + p.new_tokens,
     );
-    let direct = p.splits == 1;
-    // A split past the sequence's end has nothing to add: the combine merges only the splits
-    // that hold keys. With one split the block still writes O = 0 and L = −∞ for an empty cache.
-    if !direct && block.key_start >= block.seqlen {
+    // The splits that hold keys; the merge takes those only. One launch counts at least one, so
+    // that split 0 writes O = 0 and L = −∞ for an empty sequence.
+    let plan = SplitPlan {
+        splits: p.splits,
+        split_keys: p.split_keys,
+    };
+    let arrivals = plan.splits_covering(block.seqlen).max(1);
+    let direct = p.splits == 1 || (ONE_LAUNCH && arrivals == 1);
+    // A split past the sequence's end has nothing to add. With one split the block still writes
+    // O = 0 and L = −∞ for an empty cache.
+    if (ONE_LAUNCH && block.split >= arrivals) || (!direct && block.key_start >= block.seqlen) {
         return;
     }
     let (g, _) = lane_coordinates();
@@ -116,7 +130,43 @@ pub fn split_kv<T: TensorCoreElement, C: DecodeConfig>(p: &DecodeParams) {
         }
         key_start += WARPS * STEP_KEYS;
     }
-    merge_warps::<T, C>(p, &block, state, direct);
+    let sram = MergeSram::carve(C::HEAD_DIM);
+    merge_warps::<T, C>(p, &block, &sram, state, direct);
+    if ONE_LAUNCH && !direct {
+        merge_splits_if_last::<T, C>(p, &block, &sram, arrivals);
+    }
+}
+
+/// After the block's partial stores: it arrives at its group's counter, and if it is the last of
+/// the group's `arrivals`, merges the splits of each of its rows (one warp per row) as the
+/// combine kernel would.
+#[inline(always)]
+fn merge_splits_if_last<T: TensorCoreElement, C: DecodeConfig>(
+    p: &DecodeParams,
+    block: &DecodeBlock,
+    sram: &MergeSram,
+    arrivals: u32,
+) {
+    // Every thread's partial stores come before thread 0's release (and the merge's shared
+    // reads before the flag's write).
+    arch::sync_threads();
+    if arch::thread_idx_x() == 0 {
+        let group = arch::block_idx_z() * arch::grid_dim_y() + arch::block_idx_y();
+        let last = SplitArrivals::new(p.split_counters, group).arrive_last(arrivals);
+        sram.last_arrival.set(0, if last { 1.0 } else { 0.0 });
+    }
+    // Thread 0's acquire comes before every thread's reads of the other splits' results.
+    arch::sync_threads();
+    if sram.last_arrival.get(0) == 0.0 {
+        return;
+    }
+    let mut r = arch::warp_idx();
+    while r < TILE_ROWS {
+        if let Some(row) = block.row(block.first_row + r) {
+            combine_row::<T, C>(p, block.batch, row, arrivals);
+        }
+        r += WARPS;
+    }
 }
 
 /// One step of 16 keys from `key_start`: S = Q·Kᵀ, the online softmax (FA2's update, the max
@@ -189,6 +239,38 @@ struct MergeSram {
     sum: SharedVector,
     /// `WARPS × 16` rows of d floats: warp w's row r is row `w·16 + r`.
     o: SharedTile,
+    /// One word: 1 when this block arrived last at its group's counter (one launch).
+    last_arrival: SharedVector,
+}
+
+impl MergeSram {
+    /// The block's dynamic shared memory, [`super::config::shared_floats`] floats.
+    #[inline(always)]
+    fn carve(head_dim: u32) -> Self {
+        let mut carver = arch::SharedCarver::from_start();
+        let rows = WARPS * TILE_ROWS;
+        Self {
+            max: SharedVector::carve(&mut carver, rows),
+            sum: SharedVector::carve(&mut carver, rows),
+            o: SharedTile::carve(&mut carver, rows, head_dim),
+            last_arrival: SharedVector::carve(&mut carver, 1),
+        }
+    }
+
+    /// Row `r`'s (m, ℓ) over the block's warps (after the barrier that follows their stores).
+    #[inline(always)]
+    fn merged_stats(&self, r: u32) -> RowStats {
+        let mut merged = RowStats::EMPTY;
+        for w in 0..WARPS {
+            let row = w * TILE_ROWS + r;
+            let warp_stats = RowStats {
+                max: self.max.get(row),
+                sum: self.sum.get(row),
+            };
+            merged = fa1_merge(merged, warp_stats, arch::exp2).merged;
+        }
+        merged
+    }
 }
 
 /// The warps' partial results merged (FA1's merge of seed 000: m = max(m_a, m_b),
@@ -198,17 +280,10 @@ struct MergeSram {
 fn merge_warps<T: TensorCoreElement, C: DecodeConfig>(
     p: &DecodeParams,
     block: &DecodeBlock,
+    sram: &MergeSram,
     mut state: WarpState<C>,
     direct: bool,
 ) {
-    let head_dim = C::HEAD_DIM;
-    let mut carver = arch::SharedCarver::from_start();
-    let rows = WARPS * TILE_ROWS;
-    let sram = MergeSram {
-        max: SharedVector::carve(&mut carver, rows),
-        sum: SharedVector::carve(&mut carver, rows),
-        o: SharedTile::carve(&mut carver, rows, head_dim),
-    };
     let (g, t) = lane_coordinates();
     let warp_row = |h: usize| arch::warp_idx() * TILE_ROWS + g + h as u32 * LDMATRIX_SIDE;
     for h in 0..2 {
@@ -222,20 +297,8 @@ fn merge_warps<T: TensorCoreElement, C: DecodeConfig>(
         }
     }
     arch::sync_threads();
-    let merged_row = |r: u32| {
-        let mut merged = RowStats::EMPTY;
-        for w in 0..WARPS {
-            let row = w * TILE_ROWS + r;
-            let warp_stats = RowStats {
-                max: sram.max.get(row),
-                sum: sram.sum.get(row),
-            };
-            merged = fa1_merge(merged, warp_stats, arch::exp2).merged;
-        }
-        merged
-    };
     for h in 0..2 {
-        let merged = merged_row(g + h as u32 * LDMATRIX_SIDE);
+        let merged = sram.merged_stats(g + h as u32 * LDMATRIX_SIDE);
         let factor = arch::exp2(state.stats[h].max - RowStats::exp_base(merged.max));
         for (tile, values) in state.acc.iter().enumerate() {
             for e in 2 * h..2 * h + 2 {
@@ -249,13 +312,29 @@ fn merge_warps<T: TensorCoreElement, C: DecodeConfig>(
     }
     arch::sync_threads();
 
-    // 8 threads per row, 4 consecutive columns each per 32-column pass.
+    // 8 threads per row, 4 consecutive columns each per 32-column pass. Threads of rows past
+    // the group store nothing but stay for the one-launch kernel's barriers.
     let thread = arch::thread_idx_x();
     let (r, part) = (thread / 8, thread % 8);
-    let Some(row) = block.row(block.first_row + r) else {
-        return;
-    };
-    let merged = merged_row(r);
+    if let Some(row) = block.row(block.first_row + r) {
+        store_merged::<T, C>(p, block, sram, row, r, part, direct);
+    }
+}
+
+/// Thread `part` of the 8 of row `r`: the warps' Õ of its columns summed, then O = Õ/ℓ and L
+/// (one split) or Õ, m and ℓ into the workspace.
+#[inline(always)]
+fn store_merged<T: TensorCoreElement, C: DecodeConfig>(
+    p: &DecodeParams,
+    block: &DecodeBlock,
+    sram: &MergeSram,
+    row: DecodeRow,
+    r: u32,
+    part: u32,
+    direct: bool,
+) {
+    let head_dim = C::HEAD_DIM;
+    let merged = sram.merged_stats(r);
     let output = HeadRows16::new(&p.o, block.batch, row.head, p.q_tokens);
     let partials = Partials::new(p);
     let inverse_sum = merged.inverse_sum();

@@ -216,8 +216,13 @@ pub enum Family {
         head_dim_capacity: u32,
         grouped: bool,
     },
-    /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache.
-    Decode { head_dim: u32, cache: CacheLayout },
+    /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache. `one_launch`:
+    /// the last block of each group merges the splits (no [`Family::DecodeCombine`] launch).
+    Decode {
+        head_dim: u32,
+        cache: CacheLayout,
+        one_launch: bool,
+    },
     /// The split-KV combine for exactly `head_dim`.
     DecodeCombine { head_dim: u32 },
     /// Appending new keys and values to a contiguous or paged cache (any head dim).
@@ -485,12 +490,14 @@ impl KernelId {
                 Family::Decode {
                     head_dim: a,
                     cache: s,
+                    one_launch: x,
                 },
                 Family::Decode {
                     head_dim: b,
                     cache: t,
+                    one_launch: y,
                 },
-            ) => a == b && s as u8 == t as u8,
+            ) => a == b && s as u8 == t as u8 && x == y,
             (Family::DecodeCombine { head_dim: a }, Family::DecodeCombine { head_dim: b }) => {
                 a == b
             }

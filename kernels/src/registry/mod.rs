@@ -39,8 +39,10 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 ///   lengths (`common::params::PackedSequences`), and `fa2_tc ... local`, for a sliding window
 ///   and soft-capping (`ForwardForm`), each at each head dim's default tiling
 ///   (`Fa2TcTiling::default_for`; a CPU test holds the two together);
-/// - `decode <dtype> <head dim> <cache>`, `decode_combine <dtype> <head dim>`,
-///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged).
+/// - `decode <dtype> <head dim> <cache> [onelaunch]`, `decode_combine <dtype> <head dim>`,
+///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged;
+///   `onelaunch`: the split-KV kernel whose last block of each group merges the splits, so no
+///   combine kernel runs).
 ///
 /// FA2-TC: every head dim up to 128 takes the full set of tilings; at d = 256 two row tiles would
 /// hold 2·256 f32 accumulators per lane, past the 255-register limit, so single row tiles only.
@@ -118,6 +120,8 @@ macro_rules! for_each_kernel {
     (@decode_dtype $emit:ident $dtype:ident [$($d:literal)*]) => {$(
         $emit!(decode $dtype $d contiguous);
         $emit!(decode $dtype $d paged);
+        $emit!(decode $dtype $d contiguous onelaunch);
+        $emit!(decode $dtype $d paged onelaunch);
         $emit!(decode_combine $dtype $d);
     )*};
     (@standard $emit:ident [$($dtype:ident)*]) => {$(
@@ -241,6 +245,29 @@ macro_rules! forward_form_suffix {
     };
 }
 
+/// Whether a decode line of the list is the one-launch split-KV kernel (`onelaunch`).
+#[macro_export]
+macro_rules! decode_one_launch {
+    () => {
+        false
+    };
+    (onelaunch) => {
+        true
+    };
+}
+
+/// The entry-name suffix of the one-launch split-KV kernel (`registry::name`'s
+/// `ONE_LAUNCH_SUFFIX`).
+#[macro_export]
+macro_rules! decode_one_launch_suffix {
+    () => {
+        ""
+    };
+    (onelaunch) => {
+        "_onelaunch"
+    };
+}
+
 /// The most kernels [`KERNELS`] can hold (a fixed capacity, so the list is a `const`).
 type const CAPACITY: usize = 256;
 
@@ -359,11 +386,12 @@ macro_rules! push_kernel {
             ElementType::$dtype(),
         ));
     };
-    ($list:ident; decode $dtype:ident $head_dim:literal $cache:ident) => {
+    ($list:ident; decode $dtype:ident $head_dim:literal $cache:ident $($one_launch:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Decode {
                 head_dim: $head_dim,
                 cache: CacheLayout::$cache(),
+                one_launch: $crate::decode_one_launch!($($one_launch)?),
             },
             ElementType::$dtype(),
         ));

@@ -15,7 +15,7 @@ impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,
     /// `fa1_forward_<dtype>`,
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local]`,
-    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>[p|_varlen|_local]`, `decode_splitkv_<dtype>_d<d>_<cache>`,
+    /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>[p|_varlen|_local]`, `decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch]`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
     /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `backward_group_sum_<dtype>`.
@@ -75,9 +75,16 @@ impl fmt::Display for KernelId {
                 grouped_suffix(grouped)
             ),
             Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
-            Family::Decode { head_dim, cache } => {
-                write!(f, "decode_splitkv_{dtype}_d{head_dim}_{}", cache.name())
-            }
+            Family::Decode {
+                head_dim,
+                cache,
+                one_launch,
+            } => write!(
+                f,
+                "decode_splitkv_{dtype}_d{head_dim}_{}{}",
+                cache.name(),
+                if one_launch { ONE_LAUNCH_SUFFIX } else { "" }
+            ),
             Family::DecodeCombine { head_dim } => write!(f, "decode_combine_{dtype}_d{head_dim}"),
             Family::KvAppend { cache } => write!(f, "kv_append_{dtype}_{}", cache.name()),
         }
@@ -92,6 +99,9 @@ fn strip_form(name: &str) -> (&str, ForwardForm) {
         .find_map(|form| name.strip_suffix(form.suffix()).map(|rest| (rest, form)))
         .unwrap_or((name, ForwardForm::Dense))
 }
+
+/// The suffix of the one-launch split-KV kernel (`registry::decode_one_launch_suffix!`).
+const ONE_LAUNCH_SUFFIX: &str = "_onelaunch";
 
 /// The suffix of a backward main kernel compiled for grouped K/V heads
 /// (`registry::backward_grouped_suffix!` in the entry names).
@@ -123,7 +133,7 @@ impl fmt::Display for ParseKernelIdError {
              fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen|_local], fa2_backward_<pre|post>process_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>[_grouped], \
              fa2tc_backward_<dtype>_d<capacity>[_grouped], backward_group_sum_<dtype>, \
-             decode_splitkv_<dtype>_d<d>_<cache>, decode_combine_<dtype>_d<d>, \
+             decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch], decode_combine_<dtype>_d<d>, \
              kv_append_<dtype>_<cache>)",
         )
     }
@@ -243,12 +253,17 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("decode_splitkv_") {
-            // <dtype>_d<d>_<cache>
+            // <dtype>_d<d>_<cache>[_onelaunch]
+            let (rest, one_launch) = match rest.strip_suffix(ONE_LAUNCH_SUFFIX) {
+                Some(rest) => (rest, true),
+                None => (rest, false),
+            };
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, cache) = rest.split_once('_').ok_or(ParseKernelIdError)?;
             let family = Family::Decode {
                 head_dim: number(head_dim)?,
                 cache: cache_of(cache)?,
+                one_launch,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("decode_combine_") {

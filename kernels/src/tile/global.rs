@@ -281,6 +281,43 @@ impl TileCounters {
     }
 }
 
+/// The one-launch split-KV kernel's arrival counters: one u32 per (batch·KV head, row tile)
+/// group in global memory, zero between launches, counting the group's splits that have stored
+/// their partial results. The block that arrives last merges the group's splits and sets its
+/// counter back to zero, so the next launch on the stream finds it as this one did, without a
+/// memset (as [`TileCounters`] do).
+#[derive(Clone, Copy)]
+pub struct SplitArrivals {
+    counter: *mut u32,
+}
+
+impl SplitArrivals {
+    /// The counter of `group` (`batch_kv_head · row_tiles + row_tile`) at `addr`.
+    #[inline(always)]
+    pub fn new(addr: u64, group: u32) -> Self {
+        Self {
+            counter: (addr as *mut u32).wrapping_add(group as usize),
+        }
+    }
+
+    /// One thread's arrival for its block, after a barrier over the block's partial stores:
+    /// whether this block is the last of the group's `arrivals`. The last one also sees every
+    /// other block's stores (acquire) and resets the counter for the next launch.
+    #[inline(always)]
+    pub fn arrive_last(&self, arrivals: u32) -> bool {
+        // SAFETY: the host allocated and zeroed one u32 per group (`group` < their count); while
+        // the kernel runs only these atomics touch them.
+        unsafe {
+            let last = arch::arrive_acq_rel_u32(self.counter) == arrivals - 1;
+            if last {
+                // Every block of the group has arrived: nothing reads the counter again.
+                arch::atomic_store_u32(self.counter, 0);
+            }
+            last
+        }
+    }
+}
+
 /// One u32 flag per (batch·head, row block) in device memory, zeroed by the host: the order in
 /// which the key blocks of a head add to a row block's dQ (the deterministic backward). Key
 /// block j waits until the flag of row block i reads j, adds, and releases j + 1, so the adds

@@ -51,11 +51,12 @@ impl Partials {
         }
     }
 
-    /// Õ[col] of a row.
+    /// Õ[col] of a row, read at L2: another block of the same launch may have written it (the
+    /// one-launch merge).
     #[inline(always)]
     pub fn o(&self, split: u32, row_id: u32, col: u32) -> f32 {
         // SAFETY: inside the workspace (see `store_o4`); written by this split's block.
-        unsafe { arch::load(self.o_at(split, row_id, col)) }
+        unsafe { arch::load_l2_f32(self.o_at(split, row_id, col)) }
     }
 
     #[inline(always)]
@@ -68,14 +69,15 @@ impl Partials {
         }
     }
 
+    /// A row's (m, ℓ), read at L2 as [`Partials::o`].
     #[inline(always)]
     pub fn stats(&self, split: u32, row_id: u32) -> RowStats {
         let i = self.row_index(split, row_id);
         // SAFETY: as for `store_stats`.
         unsafe {
             RowStats {
-                max: arch::load(self.max.wrapping_add(i)),
-                sum: arch::load(self.sum.wrapping_add(i)),
+                max: arch::load_l2_f32(self.max.wrapping_add(i)),
+                sum: arch::load_l2_f32(self.sum.wrapping_add(i)),
             }
         }
     }

@@ -5,7 +5,8 @@
 //!
 //! - [`cache`]: the lengths and the block table on the device, with the host copies the checks read;
 //! - [`problem`]: the call's shapes and options, checked;
-//! - [`plan`]: the split of the keys, the kernels and their launches, the workspace;
+//! - [`plan`]: the split of the keys, their merge (one launch or two), the kernels and their
+//!   launches, the workspace;
 //! - this file: the API (allocate, build the parameter block, launch the plan).
 //!
 //! ```text
@@ -25,7 +26,7 @@ pub mod plan;
 pub mod problem;
 
 pub use cache::{BlockTable, CacheSeqlens, TablePages};
-pub use plan::DecodePlan;
+pub use plan::{DecodePlan, SplitMerge};
 pub use problem::{CacheGeometry, DecodeOptions, DecodeProblem, DecodeShapes};
 
 use cudarc::driver::CudaSlice;
@@ -99,41 +100,73 @@ impl<T: Element> DecodeOutput<T> {
     }
 }
 
-/// The split-KV workspace: each split's Õ, m and ℓ.
+/// The split-KV workspace: each split's Õ, m and ℓ, and the one-launch merge's arrival
+/// counters. The counters are zeroed once here; each launch leaves them at zero (the last block
+/// of each group resets its own), so a workspace serves call after call, whatever their split
+/// counts, with no memset between.
 pub struct DecodeWorkspace {
     o: Option<CudaSlice<f32>>,
     max: Option<CudaSlice<f32>>,
     sum: Option<CudaSlice<f32>>,
+    counters: Option<CudaSlice<u32>>,
     o_len: usize,
     stats_len: usize,
+    counters_len: usize,
 }
 
 impl DecodeWorkspace {
     /// Allocates what `plan` needs (nothing with one split).
     pub fn new(gpu: &Gpu, plan: &DecodePlan) -> Result<Self> {
+        Self::covering(gpu, std::slice::from_ref(plan))
+    }
+
+    /// Allocates what the most demanding of `plans` needs, so that one workspace runs each.
+    pub fn covering(gpu: &Gpu, plans: &[DecodePlan]) -> Result<Self> {
+        let most = |size: fn(&DecodePlan) -> usize| plans.iter().map(size).max().unwrap_or(0);
+        let (o_len, stats_len) = (most(|p| p.workspace_o), most(|p| p.workspace_stats));
+        let counters_len = most(|p| p.workspace_counters);
         let alloc = |len: usize, what| (len > 0).then(|| gpu.alloc::<f32>(len, what)).transpose();
+        let counters = (counters_len > 0)
+            .then(|| gpu.alloc_zeroed::<u32>(counters_len, "the split arrival counters"))
+            .transpose()?;
         Ok(Self {
-            o: alloc(plan.workspace_o, "the split-KV partial O")?,
-            max: alloc(plan.workspace_stats, "the split-KV partial m")?,
-            sum: alloc(plan.workspace_stats, "the split-KV partial ℓ")?,
-            o_len: plan.workspace_o,
-            stats_len: plan.workspace_stats,
+            o: alloc(o_len, "the split-KV partial O")?,
+            max: alloc(stats_len, "the split-KV partial m")?,
+            sum: alloc(stats_len, "the split-KV partial ℓ")?,
+            counters,
+            o_len,
+            stats_len,
+            counters_len,
         })
     }
 
-    fn addresses(&self, gpu: &Gpu, plan: &DecodePlan) -> Result<[u64; 3]> {
-        if self.o_len < plan.workspace_o || self.stats_len < plan.workspace_stats {
+    /// The partial O, m, ℓ and the counters' device addresses (0 for what the plan does not use).
+    fn addresses(&self, gpu: &Gpu, plan: &DecodePlan) -> Result<[u64; 4]> {
+        if self.o_len < plan.workspace_o
+            || self.stats_len < plan.workspace_stats
+            || self.counters_len < plan.workspace_counters
+        {
             return Err(Error::invalid(
                 "workspace",
-                format!("{} + 2 × {} floats", self.o_len, self.stats_len),
                 format!(
-                    "at least {} + 2 × {} floats for this plan (DecodeWorkspace::new)",
-                    plan.workspace_o, plan.workspace_stats
+                    "{} + 2 × {} floats and {} counters",
+                    self.o_len, self.stats_len, self.counters_len
+                ),
+                format!(
+                    "at least {} + 2 × {} floats and {} counters for this plan \
+                     (DecodeWorkspace::new)",
+                    plan.workspace_o, plan.workspace_stats, plan.workspace_counters
                 ),
             ));
         }
         let address = |b: &Option<CudaSlice<f32>>| b.as_ref().map_or(0, |b| gpu.address(b));
-        Ok([address(&self.o), address(&self.max), address(&self.sum)])
+        let counters = self.counters.as_ref().map_or(0, |c| gpu.address(c));
+        Ok([
+            address(&self.o),
+            address(&self.max),
+            address(&self.sum),
+            counters,
+        ])
     }
 }
 
@@ -198,6 +231,7 @@ pub fn decode_with_workspace<T: Element>(
         causal: plan.problem.causal,
         softmax_scale: Some(plan.problem.softmax_scale),
         splits: Some(plan.splits.splits),
+        one_launch: None,
     };
     let problem = args.problem(&options)?;
     if problem != plan.problem || plan.dtype != T::DTYPE {
@@ -219,7 +253,7 @@ pub fn decode_with_workspace<T: Element>(
         ));
     }
     check_rows_aligned("output.o", output.o.strides())?;
-    let [partial_o, partial_max, partial_sum] = workspace.addresses(gpu, plan)?;
+    let [partial_o, partial_max, partial_sum, split_counters] = workspace.addresses(gpu, plan)?;
     let params = DecodeParams {
         q: args.q.view(gpu),
         o: output.o.view(gpu),
@@ -227,6 +261,7 @@ pub fn decode_with_workspace<T: Element>(
         partial_o,
         partial_max,
         partial_sum,
+        split_counters,
         splits: plan.splits.splits,
         split_keys: plan.splits.split_keys,
         causal: problem.causal as u32,
@@ -255,6 +290,7 @@ pub fn append_kv<T: Element>(gpu: &Gpu, args: &DecodeArguments<T>) -> Result<Dec
     plan.launches.truncate(1);
     plan.workspace_o = 0;
     plan.workspace_stats = 0;
+    plan.workspace_counters = 0;
     let params = cache_params(gpu, args, &plan.problem);
     let PlannedLaunch { kernel, launch } = plan.launches[0];
     gpu.launch(kernel, launch, params)?;

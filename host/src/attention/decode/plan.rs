@@ -1,11 +1,12 @@
-//! A decode call's plan: the split of the keys, the kernels (append, split-KV, combine) with
-//! their launches checked against the device, and the workspace.
+//! A decode call's plan: the split of the keys, how the splits are merged (in the split-KV
+//! kernel's last block of each group, or by the combine kernel), the kernels (append, split-KV,
+//! combine) with their launches checked against the device, and the workspace.
 
 use std::fmt;
 
 use flash_kernels::decode::config::{
-    self as decode, APPEND_THREADS, COMBINE_ROWS, COMBINE_THREADS, MAX_SPLITS, SPLIT_KEYS_MULTIPLE,
-    SplitPlan, THREADS, TILE_ROWS, plan_splits,
+    self as decode, APPEND_THREADS, BLOCKS_PER_SM, COMBINE_ROWS, COMBINE_THREADS, MAX_SPLITS,
+    SPLIT_KEYS_MULTIPLE, SplitPlan, THREADS, TILE_ROWS, plan_splits,
 };
 use flash_kernels::registry::{CacheLayout, ElementType, Family, KernelId};
 
@@ -16,19 +17,77 @@ use crate::attention::plan::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// How a call's splits become O and L.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMerge {
+    /// One split: the split-KV kernel writes O and L, nothing to merge.
+    Direct,
+    /// One launch: each split-KV block stores its partial results and arrives at its group's
+    /// counter; the last to arrive merges the group's splits.
+    LastBlock,
+    /// Two launches: the split-KV kernel stores the partial results, the combine kernel merges.
+    CombineKernel,
+}
+
+impl SplitMerge {
+    /// The choice for `splits` splits of `blocks_per_split` blocks on `sms` SMs, and why.
+    /// `one_launch` forces it (`DecodeOptions::one_launch`).
+    ///
+    /// With one launch the combine kernel's launch and its first dependent round trips go, and
+    /// each split-KV block pays one release fence and atomic round trip at its end instead. In
+    /// one wave ([`BLOCKS_PER_SM`] blocks per SM, which the default split count never exceeds)
+    /// that round trip is paid once on the critical path; in more waves it is paid again each
+    /// wave, holding an SM slot that the next block would stream into, while the combine
+    /// kernel's cost stays the same. So: the last block merges when the grid fits one wave.
+    pub fn choose(
+        splits: u32,
+        blocks_per_split: u32,
+        sms: u32,
+        one_launch: Option<bool>,
+    ) -> (Self, &'static str) {
+        if splits == 1 {
+            return (
+                SplitMerge::Direct,
+                "one split: the split-KV kernel writes O and L",
+            );
+        }
+        match one_launch {
+            Some(true) => (SplitMerge::LastBlock, "one launch, as the options ask"),
+            Some(false) => (
+                SplitMerge::CombineKernel,
+                "two launches, as the options ask",
+            ),
+            None if splits * blocks_per_split <= sms * BLOCKS_PER_SM => (
+                SplitMerge::LastBlock,
+                "one wave: the last block of each group merges its splits, no combine launch",
+            ),
+            None => (
+                SplitMerge::CombineKernel,
+                "more than one wave: the combine kernel merges, no block holds its SM through a counter round trip",
+            ),
+        }
+    }
+}
+
 /// Everything a decode call runs, decided before any launch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodePlan {
     pub dtype: DType,
     pub problem: DecodeProblem,
     pub splits: SplitPlan,
+    /// How the splits are merged, and why.
+    pub merge: SplitMerge,
+    pub merge_reason: &'static str,
     /// The kernels in launch order: the append (if new keys), the split-KV kernel, and the
-    /// combine (if more than one split).
+    /// combine (with several splits, unless the split-KV kernel's last blocks merge).
     pub launches: Vec<PlannedLaunch>,
     /// f32 elements of the workspace: each split's Õ (splits × rows × d); m and ℓ take
     /// splits × rows each. 0 with one split.
     pub workspace_o: usize,
     pub workspace_stats: usize,
+    /// u32 arrival counters of the one-launch merge, one per (batch·KV head, row tile); 0
+    /// otherwise.
+    pub workspace_counters: usize,
 }
 
 impl DecodePlan {
@@ -82,7 +141,20 @@ impl DecodePlan {
             check_threads(limits, kernel, launch.threads, "decode")?;
             launches.push(PlannedLaunch { kernel, launch });
         }
-        let kernel = KernelId::new(Family::Decode { head_dim, cache }, element);
+        let (merge, merge_reason) = SplitMerge::choose(
+            splits.splits,
+            blocks_per_split,
+            limits.multiprocessors(),
+            options.one_launch,
+        );
+        let kernel = KernelId::new(
+            Family::Decode {
+                head_dim,
+                cache,
+                one_launch: merge == SplitMerge::LastBlock,
+            },
+            element,
+        );
         let shared_bytes = decode::shared_bytes(head_dim);
         check_shared(limits, shared_bytes, "head_dim", head_dim, problem.head_dim)?;
         check_threads(limits, kernel, THREADS, "decode")?;
@@ -99,7 +171,7 @@ impl DecodePlan {
             },
         });
         let rows = problem.rows();
-        let (workspace_o, workspace_stats) = if splits.splits > 1 {
+        if merge == SplitMerge::CombineKernel {
             let kernel = KernelId::new(Family::DecodeCombine { head_dim }, element);
             check_threads(limits, kernel, COMBINE_THREADS, "decode")?;
             launches.push(PlannedLaunch {
@@ -110,18 +182,28 @@ impl DecodePlan {
                     shared_bytes: 0,
                 },
             });
+        }
+        let (workspace_o, workspace_stats) = if merge == SplitMerge::Direct {
+            (0, 0)
+        } else {
             let stats = splits.splits as usize * rows;
             (stats * problem.head_dim, stats)
+        };
+        let workspace_counters = if merge == SplitMerge::LastBlock {
+            blocks_per_split as usize
         } else {
-            (0, 0)
+            0
         };
         Ok(Self {
             dtype,
             problem: problem.clone(),
             splits,
+            merge,
+            merge_reason,
             launches,
             workspace_o,
             workspace_stats,
+            workspace_counters,
         })
     }
 
@@ -133,16 +215,17 @@ impl DecodePlan {
 }
 
 impl fmt::Display for DecodePlan {
-    /// One line: the kernels with their launches, and the split.
+    /// One line: the kernels with their launches, the split, and how the splits are merged.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "decode:")?;
         write_launches(f, &self.launches)?;
         write!(
             f,
-            " ({} split{} of {} keys)",
+            " ({} split{} of {} keys; {})",
             self.splits.splits,
             if self.splits.splits == 1 { "" } else { "s" },
-            self.splits.split_keys
+            self.splits.split_keys,
+            self.merge_reason
         )
     }
 }

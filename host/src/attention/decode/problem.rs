@@ -23,6 +23,10 @@ pub struct DecodeOptions {
     /// Splits of the keys (1 to `MAX_SPLITS`); default: as many as fill the GPU once
     /// (`flash_kernels::decode::config::plan_splits`).
     pub splits: Option<u32>,
+    /// With several splits: `Some(true)` merges them in the split-KV kernel's last block of each
+    /// group (one launch), `Some(false)` in the combine kernel (two launches); default: the
+    /// plan's choice (`DecodePlan::merge`, `SplitMerge::choose`).
+    pub one_launch: Option<bool>,
 }
 
 /// How the cache is stored, with its sizes.

@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// 1–64), µs and K+V bytes/s; `--torch` then names scripts/torch_decode_bench.py's JSON.
     #[arg(long)]
     decode: bool,
+    /// With --decode: also time our decode forced to these variants, comma-separated:
+    /// `two-launch`, `one-launch` (the splits' merge), `s<N>` (N splits), or both joined by `+`,
+    /// e.g. `two-launch,s16,s64+one-launch`. Each is a column beside the plan's `decode`.
+    #[arg(long, value_delimiter = ',', requires = "decode")]
+    decode_variants: Vec<String>,
     /// The backward benchmark instead of the sweep: each of --backward-variants at the sweep's
     /// shapes (default N = 2k–16k), the backward alone and forward + backward, TFLOP/s = 2.5 ×
     /// (3.5 ×) the forward's FLOPs / time; `--torch` then names
@@ -242,10 +247,14 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
 /// `bench --decode`: our decode at ANCHORS.md's shapes, merged with PyTorch's.
 fn decode_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
     use flash_attn::tools::bench::decode::{
-        anchor_shapes, decode_table, read_decode_records, time_decode,
+        DecodeVariant, anchor_shapes, decode_table, read_decode_records, time_decode,
     };
     let dtype: DType = args.dtype.parse()?;
     let shapes = anchor_shapes(args.quick);
+    let mut variants = vec![DecodeVariant::PLAN];
+    for text in &args.decode_variants {
+        variants.push(text.parse()?);
+    }
     let gpu = match Gpu::open(device) {
         Ok(gpu) => gpu,
         Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
@@ -266,10 +275,13 @@ fn decode_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> 
         }
         Err(e) => return Err(e),
     };
-    let mut records: Vec<_> = shapes
-        .iter()
-        .map(|&shape| time_decode(&gpu, dtype, shape, if args.quick { 20 } else { 100 }))
-        .collect();
+    let repeats = if args.quick { 20 } else { 100 };
+    let mut records = Vec::new();
+    for &shape in &shapes {
+        for &variant in &variants {
+            records.push(time_decode(&gpu, dtype, shape, variant, repeats));
+        }
+    }
     let ours = records.clone();
     if let Some(path) = &args.torch {
         records.extend(read_decode_records(path)?);

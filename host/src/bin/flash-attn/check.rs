@@ -8,7 +8,7 @@ use flash_attn::attention::{BackwardAlgorithm, BackwardOptions};
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::tools::check_backward::{check_backward_problem, describe_backward};
 use flash_attn::tools::check_decode::{
-    DECODE_DTYPES, check_decode, describe_decode, standard_decode_cases,
+    DECODE_DTYPES, check_decode, describe_decode, sanitizer_decode_cases, standard_decode_cases,
 };
 use flash_attn::tools::check_packed::{
     PACKED_DTYPES, check_packed, describe_packed, standard_packed_cases,
@@ -32,7 +32,8 @@ pub struct CheckArgs {
     require_gpu: bool,
     /// `standard`: the check shapes below, with and without sliding windows and soft-capping;
     /// `window`: only those with them; `sanitizer`: the odd shapes compute-sanitizer runs
-    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; batch 1, heads 1).
+    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; batch 1, heads 1; with --decode, a few
+    /// short caches through both merges and repeated calls).
     #[arg(long, default_value = "standard")]
     shapes: String,
     /// Only the shapes with these head dims (default: every shape of the set), e.g. to split a
@@ -265,13 +266,24 @@ fn check_decoding(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCod
         &DECODE_DTYPES,
         "--decode",
     )?;
+    let cases_of: fn(DType) -> Vec<_> = match args.shapes.as_str() {
+        "standard" => standard_decode_cases,
+        "sanitizer" => sanitizer_decode_cases,
+        other => {
+            return Err(flash_attn::Error::InvalidArgument {
+                name: "shapes",
+                value: other.into(),
+                allowed: "allowed with --decode: standard, sanitizer".into(),
+            });
+        }
+    };
     let Some(gpu) = open_gpu(device, args.require_gpu)? else {
         return Ok(ExitCode::SUCCESS);
     };
     let mut rng = seeded(&gpu, args.seed);
     let (mut passed, mut failed) = (0, 0);
     for dtype in dtypes {
-        for case in standard_decode_cases(dtype) {
+        for case in cases_of(dtype) {
             let result = check_decode(&gpu, &case, &mut rng)?;
             println!("decode {}", describe_decode(&result));
             if result.passed {

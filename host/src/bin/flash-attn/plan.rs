@@ -1,8 +1,10 @@
 //! `flash-attn plan`: which kernels a call would run, with which launches, and why a fallback,
 //! for a problem given by its shape: no tensors, no GPU needed (with a GPU, its own limits).
+//! With `--decode`, a decode call's plan: its splits, and whether one launch or two merge them.
 
 use std::process::ExitCode;
 
+use flash_attn::attention::decode::{DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes};
 use flash_attn::attention::{
     Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BackwardPlan, CompiledLimits,
     LaunchLimits, Plan, Problem, parse_optional_fa2_tc_tiling,
@@ -38,6 +40,16 @@ pub struct PlanArgs {
     /// and its workspace show).
     #[arg(long)]
     backward: bool,
+    /// Plan a decode call instead: --shape is Q's batch,heads,query tokens,head_dim, --seqlen-k
+    /// every sequence's cached keys (a contiguous cache that holds exactly those).
+    #[arg(long, conflicts_with_all = ["backward", "algorithms", "fa2_tc_tiling"])]
+    decode: bool,
+    /// With --decode: the split count (default: the plan's).
+    #[arg(long, requires = "decode")]
+    splits: Option<u32>,
+    /// With --decode: merge the splits in one launch (true) or two (false); default: the plan's.
+    #[arg(long, requires = "decode")]
+    one_launch: Option<bool>,
 }
 
 pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
@@ -48,6 +60,9 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
         fa2_tc_tiling: parse_optional_fa2_tc_tiling(args.fa2_tc_tiling.as_deref())?,
         ..Default::default()
     };
+    if args.decode {
+        return decode_plan(device, args);
+    }
     let q = args.shape;
     let kv = [
         q[0],
@@ -56,21 +71,8 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
         q[3],
     ];
     let problem = Problem::new(q, kv, kv, &options)?;
-    let gpu = match Gpu::open(device) {
-        Ok(gpu) => Some(gpu),
-        Err(e) if is_missing_gpu(&e) => None,
-        Err(e) => return Err(e),
-    };
-    let limits: &dyn LaunchLimits = match &gpu {
-        Some(gpu) => {
-            println!("limits of device {device}: {}", gpu.info().name);
-            gpu
-        }
-        None => {
-            println!("no GPU: the H200's shared memory and each kernel's compiled thread bound");
-            &CompiledLimits::H200
-        }
-    };
+    let gpu = open_gpu(device)?;
+    let limits = limits_of(device, &gpu);
     if problem.is_grouped() {
         println!(
             "grouped K/V heads: {} for {} query heads ({} each, read in place)",
@@ -106,6 +108,59 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
             println!("{plan}");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The device's GPU, or None without one.
+fn open_gpu(device: usize) -> flash_attn::Result<Option<Gpu>> {
+    match Gpu::open(device) {
+        Ok(gpu) => Ok(Some(gpu)),
+        Err(e) if is_missing_gpu(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The GPU's limits, or the H200's without one; says which.
+fn limits_of(device: usize, gpu: &Option<Gpu>) -> &dyn LaunchLimits {
+    match gpu {
+        Some(gpu) => {
+            println!("limits of device {device}: {}", gpu.info().name);
+            gpu
+        }
+        None => {
+            println!(
+                "no GPU: the H200's shared memory, SMs and each kernel's compiled thread bound"
+            );
+            &CompiledLimits::H200
+        }
+    }
+}
+
+/// `plan --decode`: one query shape against `--seqlen-k` cached keys per sequence.
+fn decode_plan(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
+    let q = args.shape;
+    let [batch, heads, _, head_dim] = q;
+    let cached = args.seqlen_k.unwrap_or(q[2]);
+    let lengths = vec![u32::try_from(cached).unwrap_or(u32::MAX); batch];
+    let k_cache = [batch, args.kv_heads.unwrap_or(heads), cached, head_dim];
+    let shapes = DecodeShapes {
+        q,
+        k_cache,
+        v_cache: k_cache,
+        new_kv: None,
+        cache_seqlens: &lengths,
+        block_table: None,
+    };
+    let options = DecodeOptions {
+        causal: args.causal,
+        splits: args.splits,
+        one_launch: args.one_launch,
+        ..Default::default()
+    };
+    let problem = DecodeProblem::new(args.dtype, &shapes, &options)?;
+    let gpu = open_gpu(device)?;
+    let plan = DecodePlan::new(limits_of(device, &gpu), args.dtype, &problem, &options)?;
+    println!("{plan}");
     Ok(ExitCode::SUCCESS)
 }
 

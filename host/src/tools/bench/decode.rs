@@ -79,15 +79,80 @@ pub struct DecodeRecord {
     pub error: Option<String>,
 }
 
-/// Times our decode at `shape`: the median of back-to-back calls (CUDA events between them),
-/// rotating over enough caches that each call reads from HBM, not L2. The caches are zeros (a
-/// device memset: the timing of a streaming kernel does not depend on the values, and 8 GB of
-/// random numbers would take minutes to draw); Q is N(0, 1).
-pub fn time_decode(gpu: &Gpu, dtype: DType, shape: DecodeShape, repeats: usize) -> DecodeRecord {
-    let result = with_element!(dtype, T => time_typed::<T>(gpu, shape, repeats));
+/// One way of running our decode: the plan's own choices, or a split count or merge forced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeVariant {
+    pub splits: Option<u32>,
+    pub one_launch: Option<bool>,
+}
+
+impl DecodeVariant {
+    /// The plan's choices.
+    pub const PLAN: Self = Self {
+        splits: None,
+        one_launch: None,
+    };
+
+    /// The implementation name in the records: `decode` for the plan's choices (the one the
+    /// table sets against cuDNN), else `decode-two-launch`, `decode-one-launch`, `decode-s<splits>`
+    /// or both, e.g. `decode-s16-one-launch`.
+    pub fn name(&self) -> String {
+        let mut name = String::from("decode");
+        if let Some(splits) = self.splits {
+            name.push_str(&format!("-s{splits}"));
+        }
+        match self.one_launch {
+            Some(true) => name.push_str("-one-launch"),
+            Some(false) => name.push_str("-two-launch"),
+            None => {}
+        }
+        name
+    }
+}
+
+impl std::str::FromStr for DecodeVariant {
+    type Err = Error;
+
+    /// `two-launch`, `one-launch`, `s<N>` (N splits), or a split count and a merge joined by
+    /// `+` (`s16+one-launch`).
+    fn from_str(text: &str) -> Result<Self> {
+        let mut variant = Self::PLAN;
+        for part in text.split('+') {
+            match part.trim() {
+                "two-launch" => variant.one_launch = Some(false),
+                "one-launch" => variant.one_launch = Some(true),
+                part => {
+                    let splits = part.strip_prefix('s').and_then(|n| n.parse().ok());
+                    variant.splits = Some(splits.ok_or_else(|| {
+                        Error::invalid(
+                            "decode_variants",
+                            text,
+                            "two-launch, one-launch, s<N> (N splits), or a split count and a \
+                             merge joined by +",
+                        )
+                    })?);
+                }
+            }
+        }
+        Ok(variant)
+    }
+}
+
+/// Times our decode at `shape` as `variant`: the median of back-to-back calls (CUDA events
+/// between them), rotating over enough caches that each call reads from HBM, not L2. The caches
+/// are zeros (a device memset: the timing of a streaming kernel does not depend on the values,
+/// and 8 GB of random numbers would take minutes to draw); Q is N(0, 1).
+pub fn time_decode(
+    gpu: &Gpu,
+    dtype: DType,
+    shape: DecodeShape,
+    variant: DecodeVariant,
+    repeats: usize,
+) -> DecodeRecord {
+    let result = with_element!(dtype, T => time_typed::<T>(gpu, shape, variant, repeats));
     match result {
         Ok((median_us, plan)) => DecodeRecord {
-            implementation: "decode".into(),
+            implementation: variant.name(),
             dtype,
             shape,
             median_us: Some(median_us),
@@ -96,7 +161,7 @@ pub fn time_decode(gpu: &Gpu, dtype: DType, shape: DecodeShape, repeats: usize) 
             error: None,
         },
         Err(e) => DecodeRecord {
-            implementation: "decode".into(),
+            implementation: variant.name(),
             dtype,
             shape,
             median_us: None,
@@ -107,7 +172,12 @@ pub fn time_decode(gpu: &Gpu, dtype: DType, shape: DecodeShape, repeats: usize) 
     }
 }
 
-fn time_typed<T: Element>(gpu: &Gpu, shape: DecodeShape, repeats: usize) -> Result<(f64, String)> {
+fn time_typed<T: Element>(
+    gpu: &Gpu,
+    shape: DecodeShape,
+    variant: DecodeVariant,
+    repeats: usize,
+) -> Result<(f64, String)> {
     let bytes = shape.kv_bytes(std::mem::size_of::<T>());
     let copies = (4 * gpu.info().l2_cache_bytes).div_ceil(bytes).clamp(1, 16);
     let q_host = crate::tools::check::random_tensor::<T>(
@@ -135,6 +205,8 @@ fn time_typed<T: Element>(gpu: &Gpu, shape: DecodeShape, repeats: usize) -> Resu
     };
     let options = DecodeOptions {
         causal: true,
+        splits: variant.splits,
+        one_launch: variant.one_launch,
         ..Default::default()
     };
     let plan = plan_decode(gpu, &args(0), &options)?;
