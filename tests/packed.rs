@@ -138,7 +138,7 @@ fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("allowed at compiled head dim 64: w3c128 "),
+        err.contains("allowed at compiled head dim 64 for a packed batch: w3c128 "),
         "{err}"
     );
     for algorithm in [Algorithm::Standard, Algorithm::Fa1, Algorithm::Fa2] {
@@ -161,7 +161,10 @@ fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
     let err = plan(Algorithm::Fa2Tc, DType::Bf16, 128, &other)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("allowed at head_dim 128: 4x2s1c64 "), "{err}");
+    assert!(
+        err.contains("allowed at head_dim 128 for a packed batch: 4x2s1c64 "),
+        "{err}"
+    );
 }
 
 fn normal(dims: [usize; 4], rng: &mut impl rand::Rng) -> Array4<f64> {

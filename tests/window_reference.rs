@@ -14,6 +14,7 @@ use flash_attn::model::scoring::Scoring;
 use flash_attn::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
 use flash_attn::{Algorithm, DType, Error};
 use flash_kernels::common::mask::KeyWindow;
+use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use ndarray::{Array4, ArrayView1, s};
 
 /// (batch, heads, seqlen_q, seqlen_k, head_dim).
@@ -405,4 +406,66 @@ fn the_plan_counts_the_blocks_a_window_skips() {
     // 4x2s2c64 at d = 64: B_r = 128, B_c = 64; row block r (rows 128r..128r+128) sees keys
     // 128r − 64 ..= 128r + 191: 4 key blocks, or 3 at the first and last row blocks.
     assert_eq!(plan.key_blocks_visited(), Some((8 * 4 - 2, 8 * 16)));
+}
+
+/// Windows and soft-capping run on the `_local` kernels (each head dim's default tiling, FA3's
+/// one-tile grid), calls with neither on the dense ones, which have the features compiled out;
+/// a tiling the local form does not compile, and a window on a packed batch, are named errors.
+#[test]
+fn windows_and_soft_caps_plan_the_local_kernels() {
+    let limits = CompiledLimits::H200;
+    let plan_of = |algorithm, window, softcap, tiling: Option<Fa2TcTiling>| {
+        let options = AttentionOptions {
+            window,
+            softcap,
+            fa2_tc_tiling: tiling,
+            ..Default::default()
+        };
+        let problem = problem(window, softcap).unwrap();
+        Plan::new(&limits, algorithm, DType::Bf16, &problem, &options, None)
+    };
+    let kernel = |plan: flash_attn::Result<Plan>| plan.unwrap().launches[0].kernel.to_string();
+    for (window, softcap) in [(Some((16, 0)), 0.0), (None, 5.0), (Some((8, 8)), 30.0)] {
+        assert_eq!(
+            kernel(plan_of(Algorithm::Fa2Tc, window, softcap, None)),
+            "fa2tc_forward_bf16_d64_w4r2s2c64_local"
+        );
+        // Short rows: the dense default would be the persistent grid; the local form has none.
+        assert_eq!(
+            kernel(plan_of(Algorithm::Fa3, window, softcap, None)),
+            "fa3_forward_bf16_d64_w3c128_local"
+        );
+    }
+    assert_eq!(
+        kernel(plan_of(Algorithm::Fa2Tc, None, 0.0, None)),
+        "fa2tc_forward_bf16_d64_w4r2s2c64"
+    );
+    assert_eq!(
+        kernel(plan_of(Algorithm::Fa3, None, 0.0, None)),
+        "fa3_forward_bf16_d64_w3c128p"
+    );
+    let other_tiling = Some(Fa2TcTiling::new(4, 1, 2, 64));
+    assert!(plan_of(Algorithm::Fa2Tc, None, 0.0, other_tiling).is_ok());
+    match plan_of(Algorithm::Fa2Tc, Some((16, 0)), 0.0, other_tiling) {
+        Err(Error::InvalidArgument { name, allowed, .. }) => {
+            assert_eq!(name, "fa2_tc_tiling");
+            assert!(
+                allowed.contains("with a window or soft-capping: 4x2s2c64"),
+                "{allowed}"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let options = AttentionOptions {
+        window: Some((16, 0)),
+        ..Default::default()
+    };
+    let batch = flash_attn::attention::PackedBatch::from_lengths(&[30, 50]).unwrap();
+    let packed = batch
+        .problem([[1, 2, 80, 64], [1, 2, 80, 64], [1, 2, 80, 64]], &options)
+        .unwrap();
+    for algorithm in [Algorithm::Fa2Tc, Algorithm::Fa3] {
+        let plan = Plan::new(&limits, algorithm, DType::Bf16, &packed, &options, None);
+        assert_eq!(named(plan), "window", "{algorithm}");
+    }
 }
