@@ -495,11 +495,16 @@ fn the_grouped_backward_plan_ends_with_the_group_sum() {
                     assert_eq!(before.len(), r.launches.len(), "{case}");
                     for (a, b) in before.iter().zip(&r.launches) {
                         assert_eq!(a.launch, b.launch, "{case}");
-                        assert!(KERNELS.contains(&a.kernel), "{case}: {}", a.kernel);
+                        assert!(
+                            a.kernel.module().kernels().contains(&a.kernel),
+                            "{case}: {}",
+                            a.kernel
+                        );
                         let main = matches!(
                             b.kernel.family,
                             Family::Fa2Backward(BackwardStage::Main { .. })
                                 | Family::Fa2TcBackward { .. }
+                                | Family::Fa3Backward { .. }
                         );
                         assert_eq!(is_grouped_kernel(a.kernel), main, "{case}: {}", a.kernel);
                         assert_eq!(a.kernel.head_dim_capacity(), b.kernel.head_dim_capacity());
@@ -524,6 +529,7 @@ fn is_grouped_kernel(kernel: KernelId) -> bool {
         kernel.family,
         Family::Fa2Backward(BackwardStage::Main { grouped: true, .. })
             | Family::Fa2TcBackward { grouped: true, .. }
+            | Family::Fa3Backward { grouped: true, .. }
     )
 }
 

@@ -149,6 +149,37 @@ macro_rules! wgmma_asm {
             options(nostack)
         )
     };
+    // Both operands MN-major (`imm-trans-a` = `imm-trans-b` = 1): A stored with M contiguous,
+    // B with N contiguous (the backward's dQ = dS·K_j, dS read from dSᵀ and K_j as `[key][d]`).
+    // The first k-step's accumulators are outputs only, as in `ss_zero`.
+    (ss_mn $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr, zero) => {
+        asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {zero}, 0;",
+            concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $dtype, ".", $dtype),
+            concat!("{{{}, {}, {}, {}", $(tile_slots!($rest),)* "}},"),
+            "{a}, {b}, p, 1, 1, 1, 1; }}",
+            out(reg32) $acc[$first][0], out(reg32) $acc[$first][1],
+            out(reg32) $acc[$first][2], out(reg32) $acc[$first][3],
+            $(out(reg32) $acc[$rest][0], out(reg32) $acc[$rest][1],
+              out(reg32) $acc[$rest][2], out(reg32) $acc[$rest][3],)*
+            a = in(reg64) $a, b = in(reg64) $b, zero = in(reg32) 0u32,
+            options(nostack)
+        )
+    };
+    (ss_mn $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr, $scale:expr) => {
+        asm!(
+            "{{ .reg .pred p; setp.ne.b32 p, {scale}, 0;",
+            concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $dtype, ".", $dtype),
+            concat!("{{{}, {}, {}, {}", $(tile_slots!($rest),)* "}},"),
+            "{a}, {b}, p, 1, 1, 1, 1; }}",
+            inout(reg32) $acc[$first][0], inout(reg32) $acc[$first][1],
+            inout(reg32) $acc[$first][2], inout(reg32) $acc[$first][3],
+            $(inout(reg32) $acc[$rest][0], inout(reg32) $acc[$rest][1],
+              inout(reg32) $acc[$rest][2], inout(reg32) $acc[$rest][3],)*
+            a = in(reg64) $a, b = in(reg64) $b, scale = in(reg32) $scale,
+            options(nostack)
+        )
+    };
     (rs $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr, $scale:expr) => {
         asm!(
             "{{ .reg .pred p; setp.ne.b32 p, {scale}, 0;",
@@ -240,6 +271,39 @@ pub fn wgmma_ss<const TILES: usize>(
                     (false, true) => wgmma_asm!(ss "f16" $n acc [$($t)*], a.0, b.0, scale),
                     (true, false) => wgmma_asm!(ss_zero "bf16" $n acc [$($t)*], a.0, b.0),
                     (false, false) => wgmma_asm!(ss_zero "f16" $n acc [$($t)*], a.0, b.0),
+                }
+            }
+        }};
+    }
+    match_width!(TILES, arm)
+}
+
+/// `wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}` with A and B in shared memory, both
+/// MN-major (`imm-trans-a` = `imm-trans-b` = 1): `acc` = A·B + (`accumulate` ? `acc` : 0), A =
+/// 64 × 16 stored with its 64 rows contiguous (a 16-row slice of a `[k][m]` tile: dSᵀ read as
+/// dS), B = 16 × N stored `[k][n]` (K_j's rows as B of dQ = dS·K_j). Asynchronous, as
+/// [`wgmma_ss`]; `accumulate` a compile-time constant once inlined.
+#[inline(always)]
+pub fn wgmma_ss_mn_major<const TILES: usize>(
+    acc: &mut [[f32; 4]; TILES],
+    a: MatrixDescriptor,
+    b: MatrixDescriptor,
+    accumulate: bool,
+    bf16: bool,
+) {
+    const { check_width(TILES) };
+    let scale = accumulate as u32;
+    macro_rules! arm {
+        ($n:literal, [$($t:literal)*]) => {{
+            let acc = typed_accumulator!(acc, $n);
+            // SAFETY: as for `wgmma_ss`: the descriptors name swizzled tiles of this block's
+            // shared memory that are complete and visible to the async proxy.
+            unsafe {
+                match (bf16, accumulate) {
+                    (true, true) => wgmma_asm!(ss_mn "bf16" $n acc [$($t)*], a.0, b.0, scale),
+                    (false, true) => wgmma_asm!(ss_mn "f16" $n acc [$($t)*], a.0, b.0, scale),
+                    (true, false) => wgmma_asm!(ss_mn "bf16" $n acc [$($t)*], a.0, b.0, zero),
+                    (false, false) => wgmma_asm!(ss_mn "f16" $n acc [$($t)*], a.0, b.0, zero),
                 }
             }
         }};
@@ -394,6 +458,15 @@ impl MBarrier {
 pub fn fence_barrier_init() {
     // SAFETY: an ordering instruction.
     unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) }
+}
+
+/// `fence.proxy.async.shared::cta`: orders this thread's generic-proxy writes to shared memory
+/// (`st.shared` of the backward's dSᵀ) before async-proxy reads of it (a wgmma descriptor
+/// operand). Each writing thread fences, then a barrier publishes the tile to the warpgroup.
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    // SAFETY: an ordering instruction.
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
 }
 
 // ---------------------------------------------------------------------------------------------

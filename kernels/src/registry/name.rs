@@ -17,7 +17,7 @@ impl fmt::Display for KernelId {
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>`, `decode_splitkv_<dtype>_d<d>_<cache>`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
-    /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `backward_group_sum_<dtype>`.
+    /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `fa3_backward_<dtype>_d<d>[_grouped]`, `backward_group_sum_<dtype>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
         match self.family {
@@ -73,6 +73,11 @@ impl fmt::Display for KernelId {
                 "fa2tc_backward_{dtype}_d{head_dim_capacity}{}",
                 grouped_suffix(grouped)
             ),
+            Family::Fa3Backward { head_dim, grouped } => write!(
+                f,
+                "fa3_backward_{dtype}_d{head_dim}{}",
+                grouped_suffix(grouped)
+            ),
             Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
             Family::Decode { head_dim, cache } => {
                 write!(f, "decode_splitkv_{dtype}_d{head_dim}_{}", cache.name())
@@ -115,7 +120,7 @@ impl fmt::Display for ParseKernelIdError {
              fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen], \
              fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen], fa2_backward_<pre|post>process_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>[_grouped], \
-             fa2tc_backward_<dtype>_d<capacity>[_grouped], backward_group_sum_<dtype>, \
+             fa2tc_backward_<dtype>_d<capacity>[_grouped], fa3_backward_<dtype>_d<d>[_grouped], backward_group_sum_<dtype>, \
              decode_splitkv_<dtype>_d<d>_<cache>, decode_combine_<dtype>_d<d>, \
              kv_append_<dtype>_<cache>)",
         )
@@ -195,6 +200,15 @@ impl FromStr for KernelId {
             let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let family = Family::Fa2TcBackward {
                 head_dim_capacity: number(capacity)?,
+                grouped,
+            };
+            (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa3_backward_") {
+            // <dtype>_d<d>[_grouped]
+            let (rest, grouped) = strip_grouped(rest);
+            let (dtype, head_dim) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let family = Family::Fa3Backward {
+                head_dim: number(head_dim)?,
                 grouped,
             };
             (family, dtype)

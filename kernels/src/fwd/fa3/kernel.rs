@@ -40,7 +40,7 @@ use crate::tile::global::{HeadRows16, HeadVector, TileCounters, packed_sequence_
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
 /// Bytes of one `CUtensorMap`: the Q, K and V maps lie this far apart.
-const TENSOR_MAP_BYTES: u64 = 128;
+pub(crate) const TENSOR_MAP_BYTES: u64 = 128;
 
 /// The block's shared memory: tiles and barriers.
 #[derive(Clone, Copy)]
@@ -158,7 +158,7 @@ impl Fa3Sram {
 
 /// Stage and phase of K/V block `j` in the two-stage ring.
 #[inline(always)]
-fn ring(j: u32) -> (u32, u32) {
+pub(crate) fn ring(j: u32) -> (u32, u32) {
     (j % KV_STAGES, (j / KV_STAGES) % 2)
 }
 
@@ -683,7 +683,7 @@ fn pack<T: TensorCoreElement, C: Fa3Config>(
 
 /// This warp is done reading a stage: one arrival on its empty barrier.
 #[inline(always)]
-fn release(empty: MBarrier) {
+pub(crate) fn release(empty: MBarrier) {
     if arch::lane_idx() == 0 {
         empty.arrive();
     }
