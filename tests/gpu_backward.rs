@@ -3,7 +3,9 @@
 //! its out-of-memory error) at odd shapes (seqlen 1, 17, 113 × 203 and 203 × 113, head dims 1,
 //! 40, 64, 128, 256, causal and not, f32/f16/bf16); the tensor-core kernels (`fa2-tc`, f16 and
 //! bf16) over a grid of head dims (16 to 256, each capacity and between), causal and not,
-//! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the fallback of a
+//! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the same for FA3's
+//! backward (`fa3`, the default on compute capability 9.0: head dims 16 to 128, longer
+//! sequences that cycle its row ring; skipped on other GPUs); the fallback of a
 //! head dim the tensor cores do not take; and deterministic mode run twice, bit for bit. Inputs
 //! and gradients sit in different layouts. Without a GPU each test says it was skipped;
 //! `FLASH_ATTN_REQUIRE_GPU=1` turns that into a failure.
@@ -280,7 +282,13 @@ const TENSOR_CORE_SHAPES: [(usize, usize, usize, usize); 4] = [
     (1, 1, 130, 130),
 ];
 
-/// The tensor-core backward (the default) over the grid, in both layouts and with a strided Q:
+/// The tensor-core backward `fa2-tc`, asked for by name (the default is `fa3` on a 9.0 device).
+const FA2_TC: BackwardOptions = BackwardOptions {
+    algorithm: BackwardAlgorithm::Fa2Tc,
+    deterministic: false,
+};
+
+/// The tensor-core backward (`fa2-tc`) over the grid, in both layouts and with a strided Q:
 /// every case must run `fa2-tc` (no fallback) and pass the tolerance.
 fn check_tensor_core_grid<T: Element>(test: &str) {
     let Some(gpu) = common::gpu_or_skip(test) else {
@@ -303,9 +311,8 @@ fn check_tensor_core_grid<T: Element>(test: &str) {
             for causal in [false, true] {
                 for placement in placements {
                     let shape = (b, h, n, m, head_dim);
-                    let backward = BackwardOptions::default();
                     let (plan, _) =
-                        check_shape::<T>(&gpu, shape, causal, &backward, placement, &mut rng);
+                        check_shape::<T>(&gpu, shape, causal, &FA2_TC, placement, &mut rng);
                     assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
                     assert_eq!(plan.fallback, None, "{plan}");
                 }
@@ -350,13 +357,116 @@ fn random_shapes_on_tensor_cores_match_the_reference() {
             },
             strided_q: rng.random_bool(0.25),
         };
-        let backward = BackwardOptions::default();
+        let plan = if rng.random_bool(0.5) {
+            check_shape::<f16>(&gpu, shape, causal, &FA2_TC, placement, &mut rng).0
+        } else {
+            check_shape::<bf16>(&gpu, shape, causal, &FA2_TC, placement, &mut rng).0
+        };
+        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
+    }
+}
+
+/// Head dims of the FA3 backward's grid: below, at and between its compiled ones (64, 96, 128).
+const FA3_HEAD_DIMS: [usize; 7] = [16, 40, 64, 72, 96, 104, 128];
+
+/// (batch, heads, seqlen_q, seqlen_k) for FA3: the tensor-core shapes, and longer ones whose
+/// key blocks walk the Q_i/dO_i ring through several phases (11 and 9 row blocks of 64) with
+/// tails on both sides.
+const FA3_SHAPES: [(usize, usize, usize, usize); 6] = [
+    (1, 2, 1, 17),
+    (2, 1, 113, 203),
+    (1, 2, 203, 113),
+    (1, 1, 130, 130),
+    (1, 1, 700, 650),
+    (2, 3, 517, 517),
+];
+
+/// The FA3 backward (the default on compute capability 9.0) over its grid, in both layouts and
+/// with a strided Q: every case must run `fa3` (no fallback) and pass the tolerance. Skipped,
+/// saying so, on other GPUs.
+fn check_fa3_grid<T: Element>(test: &str) {
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    if !gpu.has_hopper_module() {
+        println!("{test}: skipped: the GPU is not compute capability 9.0 (FA3 is sm_90a)");
+        return;
+    }
+    let mut rng = common::seeded_rng(test);
+    let placements = [
+        PLAIN,
+        Placement {
+            layout: Layout::BatchSeqHeadDim,
+            strided_q: false,
+        },
+        Placement {
+            layout: Layout::BatchHeadSeqDim,
+            strided_q: true,
+        },
+    ];
+    let backward = BackwardOptions::default();
+    for head_dim in FA3_HEAD_DIMS {
+        for (b, h, n, m) in FA3_SHAPES {
+            for causal in [false, true] {
+                for placement in placements {
+                    let shape = (b, h, n, m, head_dim);
+                    let (plan, _) =
+                        check_shape::<T>(&gpu, shape, causal, &backward, placement, &mut rng);
+                    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa3, "{plan}");
+                    assert_eq!(plan.fallback, None, "{plan}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_fa3_gradients_match_the_reference() {
+    check_fa3_grid::<f16>("backward_fa3_f16");
+}
+
+#[test]
+fn bf16_fa3_gradients_match_the_reference() {
+    check_fa3_grid::<bf16>("backward_fa3_bf16");
+}
+
+/// Random shapes (seqlen 1–1100 each way, head dims multiples of 8 up to 128, causal or not,
+/// either layout, f16 or bf16) on the FA3 backward.
+#[test]
+fn random_shapes_on_fa3_match_the_reference() {
+    let test = "backward_fa3_random";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    if !gpu.has_hopper_module() {
+        println!("{test}: skipped: the GPU is not compute capability 9.0 (FA3 is sm_90a)");
+        return;
+    }
+    let mut rng = common::seeded_rng(test);
+    let backward = BackwardOptions::default();
+    for _ in 0..24 {
+        let shape = (
+            rng.random_range(1..=2),
+            rng.random_range(1..=3),
+            rng.random_range(1..=1100),
+            rng.random_range(1..=1100),
+            8 * rng.random_range(1..=16),
+        );
+        let causal = rng.random_bool(0.5);
+        let placement = Placement {
+            layout: if rng.random_bool(0.5) {
+                Layout::BatchHeadSeqDim
+            } else {
+                Layout::BatchSeqHeadDim
+            },
+            strided_q: rng.random_bool(0.25),
+        };
         let plan = if rng.random_bool(0.5) {
             check_shape::<f16>(&gpu, shape, causal, &backward, placement, &mut rng).0
         } else {
             check_shape::<bf16>(&gpu, shape, causal, &backward, placement, &mut rng).0
         };
-        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
+        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa3, "{plan}");
     }
 }
 
@@ -468,7 +578,7 @@ fn time_the_tensor_core_backward_at_the_benchmark_shapes() {
                 for deterministic in [false, true] {
                     let backward = BackwardOptions {
                         deterministic,
-                        ..Default::default()
+                        ..FA2_TC
                     };
                     let run = |gradients: &mut Gradients<DeviceTensor<bf16>>| {
                         attention_backward_into(

@@ -656,6 +656,15 @@ fn check_grouped_backward<T: Element>(
                 assert_eq!(plan.fallback, None, "{what}");
                 assert!(names.contains("fa2tc_backward_"), "{what}");
             }
+            // FA3's backward on a 9.0 device, up to its largest compiled head dim.
+            if backward.algorithm == BackwardAlgorithm::Fa3
+                && tensor_cores
+                && head_dim <= 128
+                && gpu.has_hopper_module()
+            {
+                assert_eq!(plan.fallback, None, "{what}");
+                assert!(names.contains("fa3_backward_"), "{what}");
+            }
             let as_f64 = Gradients {
                 dq: to_f64(&got.dq),
                 dk: to_f64(&got.dk),
