@@ -288,10 +288,18 @@ const FA2_TC: BackwardOptions = BackwardOptions {
     deterministic: false,
 };
 
-/// The tensor-core backward (`fa2-tc`) over the grid, in both layouts and with a strided Q:
-/// every case must run `fa2-tc` (no fallback) and pass the tolerance.
-fn check_tensor_core_grid<T: Element>(test: &str) {
-    let Some(gpu) = common::gpu_or_skip(test) else {
+/// `backward` over a grid of head dims and shapes, causal and not, in both layouts and with a
+/// strided Q: every case must run `expected` (no fallback) and pass the tolerance. With
+/// `hopper`, skipped (saying so) on a GPU that is not compute capability 9.0.
+fn check_grid<T: Element>(
+    test: &str,
+    head_dims: &[usize],
+    shapes: &[(usize, usize, usize, usize)],
+    backward: &BackwardOptions,
+    expected: BackwardAlgorithm,
+    hopper: bool,
+) {
+    let Some(gpu) = gpu_for(test, hopper) else {
         return;
     };
     let mut rng = common::seeded_rng(test);
@@ -306,14 +314,14 @@ fn check_tensor_core_grid<T: Element>(test: &str) {
             strided_q: true,
         },
     ];
-    for head_dim in TENSOR_CORE_HEAD_DIMS {
-        for (b, h, n, m) in TENSOR_CORE_SHAPES {
+    for &head_dim in head_dims {
+        for &(b, h, n, m) in shapes {
             for causal in [false, true] {
                 for placement in placements {
                     let shape = (b, h, n, m, head_dim);
                     let (plan, _) =
-                        check_shape::<T>(&gpu, shape, causal, &FA2_TC, placement, &mut rng);
-                    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
+                        check_shape::<T>(&gpu, shape, causal, backward, placement, &mut rng);
+                    assert_eq!(plan.algorithm, expected, "{plan}");
                     assert_eq!(plan.fallback, None, "{plan}");
                 }
             }
@@ -321,22 +329,55 @@ fn check_tensor_core_grid<T: Element>(test: &str) {
     }
 }
 
+/// The GPU, or `None` where the test is skipped: no GPU (`common::gpu_or_skip`), or with
+/// `hopper` one that is not compute capability 9.0 (FA3's module is sm_90a).
+fn gpu_for(test: &str, hopper: bool) -> Option<Gpu> {
+    let gpu = common::gpu_or_skip(test)?;
+    if hopper && !gpu.has_hopper_module() {
+        println!("{test}: skipped: the GPU is not compute capability 9.0 (FA3 is sm_90a)");
+        return None;
+    }
+    Some(gpu)
+}
+
 #[test]
 fn f16_tensor_core_gradients_match_the_reference() {
-    check_tensor_core_grid::<f16>("backward_tc_f16");
+    let (d, shapes) = (&TENSOR_CORE_HEAD_DIMS, &TENSOR_CORE_SHAPES);
+    check_grid::<f16>(
+        "backward_tc_f16",
+        d,
+        shapes,
+        &FA2_TC,
+        BackwardAlgorithm::Fa2Tc,
+        false,
+    );
 }
 
 #[test]
 fn bf16_tensor_core_gradients_match_the_reference() {
-    check_tensor_core_grid::<bf16>("backward_tc_bf16");
+    let (d, shapes) = (&TENSOR_CORE_HEAD_DIMS, &TENSOR_CORE_SHAPES);
+    check_grid::<bf16>(
+        "backward_tc_bf16",
+        d,
+        shapes,
+        &FA2_TC,
+        BackwardAlgorithm::Fa2Tc,
+        false,
+    );
 }
 
-/// Random shapes (seqlen 1–700 each way, head dims multiples of 8 up to 256, causal or not,
-/// either layout, f16 or bf16) on the tensor-core backward.
-#[test]
-fn random_shapes_on_tensor_cores_match_the_reference() {
-    let test = "backward_tc_random";
-    let Some(gpu) = common::gpu_or_skip(test) else {
+/// Random shapes (seqlen 1 to `max_seqlen` each way, head dims multiples of 8 up to
+/// `max_head_dim`, causal or not, either layout, f16 or bf16) on `backward`, which must run
+/// `expected`.
+fn check_random_shapes(
+    test: &str,
+    max_seqlen: usize,
+    max_head_dim: usize,
+    backward: &BackwardOptions,
+    expected: BackwardAlgorithm,
+    hopper: bool,
+) {
+    let Some(gpu) = gpu_for(test, hopper) else {
         return;
     };
     let mut rng = common::seeded_rng(test);
@@ -344,9 +385,9 @@ fn random_shapes_on_tensor_cores_match_the_reference() {
         let shape = (
             rng.random_range(1..=2),
             rng.random_range(1..=3),
-            rng.random_range(1..=700),
-            rng.random_range(1..=700),
-            8 * rng.random_range(1..=32),
+            rng.random_range(1..=max_seqlen),
+            rng.random_range(1..=max_seqlen),
+            8 * rng.random_range(1..=max_head_dim / 8),
         );
         let causal = rng.random_bool(0.5);
         let placement = Placement {
@@ -358,66 +399,37 @@ fn random_shapes_on_tensor_cores_match_the_reference() {
             strided_q: rng.random_bool(0.25),
         };
         let plan = if rng.random_bool(0.5) {
-            check_shape::<f16>(&gpu, shape, causal, &FA2_TC, placement, &mut rng).0
+            check_shape::<f16>(&gpu, shape, causal, backward, placement, &mut rng).0
         } else {
-            check_shape::<bf16>(&gpu, shape, causal, &FA2_TC, placement, &mut rng).0
+            check_shape::<bf16>(&gpu, shape, causal, backward, placement, &mut rng).0
         };
-        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
+        assert_eq!(plan.algorithm, expected, "{plan}");
     }
+}
+
+#[test]
+fn random_shapes_on_tensor_cores_match_the_reference() {
+    let fa2_tc = BackwardAlgorithm::Fa2Tc;
+    check_random_shapes("backward_tc_random", 700, 256, &FA2_TC, fa2_tc, false);
 }
 
 /// Head dims of the FA3 backward's grid: below, at and between its compiled ones (64, 96, 128).
 const FA3_HEAD_DIMS: [usize; 7] = [16, 40, 64, 72, 96, 104, 128];
 
-/// (batch, heads, seqlen_q, seqlen_k) for FA3: the tensor-core shapes, and longer ones whose
+/// (batch, heads, seqlen_q, seqlen_k) for FA3 beside the tensor-core shapes: longer ones whose
 /// key blocks walk the Q_i/dO_i ring through several phases (11 and 9 row blocks of 64) with
 /// tails on both sides.
-const FA3_SHAPES: [(usize, usize, usize, usize); 6] = [
-    (1, 2, 1, 17),
-    (2, 1, 113, 203),
-    (1, 2, 203, 113),
-    (1, 1, 130, 130),
-    (1, 1, 700, 650),
-    (2, 3, 517, 517),
-];
+const FA3_LONG_SHAPES: [(usize, usize, usize, usize); 2] = [(1, 1, 700, 650), (2, 3, 517, 517)];
 
-/// The FA3 backward (the default on compute capability 9.0) over its grid, in both layouts and
-/// with a strided Q: every case must run `fa3` (no fallback) and pass the tolerance. Skipped,
-/// saying so, on other GPUs.
+/// The tensor-core shapes and FA3's longer ones.
+fn fa3_shapes() -> Vec<(usize, usize, usize, usize)> {
+    [TENSOR_CORE_SHAPES.as_slice(), &FA3_LONG_SHAPES].concat()
+}
+
+/// FA3's backward (the default on compute capability 9.0) over its grid.
 fn check_fa3_grid<T: Element>(test: &str) {
-    let Some(gpu) = common::gpu_or_skip(test) else {
-        return;
-    };
-    if !gpu.has_hopper_module() {
-        println!("{test}: skipped: the GPU is not compute capability 9.0 (FA3 is sm_90a)");
-        return;
-    }
-    let mut rng = common::seeded_rng(test);
-    let placements = [
-        PLAIN,
-        Placement {
-            layout: Layout::BatchSeqHeadDim,
-            strided_q: false,
-        },
-        Placement {
-            layout: Layout::BatchHeadSeqDim,
-            strided_q: true,
-        },
-    ];
-    let backward = BackwardOptions::default();
-    for head_dim in FA3_HEAD_DIMS {
-        for (b, h, n, m) in FA3_SHAPES {
-            for causal in [false, true] {
-                for placement in placements {
-                    let shape = (b, h, n, m, head_dim);
-                    let (plan, _) =
-                        check_shape::<T>(&gpu, shape, causal, &backward, placement, &mut rng);
-                    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa3, "{plan}");
-                    assert_eq!(plan.fallback, None, "{plan}");
-                }
-            }
-        }
-    }
+    let (fa3, default) = (BackwardAlgorithm::Fa3, BackwardOptions::default());
+    check_grid::<T>(test, &FA3_HEAD_DIMS, &fa3_shapes(), &default, fa3, true);
 }
 
 #[test]
@@ -430,44 +442,17 @@ fn bf16_fa3_gradients_match_the_reference() {
     check_fa3_grid::<bf16>("backward_fa3_bf16");
 }
 
-/// Random shapes (seqlen 1–1100 each way, head dims multiples of 8 up to 128, causal or not,
-/// either layout, f16 or bf16) on the FA3 backward.
 #[test]
 fn random_shapes_on_fa3_match_the_reference() {
-    let test = "backward_fa3_random";
-    let Some(gpu) = common::gpu_or_skip(test) else {
-        return;
-    };
-    if !gpu.has_hopper_module() {
-        println!("{test}: skipped: the GPU is not compute capability 9.0 (FA3 is sm_90a)");
-        return;
-    }
-    let mut rng = common::seeded_rng(test);
-    let backward = BackwardOptions::default();
-    for _ in 0..24 {
-        let shape = (
-            rng.random_range(1..=2),
-            rng.random_range(1..=3),
-            rng.random_range(1..=1100),
-            rng.random_range(1..=1100),
-            8 * rng.random_range(1..=16),
-        );
-        let causal = rng.random_bool(0.5);
-        let placement = Placement {
-            layout: if rng.random_bool(0.5) {
-                Layout::BatchHeadSeqDim
-            } else {
-                Layout::BatchSeqHeadDim
-            },
-            strided_q: rng.random_bool(0.25),
-        };
-        let plan = if rng.random_bool(0.5) {
-            check_shape::<f16>(&gpu, shape, causal, &backward, placement, &mut rng).0
-        } else {
-            check_shape::<bf16>(&gpu, shape, causal, &backward, placement, &mut rng).0
-        };
-        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa3, "{plan}");
-    }
+    let fa3 = BackwardAlgorithm::Fa3;
+    check_random_shapes(
+        "backward_fa3_random",
+        1100,
+        128,
+        &Default::default(),
+        fa3,
+        true,
+    );
 }
 
 /// A head dim that is not a multiple of 8 and f32 run the scalar kernels, and the plan says why.

@@ -44,13 +44,7 @@ pub fn attention_backward<T: Element>(
 ) -> Result<(Gradients<DeviceTensor<T>>, BackwardPlan)> {
     // The shapes are checked (again, with the rest) by the call below; these only size buffers.
     let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
-    let q_dims = [
-        problem.batch,
-        problem.heads,
-        problem.seqlen_q,
-        problem.head_dim,
-    ];
-    let kv_dims = problem.kv_dims();
+    let (q_dims, kv_dims) = (problem.q_dims(), problem.kv_dims());
     let zeros = |dims| DeviceTensor::filled(gpu, dims, layout, T::from_f64(0.0));
     let mut gradients = Gradients {
         dq: zeros(q_dims)?,
@@ -296,27 +290,17 @@ fn fa3_tensor_maps(
     call: &BackwardCall,
     plan: &BackwardPlan,
 ) -> Result<u64> {
-    let problem = &checked.problem;
-    let q_dims = [
-        problem.batch,
-        problem.heads,
-        problem.seqlen_q,
-        problem.head_dim,
-    ];
-    let kv_dims = problem.kv_dims();
-    let tensors = [
-        ("q", &call.operands.q, q_dims, plan.block_rows),
-        ("k", &call.operands.k, kv_dims, plan.block_cols),
-        ("v", &call.operands.v, kv_dims, plan.block_cols),
-        ("d_o", &call.d_o, q_dims, plan.block_rows),
-    ];
-    let operands = tensors.map(|(name, view, dims, box_rows)| MapOperand {
-        name,
-        view,
-        dims,
-        box_rows,
-    });
-    let maps = tensor_map::encode_call(&operands, ElementType::from(checked.dtype))?;
+    let (q_dims, kv_dims) = (checked.problem.q_dims(), checked.problem.kv_dims());
+    let (rows, keys) = (plan.block_rows, plan.block_cols);
+    let maps = tensor_map::encode_call(
+        &[
+            MapOperand::new("q", &call.operands.q, q_dims, rows),
+            MapOperand::new("k", &call.operands.k, kv_dims, keys),
+            MapOperand::new("v", &call.operands.v, kv_dims, keys),
+            MapOperand::new("d_o", &call.d_o, q_dims, rows),
+        ],
+        ElementType::from(checked.dtype),
+    )?;
     gpu.tensor_maps(maps)
 }
 

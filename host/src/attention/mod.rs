@@ -313,18 +313,14 @@ fn fa3_params<T: Element>(
     logsumexp: u64,
 ) -> Result<Fa3Params> {
     let element = ElementType::from(T::DTYPE);
-    let tensors = [
-        ("q", &operands.q, q_dims, tiling.block_rows()),
-        ("k", &operands.k, k_dims, tiling.block_cols),
-        ("v", &operands.v, v_dims, tiling.block_cols),
-    ];
-    let map_operands = tensors.map(|(name, view, dims, box_rows)| MapOperand {
-        name,
-        view,
-        dims,
-        box_rows,
-    });
-    let maps = tensor_map::encode_call(&map_operands, element)?;
+    let maps = tensor_map::encode_call(
+        &[
+            MapOperand::new("q", &operands.q, q_dims, tiling.block_rows()),
+            MapOperand::new("k", &operands.k, k_dims, tiling.block_cols),
+            MapOperand::new("v", &operands.v, v_dims, tiling.block_cols),
+        ],
+        element,
+    )?;
     Ok(Fa3Params {
         shape,
         o: operands.o,

@@ -41,6 +41,17 @@ pub struct MapOperand<'a> {
     pub box_rows: u32,
 }
 
+impl<'a> MapOperand<'a> {
+    pub fn new(name: &'static str, view: &'a TensorView, dims: [usize; 4], box_rows: u32) -> Self {
+        Self {
+            name,
+            view,
+            dims,
+            box_rows,
+        }
+    }
+}
+
 /// Encodes the tensor map of one 16-bit operand. Fails, naming the operand, where TMA cannot
 /// address it (the plan checks alignment first, so this is a second line of defence).
 pub fn encode(operand: &MapOperand, dtype: ElementType) -> Result<[u64; TENSOR_MAP_WORDS]> {

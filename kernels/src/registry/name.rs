@@ -107,6 +107,15 @@ fn strip_grouped(name: &str) -> (&str, bool) {
     }
 }
 
+/// A backward main kernel's name after its family's prefix, `<dtype>_d<head dim>[_grouped]`:
+/// the dtype's name, the head dim (or capacity), and whether it is the grouped twin.
+fn backward_main(rest: &str) -> Result<(&str, u32, bool), ParseKernelIdError> {
+    let (rest, grouped) = strip_grouped(rest);
+    let (dtype, head_dim) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+    let head_dim = head_dim.parse::<u32>().map_err(|_| ParseKernelIdError)?;
+    Ok((dtype, head_dim, grouped))
+}
+
 /// A name that is not a kernel name of the form [`KernelId`]'s `Display` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParseKernelIdError;
@@ -195,29 +204,19 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
-            // <dtype>_d<capacity>[_grouped]
-            let (rest, grouped) = strip_grouped(rest);
-            let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let family = Family::Fa2TcBackward {
-                head_dim_capacity: number(capacity)?,
+                head_dim_capacity,
                 grouped,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_backward_") {
-            // <dtype>_d<d>[_grouped]
-            let (rest, grouped) = strip_grouped(rest);
-            let (dtype, head_dim) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
-            let family = Family::Fa3Backward {
-                head_dim: number(head_dim)?,
-                grouped,
-            };
-            (family, dtype)
+            let (dtype, head_dim, grouped) = backward_main(rest)?;
+            (Family::Fa3Backward { head_dim, grouped }, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {
-            // <dtype>_d<capacity>[_grouped]
-            let (rest, grouped) = strip_grouped(rest);
-            let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let stage = BackwardStage::Main {
-                head_dim_capacity: number(capacity)?,
+                head_dim_capacity,
                 grouped,
             };
             (Family::Fa2Backward(stage), dtype)

@@ -11,7 +11,8 @@
 
 use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
 use crate::fwd::fa3::config::{
-    PANEL_COLS, PANEL_ROW_BYTES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K, panels,
+    PANEL_COLS, PANEL_ROW_BYTES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
+    panels, warpgroup_registers,
 };
 
 /// Q_i, dO_i stages: row block i + 1 lands while row block i is computed.
@@ -67,13 +68,9 @@ impl Fa3BackwardTiling {
     }
 
     /// Registers per thread of the producer and of the consumers after `setmaxnreg`, as the
-    /// forward's (FlashAttention-3's split).
+    /// forward's.
     pub const fn registers(self) -> (u32, u32) {
-        match self.consumers {
-            1 => (56, 256),
-            2 => (24, 240),
-            _ => (32, 160),
-        }
+        warpgroup_registers(self.consumers)
     }
 
     /// Bytes of one K_j or V_j tile (B_c rows, every panel).

@@ -37,12 +37,15 @@ use crate::common::softmax::LOG2_E;
 use crate::fwd::fa3::config::{
     KV_STAGES, PANEL_COLS, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
 };
-use crate::fwd::fa3::kernel::{TENSOR_MAP_BYTES, release, ring};
+use crate::fwd::fa3::kernel::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector};
 use crate::tile::shared::SharedVector;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
+
+/// Bytes of one mbarrier.
+const BARRIER_BYTES: u32 = 8;
 
 // The forward's two-stage ring arithmetic (`ring`) serves the Q_i/dO_i ring.
 const _: () = assert!(ROW_STAGES == KV_STAGES);
@@ -122,27 +125,25 @@ impl Fa3BackwardSram {
         SharedVector::at(self.statistics.offset((2 * consumer + vector) * per_vector))
     }
 
-    #[inline(always)]
-    fn barrier(&self, index: u32) -> MBarrier {
-        MBarrier(self.barriers.offset(8 * index))
-    }
-
-    /// K_j and V_j have landed.
+    /// K_j and V_j have landed: the first barrier.
     #[inline(always)]
     fn kv_full(&self) -> MBarrier {
-        self.barrier(0)
+        MBarrier(self.barriers)
     }
 
-    /// Q_i and dO_i (of stage s) have landed.
+    /// Q_i and dO_i (of stage s) have landed: barriers 1..=`ROW_STAGES`.
     #[inline(always)]
     fn rows_full(&self, stage: u32) -> MBarrier {
-        self.barrier(1 + stage)
+        MBarrier(self.barriers.offset(BARRIER_BYTES * (1 + stage)))
     }
 
-    /// Every consumer warp is done reading stage s's Q_i and dO_i.
+    /// Every consumer warp is done reading stage s's Q_i and dO_i: the last `ROW_STAGES`.
     #[inline(always)]
     fn rows_empty(&self, stage: u32) -> MBarrier {
-        self.barrier(1 + ROW_STAGES + stage)
+        MBarrier(
+            self.barriers
+                .offset(BARRIER_BYTES * (1 + ROW_STAGES + stage)),
+        )
     }
 
     /// One thread: the full barriers expect the producer's one arrival (with its bytes), the
@@ -194,20 +195,12 @@ impl KeyBlock {
 pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(p: &Fa3BackwardParams) {
     let () = C::CHECKED;
     let sram = Fa3BackwardSram::new::<C>();
-    if arch::thread_idx_x() == 0 {
-        sram.init_barriers::<C>();
-    }
-    arch::sync_threads();
-    let warpgroup = arch::thread_idx_x() / WARPGROUP_THREADS;
-    if warpgroup == 0 {
-        arch::release_registers::<{ C::PRODUCER_REGISTERS }>();
-        if arch::thread_idx_x() == 0 {
-            produce::<C>(p, &sram);
-        }
-    } else {
-        arch::claim_registers::<{ C::CONSUMER_REGISTERS }>();
-        consume::<T, C>(p, &sram, warpgroup - 1);
-    }
+    split_roles!(
+        C,
+        sram.init_barriers::<C>(),
+        produce::<C>(p, &sram),
+        |consumer| consume::<T, C>(p, &sram, consumer)
+    );
 }
 
 /// The producer's one thread: K_j and V_j once, then Q_i and dO_i into the ring as stages free
