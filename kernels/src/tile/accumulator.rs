@@ -253,9 +253,35 @@ pub struct TransposedScores {
     pub mask: CausalMask,
     /// scale·log2 e: scores in log2 units, as the forward computed L.
     pub score_scale: f32,
+    /// The mask as two query ends per key of the lane (each element one compare of its constant
+    /// column against them, as [`ScoreBlock::apply_mask_by_row_ends`]), or element by element
+    /// from the query and key indices. A constant at each call site: FA3's backward takes the
+    /// ends (the element-wise form's 16 column indices per lane, hoisted out of its row loop,
+    /// made ptxas spill at d = 128), FA2-TC's the element-wise form it was timed with.
+    pub mask_by_key_ends: bool,
 }
 
 impl TransposedScores {
+    /// The queries that see each of the lane's two keys (l/4 and l/4 + 8), as a half-open range
+    /// of columns counted from the lane's first column of the block: from the first query the
+    /// causal mask lets see the key to seqlen_q, and none for a key past seqlen_k.
+    #[inline(always)]
+    fn visible_cols(&self) -> [[i32; 2]; 2] {
+        let base = (self.row_start + accumulator_col(arch::lane_idx())) as i32;
+        core::array::from_fn(|h| {
+            let key = self.lane_key + h as u32 * LDMATRIX_SIDE;
+            let end = if key < self.seqlen_k {
+                self.seqlen_q
+            } else {
+                0
+            };
+            [
+                self.mask.first_query_seeing(key) as i32 - base,
+                end as i32 - base,
+            ]
+        })
+    }
+
     /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) (the article's P = exp(S − L)) and
     /// dSᵀ = Pᵀ ∘ (dPᵀ − D), 0 where `MASK` hides the pair (past seqlen_q or seqlen_k, or above
     /// the causal diagonal); `logsumexp(r)` and `delta(r)` give L and D of the block's query r.
@@ -275,16 +301,23 @@ impl TransposedScores {
         delta: impl Fn(u32) -> f32,
     ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
         let lane = arch::lane_idx();
+        let visible_cols = self.visible_cols();
         let mut p = [[0.0f32; 4]; TILES];
         let mut ds = [[0.0f32; 4]; TILES];
         for t in 0..TILES {
             for e in 0..4 {
                 // Element e: key row l/4 (+8 for e ≥ 2), query column 2·(l%4) (+1 for odd e).
-                let local_row = t as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
+                let col = t as u32 * MMA_N + e as u32 % 2;
+                let local_row = col + accumulator_col(lane);
                 let key = self.lane_key + e as u32 / 2 * LDMATRIX_SIDE;
                 let row = self.row_start + local_row;
                 let visible = !MASK
-                    || (row < self.seqlen_q && key < self.seqlen_k && self.mask.visible(row, key));
+                    || if self.mask_by_key_ends {
+                        let [first, end] = visible_cols[e / 2];
+                        (first..end).contains(&(col as i32))
+                    } else {
+                        row < self.seqlen_q && key < self.seqlen_k && self.mask.visible(row, key)
+                    };
                 let base = recomputation_base(logsumexp(local_row));
                 let probability = arch::exp2(arch::fma(scores[t][e], self.score_scale, -base));
                 p[t][e] = if visible { probability } else { 0.0 };

@@ -346,6 +346,7 @@ impl BackwardTcBlock {
             seqlen_k: self.info.seqlen_k,
             mask: self.mask,
             score_scale: self.score_scale,
+            mask_by_key_ends: false,
         };
         block.gradients::<T, _, _, MASK>(
             scores,

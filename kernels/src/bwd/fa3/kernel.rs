@@ -338,7 +338,8 @@ impl Consumer<'_> {
     ) {
         let (stage, phase) = ring(n);
         let row_start = i * C::BLOCK_ROWS;
-        let rebased = self.sram.shifted(opaque_zero(n));
+        let zero = opaque_zero(n);
+        let rebased = self.sram.shifted(zero);
         let sram = &rebased;
         // L_i and D_i, one value per thread, read while the products run. Every warp finished
         // the previous step's reads of them before its dSᵀ barrier, which this thread passed.
@@ -363,6 +364,7 @@ impl Consumer<'_> {
             seqlen_k: self.info.seqlen_k,
             mask: self.info.mask(),
             score_scale: self.score_scale,
+            mask_by_key_ends: true,
         };
         let (logsumexp, delta) = (
             sram.statistics(self.consumer, 0),
@@ -411,7 +413,7 @@ impl Consumer<'_> {
             }
             arch::wgmma_wait::<0>();
             arch::wgmma_fence_accumulator(&mut dq);
-            self.add_dq(row_start, part, &dq);
+            self.add_dq(row_start, part + zero, &dq);
         }
     }
 
@@ -493,7 +495,9 @@ impl Consumer<'_> {
     }
 
     /// Adds one 64-column part of this warpgroup's dQ_i (its warp's 16 query rows) into the f32
-    /// accumulator: rows past seqlen_q and columns past d are dropped.
+    /// accumulator: rows past seqlen_q and columns past d are dropped. (The step passes `part`
+    /// plus its opaque zero, so the lane's column offsets are derived here, not hoisted out of
+    /// the row loop beside dK_j and dV_j.)
     #[inline(always)]
     fn add_dq(&self, row_start: u32, part: u32, acc: &[[f32; 4]; DQ_PART_TILES]) {
         let lane = arch::lane_idx();
