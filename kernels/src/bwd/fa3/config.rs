@@ -216,6 +216,8 @@ mod tests {
             Fa3BackwardTiling::for_head_dim(128).shared_bytes(128),
             1024 + 65536 + 65536 + 16384 + 1024 + 40
         );
-        assert_eq!(Fa3BackwardTiling::for_head_dim(64).to_string(), "w2r64c128");
+        let tiling = Fa3BackwardTiling::for_head_dim(64);
+        assert_eq!((tiling.block_rows(), tiling.block_cols()), (64, 128));
+        assert_eq!(tiling.threads(), 384);
     }
 }
