@@ -3,7 +3,9 @@
 //! its out-of-memory error) at odd shapes (seqlen 1, 17, 113 × 203 and 203 × 113, head dims 1,
 //! 40, 64, 128, 256, causal and not, f32/f16/bf16); the tensor-core kernels (`fa2-tc`, f16 and
 //! bf16) over a grid of head dims (16 to 256, each capacity and between), causal and not,
-//! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the fallback of a
+//! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the same for FA3's
+//! backward (`fa3`, the default on compute capability 9.0: head dims 16 to 128, longer
+//! sequences that cycle its row ring; skipped on other GPUs); the fallback of a
 //! head dim the tensor cores do not take; and deterministic mode run twice, bit for bit. Inputs
 //! and gradients sit in different layouts. Without a GPU each test says it was skipped;
 //! `FLASH_ATTN_REQUIRE_GPU=1` turns that into a failure.
@@ -280,10 +282,24 @@ const TENSOR_CORE_SHAPES: [(usize, usize, usize, usize); 4] = [
     (1, 1, 130, 130),
 ];
 
-/// The tensor-core backward (the default) over the grid, in both layouts and with a strided Q:
-/// every case must run `fa2-tc` (no fallback) and pass the tolerance.
-fn check_tensor_core_grid<T: Element>(test: &str) {
-    let Some(gpu) = common::gpu_or_skip(test) else {
+/// The tensor-core backward `fa2-tc`, asked for by name (the default is `fa3` on a 9.0 device).
+const FA2_TC: BackwardOptions = BackwardOptions {
+    algorithm: BackwardAlgorithm::Fa2Tc,
+    deterministic: false,
+};
+
+/// `backward` over a grid of head dims and shapes, causal and not, in both layouts and with a
+/// strided Q: every case must run `expected` (no fallback) and pass the tolerance. With
+/// `hopper`, skipped (saying so) on a GPU that is not compute capability 9.0.
+fn check_grid<T: Element>(
+    test: &str,
+    head_dims: &[usize],
+    shapes: &[(usize, usize, usize, usize)],
+    backward: &BackwardOptions,
+    expected: BackwardAlgorithm,
+    hopper: bool,
+) {
+    let Some(gpu) = gpu_for(test, hopper) else {
         return;
     };
     let mut rng = common::seeded_rng(test);
@@ -298,15 +314,14 @@ fn check_tensor_core_grid<T: Element>(test: &str) {
             strided_q: true,
         },
     ];
-    for head_dim in TENSOR_CORE_HEAD_DIMS {
-        for (b, h, n, m) in TENSOR_CORE_SHAPES {
+    for &head_dim in head_dims {
+        for &(b, h, n, m) in shapes {
             for causal in [false, true] {
                 for placement in placements {
                     let shape = (b, h, n, m, head_dim);
-                    let backward = BackwardOptions::default();
                     let (plan, _) =
-                        check_shape::<T>(&gpu, shape, causal, &backward, placement, &mut rng);
-                    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
+                        check_shape::<T>(&gpu, shape, causal, backward, placement, &mut rng);
+                    assert_eq!(plan.algorithm, expected, "{plan}");
                     assert_eq!(plan.fallback, None, "{plan}");
                 }
             }
@@ -314,22 +329,55 @@ fn check_tensor_core_grid<T: Element>(test: &str) {
     }
 }
 
+/// The GPU, or `None` where the test is skipped: no GPU (`common::gpu_or_skip`), or with
+/// `hopper` one that is not compute capability 9.0 (FA3's module is sm_90a).
+fn gpu_for(test: &str, hopper: bool) -> Option<Gpu> {
+    let gpu = common::gpu_or_skip(test)?;
+    if hopper && !gpu.has_hopper_module() {
+        println!("{test}: skipped: the GPU is not compute capability 9.0 (FA3 is sm_90a)");
+        return None;
+    }
+    Some(gpu)
+}
+
 #[test]
 fn f16_tensor_core_gradients_match_the_reference() {
-    check_tensor_core_grid::<f16>("backward_tc_f16");
+    let (d, shapes) = (&TENSOR_CORE_HEAD_DIMS, &TENSOR_CORE_SHAPES);
+    check_grid::<f16>(
+        "backward_tc_f16",
+        d,
+        shapes,
+        &FA2_TC,
+        BackwardAlgorithm::Fa2Tc,
+        false,
+    );
 }
 
 #[test]
 fn bf16_tensor_core_gradients_match_the_reference() {
-    check_tensor_core_grid::<bf16>("backward_tc_bf16");
+    let (d, shapes) = (&TENSOR_CORE_HEAD_DIMS, &TENSOR_CORE_SHAPES);
+    check_grid::<bf16>(
+        "backward_tc_bf16",
+        d,
+        shapes,
+        &FA2_TC,
+        BackwardAlgorithm::Fa2Tc,
+        false,
+    );
 }
 
-/// Random shapes (seqlen 1–700 each way, head dims multiples of 8 up to 256, causal or not,
-/// either layout, f16 or bf16) on the tensor-core backward.
-#[test]
-fn random_shapes_on_tensor_cores_match_the_reference() {
-    let test = "backward_tc_random";
-    let Some(gpu) = common::gpu_or_skip(test) else {
+/// Random shapes (seqlen 1 to `max_seqlen` each way, head dims multiples of 8 up to
+/// `max_head_dim`, causal or not, either layout, f16 or bf16) on `backward`, which must run
+/// `expected`.
+fn check_random_shapes(
+    test: &str,
+    max_seqlen: usize,
+    max_head_dim: usize,
+    backward: &BackwardOptions,
+    expected: BackwardAlgorithm,
+    hopper: bool,
+) {
+    let Some(gpu) = gpu_for(test, hopper) else {
         return;
     };
     let mut rng = common::seeded_rng(test);
@@ -337,9 +385,9 @@ fn random_shapes_on_tensor_cores_match_the_reference() {
         let shape = (
             rng.random_range(1..=2),
             rng.random_range(1..=3),
-            rng.random_range(1..=700),
-            rng.random_range(1..=700),
-            8 * rng.random_range(1..=32),
+            rng.random_range(1..=max_seqlen),
+            rng.random_range(1..=max_seqlen),
+            8 * rng.random_range(1..=max_head_dim / 8),
         );
         let causal = rng.random_bool(0.5);
         let placement = Placement {
@@ -350,14 +398,61 @@ fn random_shapes_on_tensor_cores_match_the_reference() {
             },
             strided_q: rng.random_bool(0.25),
         };
-        let backward = BackwardOptions::default();
         let plan = if rng.random_bool(0.5) {
-            check_shape::<f16>(&gpu, shape, causal, &backward, placement, &mut rng).0
+            check_shape::<f16>(&gpu, shape, causal, backward, placement, &mut rng).0
         } else {
-            check_shape::<bf16>(&gpu, shape, causal, &backward, placement, &mut rng).0
+            check_shape::<bf16>(&gpu, shape, causal, backward, placement, &mut rng).0
         };
-        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
+        assert_eq!(plan.algorithm, expected, "{plan}");
     }
+}
+
+#[test]
+fn random_shapes_on_tensor_cores_match_the_reference() {
+    let fa2_tc = BackwardAlgorithm::Fa2Tc;
+    check_random_shapes("backward_tc_random", 700, 256, &FA2_TC, fa2_tc, false);
+}
+
+/// Head dims of the FA3 backward's grid: below, at and between its compiled ones (64, 96, 128).
+const FA3_HEAD_DIMS: [usize; 7] = [16, 40, 64, 72, 96, 104, 128];
+
+/// (batch, heads, seqlen_q, seqlen_k) for FA3 beside the tensor-core shapes: longer ones whose
+/// key blocks walk the Q_i/dO_i ring through several phases (11 and 9 row blocks of 64) with
+/// tails on both sides.
+const FA3_LONG_SHAPES: [(usize, usize, usize, usize); 2] = [(1, 1, 700, 650), (2, 1, 517, 300)];
+
+/// The tensor-core shapes and FA3's longer ones.
+fn fa3_shapes() -> Vec<(usize, usize, usize, usize)> {
+    [TENSOR_CORE_SHAPES.as_slice(), &FA3_LONG_SHAPES].concat()
+}
+
+/// FA3's backward (the default on compute capability 9.0) over its grid.
+fn check_fa3_grid<T: Element>(test: &str) {
+    let (fa3, default) = (BackwardAlgorithm::Fa3, BackwardOptions::default());
+    check_grid::<T>(test, &FA3_HEAD_DIMS, &fa3_shapes(), &default, fa3, true);
+}
+
+#[test]
+fn f16_fa3_gradients_match_the_reference() {
+    check_fa3_grid::<f16>("backward_fa3_f16");
+}
+
+#[test]
+fn bf16_fa3_gradients_match_the_reference() {
+    check_fa3_grid::<bf16>("backward_fa3_bf16");
+}
+
+#[test]
+fn random_shapes_on_fa3_match_the_reference() {
+    let fa3 = BackwardAlgorithm::Fa3;
+    check_random_shapes(
+        "backward_fa3_random",
+        1100,
+        128,
+        &Default::default(),
+        fa3,
+        true,
+    );
 }
 
 /// A head dim that is not a multiple of 8 and f32 run the scalar kernels, and the plan says why.
@@ -468,7 +563,7 @@ fn time_the_tensor_core_backward_at_the_benchmark_shapes() {
                 for deterministic in [false, true] {
                     let backward = BackwardOptions {
                         deterministic,
-                        ..Default::default()
+                        ..FA2_TC
                     };
                     let run = |gradients: &mut Gradients<DeviceTensor<bf16>>| {
                         attention_backward_into(

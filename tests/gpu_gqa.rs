@@ -495,11 +495,16 @@ fn the_grouped_backward_plan_ends_with_the_group_sum() {
                     assert_eq!(before.len(), r.launches.len(), "{case}");
                     for (a, b) in before.iter().zip(&r.launches) {
                         assert_eq!(a.launch, b.launch, "{case}");
-                        assert!(KERNELS.contains(&a.kernel), "{case}: {}", a.kernel);
+                        assert!(
+                            a.kernel.module().kernels().contains(&a.kernel),
+                            "{case}: {}",
+                            a.kernel
+                        );
                         let main = matches!(
                             b.kernel.family,
                             Family::Fa2Backward(BackwardStage::Main { .. })
                                 | Family::Fa2TcBackward { .. }
+                                | Family::Fa3Backward { .. }
                         );
                         assert_eq!(is_grouped_kernel(a.kernel), main, "{case}: {}", a.kernel);
                         assert_eq!(a.kernel.head_dim_capacity(), b.kernel.head_dim_capacity());
@@ -524,6 +529,7 @@ fn is_grouped_kernel(kernel: KernelId) -> bool {
         kernel.family,
         Family::Fa2Backward(BackwardStage::Main { grouped: true, .. })
             | Family::Fa2TcBackward { grouped: true, .. }
+            | Family::Fa3Backward { grouped: true, .. }
     )
 }
 
@@ -649,6 +655,15 @@ fn check_grouped_backward<T: Element>(
             if backward.algorithm == BackwardAlgorithm::Fa2Tc && tensor_cores {
                 assert_eq!(plan.fallback, None, "{what}");
                 assert!(names.contains("fa2tc_backward_"), "{what}");
+            }
+            // FA3's backward on a 9.0 device, up to its largest compiled head dim.
+            if backward.algorithm == BackwardAlgorithm::Fa3
+                && tensor_cores
+                && head_dim <= 128
+                && gpu.has_hopper_module()
+            {
+                assert_eq!(plan.fallback, None, "{what}");
+                assert!(names.contains("fa3_backward_"), "{what}");
             }
             let as_f64 = Gradients {
                 dq: to_f64(&got.dq),

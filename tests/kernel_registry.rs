@@ -496,8 +496,12 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
             views,
         )
     };
-    let default = BackwardOptions::default();
-    assert_eq!(default.algorithm, BackwardAlgorithm::Fa2Tc);
+    // Asked for by name (the default, fa3, runs on the H200 up to d = 128: see
+    // `the_fa3_backward_plan_and_its_fallbacks`).
+    let default = BackwardOptions {
+        algorithm: BackwardAlgorithm::Fa2Tc,
+        deterministic: false,
+    };
     for d in [8, 16, 40, 64, 72, 96, 128, 136, 192, 200, 256] {
         for dtype in [DType::F16, DType::Bf16] {
             let p = plan(dtype, d, &default, None).unwrap();
@@ -617,13 +621,16 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
             3 => bad.d_o = shifted,
             _ => bad.dk = shifted,
         }
-        let p = plan(DType::Bf16, 64, &default, Some(&bad)).unwrap();
-        assert_eq!(p.algorithm, BackwardAlgorithm::Fa2, "{p}");
-        let reason = p.fallback.unwrap();
-        assert!(
-            reason.contains(&format!("{name}'s rows are not 16-byte aligned")),
-            "{reason}"
-        );
+        // fa2-tc, and fa3 (the default: TMA reads the same rows) through it.
+        for backward in [default, BackwardOptions::default()] {
+            let p = plan(DType::Bf16, 64, &backward, Some(&bad)).unwrap();
+            assert_eq!(p.algorithm, BackwardAlgorithm::Fa2, "{p}");
+            let reason = p.fallback.unwrap();
+            assert!(
+                reason.contains(&format!("{name}'s rows are not 16-byte aligned")),
+                "{reason}"
+            );
+        }
     }
 }
 
@@ -677,4 +684,136 @@ fn every_head_dim_has_packed_and_local_kernels_at_its_default_tiling() {
             }
         }
     }
+}
+
+/// The default backward on a 9.0 device: FA3's main kernel between FA2's pre- and post-pass, at
+/// the smallest compiled head dim that holds d, its launch sized by its tiling; and each reason
+/// it falls back to fa2-tc (or further), named in the plan.
+#[test]
+fn the_fa3_backward_plan_and_its_fallbacks() {
+    use flash_kernels::bwd::fa3::config::Fa3BackwardTiling;
+    use flash_kernels::registry::{BackwardStage, HOPPER_KERNELS};
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let problem_at = |d: usize, kv_heads: usize| {
+        Problem::new(
+            [2, 4, 113, d],
+            [2, kv_heads, 203, d],
+            [2, kv_heads, 203, d],
+            &causal,
+        )
+        .unwrap()
+    };
+    let default = BackwardOptions::default();
+    assert_eq!(default.algorithm, BackwardAlgorithm::Fa3);
+    fn plan_on(
+        limits: &CompiledLimits,
+        dtype: DType,
+        problem: &Problem,
+        backward: &BackwardOptions,
+        views: Option<&BackwardViews>,
+    ) -> flash_attn::Result<BackwardPlan> {
+        BackwardPlan::new(limits, dtype, problem, backward, views)
+    }
+    let h200 = CompiledLimits::H200;
+    for (d, compiled) in [
+        (8, 64),
+        (40, 64),
+        (64, 64),
+        (72, 96),
+        (96, 96),
+        (104, 128),
+        (128, 128),
+    ] {
+        for dtype in [DType::F16, DType::Bf16] {
+            for kv_heads in [4, 2] {
+                let p = plan_on(&h200, dtype, &problem_at(d, kv_heads), &default, None).unwrap();
+                assert_eq!(p.algorithm, BackwardAlgorithm::Fa3, "{p}");
+                assert_eq!(p.fallback, None, "{p}");
+                let main = p.launches[1];
+                assert_eq!(
+                    main.kernel.family,
+                    Family::Fa3Backward {
+                        head_dim: compiled,
+                        grouped: kv_heads != 4
+                    },
+                    "d {d}"
+                );
+                assert!(HOPPER_KERNELS.contains(&main.kernel), "{}", main.kernel);
+                assert_eq!(main.kernel.module(), Module::Hopper);
+                let tiling = Fa3BackwardTiling::for_head_dim(compiled);
+                assert_eq!((p.block_rows, p.block_cols), (64, 128));
+                assert_eq!(main.launch.grid, (203u32.div_ceil(128), 8, 1));
+                assert_eq!(main.launch.threads, 384);
+                assert_eq!(main.launch.shared_bytes, tiling.shared_bytes(compiled));
+                assert!(main.launch.threads <= main.kernel.max_threads());
+                assert!(matches!(
+                    p.launches[0].kernel.family,
+                    Family::Fa2Backward(BackwardStage::Preprocess)
+                ));
+                assert!(matches!(
+                    p.launches[2].kernel.family,
+                    Family::Fa2Backward(BackwardStage::Postprocess)
+                ));
+                // Grouped: the group sum after the post-pass.
+                assert_eq!(p.launches.len(), if kv_heads == 4 { 3 } else { 4 });
+                assert!(p.to_string().contains(&main.kernel.to_string()), "{p}");
+            }
+        }
+    }
+    let fa2_tc_reason = |limits: &CompiledLimits, dtype, d, backward: &BackwardOptions| {
+        let p = plan_on(limits, dtype, &problem_at(d, 4), backward, None).unwrap();
+        assert_eq!(p.algorithm, BackwardAlgorithm::Fa2Tc, "{p}");
+        let reason = p.fallback.clone().unwrap();
+        assert!(reason.starts_with("fa3 falls back to fa2-tc: "), "{reason}");
+        assert!(p.to_string().contains(&reason), "{p}");
+        reason
+    };
+    // Another GPU: fa2-tc, as before this kernel existed.
+    let ampere = CompiledLimits {
+        hopper: false,
+        ..CompiledLimits::H200
+    };
+    let reason = fa2_tc_reason(&ampere, DType::Bf16, 64, &default);
+    assert!(reason.contains("not compute capability 9.0"), "{reason}");
+    // Past the largest compiled head dim: fa2-tc's capacities.
+    let reason = fa2_tc_reason(&h200, DType::Bf16, 192, &default);
+    assert!(
+        reason.contains("past the FA3 backward's largest, 128"),
+        "{reason}"
+    );
+    // Deterministic mode: fa2-tc orders the adds.
+    let deterministic = BackwardOptions {
+        deterministic: true,
+        ..default
+    };
+    let reason = fa2_tc_reason(&h200, DType::F16, 128, &deterministic);
+    assert!(reason.contains("deterministic"), "{reason}");
+    // f32 and head dims that are not multiples of 8: both steps of the chain, to fa2.
+    for (dtype, d, why) in [
+        (DType::F32, 64, "f32 has no FA3 kernel"),
+        (DType::Bf16, 20, "head_dim 20 is not a multiple of 8"),
+    ] {
+        let p = plan_on(&h200, dtype, &problem_at(d, 4), &default, None).unwrap();
+        assert_eq!(p.algorithm, BackwardAlgorithm::Fa2, "{p}");
+        let reason = p.fallback.unwrap();
+        assert!(
+            reason.starts_with(&format!("fa3 falls back to fa2-tc: {why}"))
+                && reason.contains("; fa2-tc falls back to fa2: "),
+            "{reason}"
+        );
+    }
+    // Asked for by name, fa2-tc runs on the H200 with no fallback.
+    let fa2_tc = BackwardOptions {
+        algorithm: BackwardAlgorithm::Fa2Tc,
+        deterministic: false,
+    };
+    let p = plan_on(&h200, DType::Bf16, &problem_at(64, 4), &fa2_tc, None).unwrap();
+    assert_eq!((p.algorithm, p.fallback), (BackwardAlgorithm::Fa2Tc, None));
+    assert_eq!(
+        "fa3".parse::<BackwardAlgorithm>().unwrap(),
+        BackwardAlgorithm::Fa3
+    );
 }

@@ -23,7 +23,12 @@ use crate::decode::{append, combine, split_kv};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
 #[cfg(feature = "hopper")]
-use crate::{common::params::Fa3Params, fa3_config, for_each_hopper_kernel, fwd::fa3};
+use crate::{
+    bwd::fa3 as fa3_backward,
+    common::params::{Fa3BackwardParams, Fa3Params},
+    fa3_backward_config, fa3_config, for_each_hopper_kernel,
+    fwd::fa3,
+};
 #[cfg(not(feature = "hopper"))]
 use crate::{
     decode_config, fa2_backward_config, fa2_config, fa2_tc_backward_config, fa2_tc_config,
@@ -80,6 +85,16 @@ macro_rules! entry_point {
                 $consumers, "c", $cols, $crate::fa3_grid_suffix!($($grid)?)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa3Params) {
                 fa3::kernel::forward::<element!($dtype), Config>(&params)
+            }
+        };
+    };
+    (fa3_backward $dtype:ident $d:literal $($grouped:ident)?) => {
+        const _: () = {
+            fa3_backward_config!(Config, $d, $crate::backward_grouped!($($grouped)?));
+            #[unsafe(export_name = concat!("fa3_backward_", stringify!($dtype), "_d", $d,
+                $crate::backward_grouped_suffix!($($grouped)?)))]
+            unsafe extern "ptx-kernel" fn kernel(params: Fa3BackwardParams) {
+                fa3_backward::kernel::backward::<element!($dtype), Config>(&params)
             }
         };
     };
@@ -205,7 +220,8 @@ macro_rules! entry_point {
     };
 }
 
-// The main module holds every family but FA3; the Hopper module (sm_90a) FA3 alone.
+// The main module holds every family but FA3; the Hopper module (sm_90a) FA3 alone (forward and
+// backward).
 #[cfg(not(feature = "hopper"))]
 for_each_kernel!(entry_point);
 #[cfg(feature = "hopper")]

@@ -14,16 +14,17 @@
 use cudarc::driver::CudaSlice;
 
 use flash_kernels::common::params::{
-    AttentionShape, Fa2BackwardParams, Fa2TcBackwardParams, GroupSumParams, Operands,
-    StandardBackwardParams, StandardParams, TensorView,
+    AttentionShape, Fa2BackwardParams, Fa2TcBackwardParams, Fa3BackwardParams, GroupSumParams,
+    Operands, StandardBackwardParams, StandardParams, TensorView,
 };
-use flash_kernels::registry::{Family, StandardBackwardStage};
+use flash_kernels::registry::{ElementType, Family, StandardBackwardStage};
 
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 use super::backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
 use super::problem::{AttentionOptions, Problem};
 use super::{AttentionOutput, RowStatistics};
 use crate::device::Gpu;
+use crate::device::tensor_map::{self, MapOperand};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceTensor, Layout};
@@ -43,13 +44,7 @@ pub fn attention_backward<T: Element>(
 ) -> Result<(Gradients<DeviceTensor<T>>, BackwardPlan)> {
     // The shapes are checked (again, with the rest) by the call below; these only size buffers.
     let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
-    let q_dims = [
-        problem.batch,
-        problem.heads,
-        problem.seqlen_q,
-        problem.head_dim,
-    ];
-    let kv_dims = problem.kv_dims();
+    let (q_dims, kv_dims) = (problem.q_dims(), problem.kv_dims());
     let zeros = |dims| DeviceTensor::filled(gpu, dims, layout, T::from_f64(0.0));
     let mut gradients = Gradients {
         dq: zeros(q_dims)?,
@@ -264,6 +259,13 @@ fn launch_fa2_backward(
     match plan.algorithm {
         BackwardAlgorithm::Fa2 => gpu.launch(main.kernel, main.launch, params)?,
         BackwardAlgorithm::Standard => unreachable!("the standard backward launched above"),
+        BackwardAlgorithm::Fa3 => {
+            let main_params = Fa3BackwardParams {
+                base: params,
+                tensor_maps: fa3_tensor_maps(gpu, checked, call, plan)?,
+            };
+            gpu.launch(main.kernel, main.launch, main_params)?
+        }
         BackwardAlgorithm::Fa2Tc => {
             let main_params = Fa2TcBackwardParams {
                 base: params,
@@ -278,6 +280,28 @@ fn launch_fa2_backward(
     }
     gpu.launch(post.kernel, post.launch, params)?;
     Ok(())
+}
+
+/// The FA3 backward's tensor maps (Q, K, V, dO; `device::tensor_map`), boxes of 64 columns ×
+/// the plan's B_r rows (Q, dO) or B_c rows (K, V), in the device ring.
+fn fa3_tensor_maps(
+    gpu: &Gpu,
+    checked: &BackwardProblem,
+    call: &BackwardCall,
+    plan: &BackwardPlan,
+) -> Result<u64> {
+    let (q_dims, kv_dims) = (checked.problem.q_dims(), checked.problem.kv_dims());
+    let (rows, keys) = (plan.block_rows, plan.block_cols);
+    let maps = tensor_map::encode_call(
+        &[
+            MapOperand::new("q", &call.operands.q, q_dims, rows),
+            MapOperand::new("k", &call.operands.k, kv_dims, keys),
+            MapOperand::new("v", &call.operands.v, kv_dims, keys),
+            MapOperand::new("d_o", &call.d_o, q_dims, rows),
+        ],
+        ElementType::from(checked.dtype),
+    )?;
+    gpu.tensor_maps(maps)
 }
 
 /// The standard backward's launches: its workspace allocated first (S/dP/dS in f32, P in the

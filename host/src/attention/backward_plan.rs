@@ -9,11 +9,12 @@ use std::fmt;
 
 use flash_kernels::bwd::fa2::config as fa2_backward;
 use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use flash_kernels::bwd::fa3::config::{self as fa3_backward, Fa3BackwardTiling};
 use flash_kernels::bwd::group_sum::config as group_sum;
 use flash_kernels::common::params::TensorView;
 use flash_kernels::fwd::standard::config as standard;
 use flash_kernels::registry::{
-    BackwardStage, ElementType, Family, KERNELS, KernelId, StandardBackwardStage,
+    BackwardStage, ElementType, Family, HOPPER_KERNELS, KERNELS, KernelId, StandardBackwardStage,
 };
 
 use super::plan::{
@@ -31,11 +32,16 @@ pub enum BackwardAlgorithm {
     /// FlashAttention-2's backward, scalar FP32 (`bwd::fa2`): every dtype and head dim.
     Fa2,
     /// The same on tensor cores (`bwd::fa2_tc`): f16/bf16, head dims that are multiples of 8
-    /// (each on the smallest compiled capacity that holds it: 64, 96, 128, 192, 256), rows
+    /// (each on the smallest compiled capacity that holds it: 64, 128, 192, 256), rows
     /// 16-byte aligned; anything else runs [`BackwardAlgorithm::Fa2`], and the plan says why.
-    /// The default.
-    #[default]
     Fa2Tc,
+    /// FlashAttention-3's backward on Hopper (`bwd::fa3`): the same pre- and post-pass around a
+    /// main kernel on wgmma and TMA. Compute capability 9.0, f16/bf16, head dims that are
+    /// multiples of 8 up to 128 (each on the smallest compiled one: 64, 96, 128), rows 16-byte
+    /// aligned, not deterministic; anything else runs [`BackwardAlgorithm::Fa2Tc`] (or what
+    /// that falls back to), and the plan says why. The default.
+    #[default]
+    Fa3,
     /// The standard backward (`bwd::standard`): S and P recomputed into HBM by the standard
     /// forward's kernels, then dP, dS (HBM), dQ, dK, dV by tiled products; O(N²) workspace per
     /// head (f32 S/dP/dS and P in the input dtype), the baseline for memory and time. Every dtype
@@ -44,16 +50,18 @@ pub enum BackwardAlgorithm {
 }
 
 impl BackwardAlgorithm {
-    pub const ALL: [BackwardAlgorithm; 3] = [
+    pub const ALL: [BackwardAlgorithm; 4] = [
         BackwardAlgorithm::Standard,
         BackwardAlgorithm::Fa2,
         BackwardAlgorithm::Fa2Tc,
+        BackwardAlgorithm::Fa3,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             BackwardAlgorithm::Fa2 => "fa2",
             BackwardAlgorithm::Fa2Tc => "fa2-tc",
+            BackwardAlgorithm::Fa3 => "fa3",
             BackwardAlgorithm::Standard => "standard",
         }
     }
@@ -72,7 +80,11 @@ impl std::str::FromStr for BackwardAlgorithm {
             .into_iter()
             .find(|a| a.name() == s)
             .ok_or_else(|| {
-                Error::invalid("backward algorithm", s, "allowed: standard, fa2, fa2-tc")
+                Error::invalid(
+                    "backward algorithm",
+                    s,
+                    "allowed: standard, fa2, fa2-tc, fa3",
+                )
             })
     }
 }
@@ -80,8 +92,8 @@ impl std::str::FromStr for BackwardAlgorithm {
 /// What a backward call may choose beyond the forward's options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
-    /// The main kernel asked for (default: [`BackwardAlgorithm::Fa2Tc`], the fastest, which
-    /// falls back to the scalar one where it cannot run).
+    /// The main kernel asked for (default: [`BackwardAlgorithm::Fa3`], which falls back to
+    /// fa2-tc, and that to the scalar one, where it cannot run).
     pub algorithm: BackwardAlgorithm,
     /// dQ the same bits on every run: the key blocks add to each row block's dQ in a fixed
     /// order (one flag per row block, `tile::global::RowBlockFlags`) instead of as their atomic
@@ -96,7 +108,8 @@ pub struct BackwardPlan {
     pub dtype: DType,
     /// The main kernel's family that runs (after any fallback).
     pub algorithm: BackwardAlgorithm,
-    /// Why the algorithm asked for does not run, as "`fa2-tc` falls back to `fa2`: …".
+    /// Why the algorithm asked for does not run, as "`fa2-tc` falls back to `fa2`: …" (with
+    /// fa3 asked for, each step of the chain, joined by "; ").
     pub fallback: Option<String>,
     pub deterministic: bool,
     /// The main kernel's B_r and B_c.
@@ -150,25 +163,53 @@ impl BackwardPlan {
         let element = ElementType::from(dtype);
         let d = problem.head_dim as u32;
         let grouped = problem.is_grouped();
-        let mut fallback = None;
-        let tensor_core = match options.algorithm {
-            // (Standard was planned above.)
-            BackwardAlgorithm::Fa2 | BackwardAlgorithm::Standard => None,
-            BackwardAlgorithm::Fa2Tc => match tensor_core_main_kernel(dtype, d, grouped, views) {
-                Ok(kernel) => Some(kernel),
+        // The chain fa3 → fa2-tc → fa2, from the algorithm asked for, each step with its reason.
+        // (Standard was planned above.)
+        let mut fallbacks = Vec::new();
+        let mut asked = options.algorithm;
+        let mut hopper = None;
+        if asked == BackwardAlgorithm::Fa3 {
+            match fa3_main_kernel(limits, dtype, d, grouped, options.deterministic, views) {
+                Ok(kernel) => hopper = Some(kernel),
                 Err(reason) => {
-                    fallback = Some(format!(
+                    fallbacks.push(format!(
                         "{} falls back to {}: {reason}",
-                        BackwardAlgorithm::Fa2Tc,
-                        BackwardAlgorithm::Fa2
+                        BackwardAlgorithm::Fa3,
+                        BackwardAlgorithm::Fa2Tc
                     ));
-                    None
+                    asked = BackwardAlgorithm::Fa2Tc;
                 }
-            },
-        };
+            }
+        }
+        let mut tensor_core = None;
+        if asked == BackwardAlgorithm::Fa2Tc {
+            match tensor_core_main_kernel(dtype, d, grouped, views) {
+                Ok(kernel) => tensor_core = Some(kernel),
+                Err(reason) => fallbacks.push(format!(
+                    "{} falls back to {}: {reason}",
+                    BackwardAlgorithm::Fa2Tc,
+                    BackwardAlgorithm::Fa2
+                )),
+            }
+        }
+        let fallback = (!fallbacks.is_empty()).then(|| fallbacks.join("; "));
         let (algorithm, main, block_rows, block_cols, threads, shared_bytes, tiling) =
-            match tensor_core {
-                Some(kernel) => {
+            match (hopper, tensor_core) {
+                (Some(kernel), _) => {
+                    let head_dim = kernel.head_dim_capacity().expect("a head dim");
+                    let tiling = Fa3BackwardTiling::for_head_dim(head_dim);
+                    let name = format!("fa3 backward {tiling} (head dim {head_dim})");
+                    (
+                        BackwardAlgorithm::Fa3,
+                        kernel,
+                        tiling.block_rows(),
+                        tiling.block_cols(),
+                        tiling.threads(),
+                        tiling.shared_bytes(head_dim),
+                        name,
+                    )
+                }
+                (None, Some(kernel)) => {
                     let capacity = kernel.head_dim_capacity().expect("a capacity");
                     let tiling = Fa2TcBackwardTiling::for_capacity(capacity);
                     let name = format!("fa2-tc backward {tiling} (capacity {capacity})");
@@ -182,7 +223,7 @@ impl BackwardPlan {
                         name,
                     )
                 }
-                None => {
+                (None, None) => {
                     let kernel = main_kernel(element, d, grouped).ok_or_else(|| {
                         Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
                     })?;
@@ -452,19 +493,49 @@ fn smallest_capacity(
         .copied()
 }
 
-/// The tensor-core main kernel for this call (for grouped K/V heads or not), or why there is
-/// none: f32, a head dim that is not a multiple of 8 (rows are copied in 16-byte chunks), or a
-/// tensor whose rows are not 16-byte aligned (grouped, the kernel stores into the expanded
-/// workspace, not into dK and dV, which the group sum writes element by element).
-fn tensor_core_main_kernel(
+/// FA3's backward main kernel for this call (for grouped K/V heads or not), or why there is
+/// none: the device is not compute capability 9.0, f32, deterministic mode (which orders dQ's
+/// adds in fa2-tc only), or what keeps the tensor-core kernel from running (a head dim that is
+/// not a multiple of 8, rows that are not 16-byte aligned: TMA reads them, `check_views`), or a
+/// head dim past the largest compiled one.
+fn fa3_main_kernel(
+    limits: &dyn LaunchLimits,
     dtype: DType,
     d: u32,
     grouped: bool,
+    deterministic: bool,
     views: Option<&BackwardViews>,
 ) -> std::result::Result<KernelId, String> {
-    if dtype == DType::F32 {
-        return Err("f32 has no tensor-core kernel (f16 and bf16 do)".into());
+    if !limits.runs_hopper_module() {
+        return Err("the device is not compute capability 9.0 (FA3's module is sm_90a)".into());
     }
+    if dtype == DType::F32 {
+        return Err("f32 has no FA3 kernel (f16 and bf16 do)".into());
+    }
+    if deterministic {
+        return Err("deterministic mode orders dQ's adds in fa2-tc only".into());
+    }
+    check_views(d, grouped, views)?;
+    let largest = fa3_backward::HEAD_DIMS[fa3_backward::HEAD_DIMS.len() - 1];
+    HOPPER_KERNELS
+        .iter()
+        .filter(|k| k.dtype == ElementType::from(dtype))
+        .filter(|k| matches!(k.family, Family::Fa3Backward { grouped: g, .. } if g == grouped))
+        .filter(|k| k.head_dim_capacity().is_some_and(|capacity| capacity >= d))
+        .min_by_key(|k| k.head_dim_capacity())
+        .copied()
+        .ok_or_else(|| format!("head_dim {d} is past the FA3 backward's largest, {largest}"))
+}
+
+/// Whether the tensor-core kernels (FA2-TC's and FA3's) can read and store this call's rows:
+/// a head dim that is a multiple of 8 (rows are copied in 16-byte chunks) and views whose rows
+/// are 16-byte aligned (grouped, the kernel stores into the expanded workspace, not into dK and
+/// dV, which the group sum writes element by element).
+fn check_views(
+    d: u32,
+    grouped: bool,
+    views: Option<&BackwardViews>,
+) -> std::result::Result<(), String> {
     if !d.is_multiple_of(8) {
         return Err(format!(
             "head_dim {d} is not a multiple of 8 (the tensor-core kernel copies rows in 16-byte \
@@ -480,12 +551,28 @@ fn tensor_core_main_kernel(
             ("dk", &v.dk),
             ("dv", &v.dv),
         ];
-        // Grouped, the kernel stores into the expanded workspace: dK and dV are the group sum's.
         let copied_or_stored = if grouped { &views[..4] } else { &views[..] };
         if let Some(reason) = misaligned_view(copied_or_stored) {
             return Err(reason);
         }
     }
+    Ok(())
+}
+
+/// The tensor-core main kernel for this call (for grouped K/V heads or not), or why there is
+/// none: f32, a head dim that is not a multiple of 8 (rows are copied in 16-byte chunks), or a
+/// tensor whose rows are not 16-byte aligned (grouped, the kernel stores into the expanded
+/// workspace, not into dK and dV, which the group sum writes element by element).
+fn tensor_core_main_kernel(
+    dtype: DType,
+    d: u32,
+    grouped: bool,
+    views: Option<&BackwardViews>,
+) -> std::result::Result<KernelId, String> {
+    if dtype == DType::F32 {
+        return Err("f32 has no tensor-core kernel (f16 and bf16 do)".into());
+    }
+    check_views(d, grouped, views)?;
     smallest_capacity(
         ElementType::from(dtype),
         d,

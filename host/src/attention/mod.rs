@@ -48,7 +48,7 @@ pub use problem::{
 };
 
 use crate::device::Gpu;
-use crate::device::tensor_map::{self, CALL_WORDS, MapOperand, TENSOR_MAP_WORDS};
+use crate::device::tensor_map::{self, MapOperand};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceTensor, Layout};
@@ -313,22 +313,14 @@ fn fa3_params<T: Element>(
     logsumexp: u64,
 ) -> Result<Fa3Params> {
     let element = ElementType::from(T::DTYPE);
-    let mut maps = [0u64; CALL_WORDS];
-    let tensors = [
-        ("q", &operands.q, q_dims, tiling.block_rows()),
-        ("k", &operands.k, k_dims, tiling.block_cols),
-        ("v", &operands.v, v_dims, tiling.block_cols),
-    ];
-    for (i, (name, view, dims, box_rows)) in tensors.into_iter().enumerate() {
-        let operand = MapOperand {
-            name,
-            view,
-            dims,
-            box_rows,
-        };
-        maps[i * TENSOR_MAP_WORDS..(i + 1) * TENSOR_MAP_WORDS]
-            .copy_from_slice(&tensor_map::encode(&operand, element)?);
-    }
+    let maps = tensor_map::encode_call(
+        &[
+            MapOperand::new("q", &operands.q, q_dims, tiling.block_rows()),
+            MapOperand::new("k", &operands.k, k_dims, tiling.block_cols),
+            MapOperand::new("v", &operands.v, v_dims, tiling.block_cols),
+        ],
+        element,
+    )?;
     Ok(Fa3Params {
         shape,
         o: operands.o,

@@ -300,6 +300,11 @@ impl Problem {
         head / self.kv_group()
     }
 
+    /// Q's (and O's, dO's, dQ's) dims: (batch, heads, seqlen_q, head_dim).
+    pub fn q_dims(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.seqlen_q, self.head_dim]
+    }
+
     /// K's and V's dims: (batch, heads_kv, seqlen_k, head_dim).
     pub fn kv_dims(&self) -> [usize; 4] {
         [self.batch, self.heads_kv, self.seqlen_k, self.head_dim]

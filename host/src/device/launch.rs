@@ -21,6 +21,7 @@ impl ParamBlock for flash_kernels::common::params::Fa2Params {}
 impl ParamBlock for flash_kernels::common::params::Fa3Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2BackwardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa2TcBackwardParams {}
+impl ParamBlock for flash_kernels::common::params::Fa3BackwardParams {}
 impl ParamBlock for flash_kernels::common::params::GroupSumParams {}
 impl ParamBlock for flash_kernels::common::params::DecodeParams {}
 

@@ -6,7 +6,7 @@
 //! 64-column panel × the tile's rows, with the 128-byte swizzle the kernels' shared tiles use.
 //! Rows past seqlen and columns past d are outside the tensor, and TMA fills them with zeros.
 //! The maps go to global memory (a kernel parameter aligned to 64 bytes does not compile, see
-//! `../shared/BUILD-FACTS.md`), three per call (Q, K, V), in a small ring of slots reused by
+//! `../shared/BUILD-FACTS.md`), up to four per call (Q, K, V; the backward's dO), in a small ring of slots reused by
 //! content: stream order makes overwriting a slot safe, since the copy runs after every kernel
 //! launched before it.
 
@@ -26,8 +26,9 @@ use crate::error::{CudaContextExt, Error, Result};
 
 /// 64-bit words of one `CUtensorMap`.
 pub const TENSOR_MAP_WORDS: usize = 16;
-/// Words of one call's maps: Q, K, V.
-pub const CALL_WORDS: usize = 3 * TENSOR_MAP_WORDS;
+/// Words of one call's maps: Q, K, V, and for the backward dO (the forward leaves the fourth
+/// zero).
+pub const CALL_WORDS: usize = 4 * TENSOR_MAP_WORDS;
 /// Slots of the device ring (a benchmark rotating its inputs through several buffers stays in
 /// it, so steady-state calls copy nothing).
 const SLOTS: usize = 64;
@@ -38,6 +39,17 @@ pub struct MapOperand<'a> {
     pub view: &'a TensorView,
     pub dims: [usize; 4],
     pub box_rows: u32,
+}
+
+impl<'a> MapOperand<'a> {
+    pub fn new(name: &'static str, view: &'a TensorView, dims: [usize; 4], box_rows: u32) -> Self {
+        Self {
+            name,
+            view,
+            dims,
+            box_rows,
+        }
+    }
 }
 
 /// Encodes the tensor map of one 16-bit operand. Fails, naming the operand, where TMA cannot
@@ -99,6 +111,20 @@ pub fn encode(operand: &MapOperand, dtype: ElementType) -> Result<[u64; TENSOR_M
     Ok(map.opaque)
 }
 
+/// One call's maps, consecutive in the order of `operands` (at most four), the rest zero.
+pub fn encode_call(operands: &[MapOperand], dtype: ElementType) -> Result<[u64; CALL_WORDS]> {
+    assert!(
+        operands.len() * TENSOR_MAP_WORDS <= CALL_WORDS,
+        "at most four maps a call"
+    );
+    let mut maps = [0u64; CALL_WORDS];
+    for (i, operand) in operands.iter().enumerate() {
+        maps[i * TENSOR_MAP_WORDS..(i + 1) * TENSOR_MAP_WORDS]
+            .copy_from_slice(&encode(operand, dtype)?);
+    }
+    Ok(maps)
+}
+
 /// The device ring of tensor-map slots and which maps each holds.
 #[derive(Default)]
 pub struct TensorMapCache {
@@ -109,8 +135,8 @@ pub struct TensorMapCache {
 }
 
 impl Gpu {
-    /// The device address of one call's Q, K, V maps, copied into a slot of the ring unless a
-    /// slot already holds them.
+    /// The device address of one call's maps ([`encode_call`]), copied into a slot of the ring
+    /// unless a slot already holds them.
     pub(crate) fn tensor_maps(&self, maps: [u64; CALL_WORDS]) -> Result<u64> {
         let mut cache = self
             .tensor_maps

@@ -113,17 +113,18 @@ macro_rules! tile_slots {
     };
 }
 
-/// One wgmma with its accumulator tiles as positional operands: `ss` (A and B from shared memory,
-/// both K-major) or `rs` (A from registers, B MN-major, `imm-trans-b` = 1), or `fence` (no
-/// instruction: the accumulators pass through an empty asm, so the compiler neither reads them
-/// before a wait nor moves the next write of them above it).
+/// One wgmma with its accumulator tiles as positional operands: `ss` (A and B from shared memory;
+/// `$transpose` "0, 0": both K-major, "1, 1": both MN-major, `imm-trans-a` and `imm-trans-b`) or
+/// `rs` (A from registers, B MN-major, `imm-trans-b` = 1), or `fence` (no instruction: the
+/// accumulators pass through an empty asm, so the compiler neither reads them before a wait nor
+/// moves the next write of them above it).
 macro_rules! wgmma_asm {
-    (ss $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr, $scale:expr) => {
+    (ss $transpose:literal $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr, $scale:expr) => {
         asm!(
             "{{ .reg .pred p; setp.ne.b32 p, {scale}, 0;",
             concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $dtype, ".", $dtype),
             concat!("{{{}, {}, {}, {}", $(tile_slots!($rest),)* "}},"),
-            "{a}, {b}, p, 1, 1, 0, 0; }}",
+            concat!("{a}, {b}, p, 1, 1, ", $transpose, "; }}"),
             inout(reg32) $acc[$first][0], inout(reg32) $acc[$first][1],
             inout(reg32) $acc[$first][2], inout(reg32) $acc[$first][3],
             $(inout(reg32) $acc[$rest][0], inout(reg32) $acc[$rest][1],
@@ -135,12 +136,12 @@ macro_rules! wgmma_asm {
     // The first k-step (scale-d = 0): the accumulators are outputs only, so nothing has to define
     // them before the product (ptxas serializes wgmmas whose accumulator inputs other
     // instructions define inside a pipeline stage).
-    (ss_zero $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr) => {
+    (ss_zero $transpose:literal $dtype:literal $n:literal $acc:ident [$first:literal $($rest:literal)*], $a:expr, $b:expr) => {
         asm!(
             "{{ .reg .pred p; setp.ne.b32 p, {zero}, 0;",
             concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $dtype, ".", $dtype),
             concat!("{{{}, {}, {}, {}", $(tile_slots!($rest),)* "}},"),
-            "{a}, {b}, p, 1, 1, 0, 0; }}",
+            concat!("{a}, {b}, p, 1, 1, ", $transpose, "; }}"),
             out(reg32) $acc[$first][0], out(reg32) $acc[$first][1],
             out(reg32) $acc[$first][2], out(reg32) $acc[$first][3],
             $(out(reg32) $acc[$rest][0], out(reg32) $acc[$rest][1],
@@ -226,20 +227,53 @@ pub fn wgmma_ss<const TILES: usize>(
     accumulate: bool,
     bf16: bool,
 ) {
+    wgmma_shared::<TILES, false>(acc, a, b, accumulate, bf16)
+}
+
+/// `wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}` with A and B in shared memory, both
+/// MN-major (`imm-trans-a` = `imm-trans-b` = 1): `acc` = A·B + (`accumulate` ? `acc` : 0), A =
+/// 64 × 16 stored with its 64 rows contiguous (a 16-row slice of a `[k][m]` tile: dSᵀ read as
+/// dS), B = 16 × N stored `[k][n]` (K_j's rows as B of dQ = dS·K_j). Asynchronous, as
+/// [`wgmma_ss`].
+#[inline(always)]
+pub fn wgmma_ss_mn_major<const TILES: usize>(
+    acc: &mut [[f32; 4]; TILES],
+    a: MatrixDescriptor,
+    b: MatrixDescriptor,
+    accumulate: bool,
+    bf16: bool,
+) {
+    wgmma_shared::<TILES, true>(acc, a, b, accumulate, bf16)
+}
+
+/// [`wgmma_ss`] (`MN_MAJOR` false) or [`wgmma_ss_mn_major`] (true).
+#[inline(always)]
+fn wgmma_shared<const TILES: usize, const MN_MAJOR: bool>(
+    acc: &mut [[f32; 4]; TILES],
+    a: MatrixDescriptor,
+    b: MatrixDescriptor,
+    accumulate: bool,
+    bf16: bool,
+) {
     const { check_width(TILES) };
     let scale = accumulate as u32;
     macro_rules! arm {
         ($n:literal, [$($t:literal)*]) => {{
             let acc = typed_accumulator!(acc, $n);
             // SAFETY: the descriptors name 1024-byte-aligned swizzled tiles in this block's
-            // shared memory that TMA filled (the caller waited on their barrier); all 128 threads
-            // of the warpgroup execute this.
+            // shared memory that TMA filled (the caller waited on their barrier) or that this
+            // warpgroup wrote and fenced for the async proxy; all 128 threads of the warpgroup
+            // execute this.
             unsafe {
-                match (bf16, accumulate) {
-                    (true, true) => wgmma_asm!(ss "bf16" $n acc [$($t)*], a.0, b.0, scale),
-                    (false, true) => wgmma_asm!(ss "f16" $n acc [$($t)*], a.0, b.0, scale),
-                    (true, false) => wgmma_asm!(ss_zero "bf16" $n acc [$($t)*], a.0, b.0),
-                    (false, false) => wgmma_asm!(ss_zero "f16" $n acc [$($t)*], a.0, b.0),
+                match (MN_MAJOR, bf16, accumulate) {
+                    (false, true, true) => wgmma_asm!(ss "0, 0" "bf16" $n acc [$($t)*], a.0, b.0, scale),
+                    (false, false, true) => wgmma_asm!(ss "0, 0" "f16" $n acc [$($t)*], a.0, b.0, scale),
+                    (false, true, false) => wgmma_asm!(ss_zero "0, 0" "bf16" $n acc [$($t)*], a.0, b.0),
+                    (false, false, false) => wgmma_asm!(ss_zero "0, 0" "f16" $n acc [$($t)*], a.0, b.0),
+                    (true, true, true) => wgmma_asm!(ss "1, 1" "bf16" $n acc [$($t)*], a.0, b.0, scale),
+                    (true, false, true) => wgmma_asm!(ss "1, 1" "f16" $n acc [$($t)*], a.0, b.0, scale),
+                    (true, true, false) => wgmma_asm!(ss_zero "1, 1" "bf16" $n acc [$($t)*], a.0, b.0),
+                    (true, false, false) => wgmma_asm!(ss_zero "1, 1" "f16" $n acc [$($t)*], a.0, b.0),
                 }
             }
         }};
@@ -394,6 +428,15 @@ impl MBarrier {
 pub fn fence_barrier_init() {
     // SAFETY: an ordering instruction.
     unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) }
+}
+
+/// `fence.proxy.async.shared::cta`: orders this thread's generic-proxy writes to shared memory
+/// (`st.shared` of the backward's dSᵀ) before async-proxy reads of it (a wgmma descriptor
+/// operand). Each writing thread fences, then a barrier publishes the tile to the warpgroup.
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    // SAFETY: an ordering instruction.
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,5 +18,6 @@
 
 pub mod fa2;
 pub mod fa2_tc;
+pub mod fa3;
 pub mod group_sum;
 pub mod standard;

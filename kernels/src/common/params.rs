@@ -241,6 +241,18 @@ pub struct Fa2TcBackwardParams {
     pub dq_semaphore: u64,
 }
 
+/// FlashAttention-3's backward on Hopper: the main kernel's parameters (the pre- and post-pass
+/// take `base` alone, as for the other backward kernels).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fa3BackwardParams {
+    pub base: Fa2BackwardParams,
+    /// Device address of four consecutive 128-byte `CUtensorMap`s (64-byte aligned): Q, K, V,
+    /// dO, each as [`Fa3Params::tensor_maps`]' with a box of 64 columns × B_r (Q, dO) or B_c
+    /// (K, V) rows.
+    pub tensor_maps: u64,
+}
+
 /// The grouped backward's group sum (`bwd::group_sum`): with grouped K/V heads the main kernel
 /// stores each query head's dK and dV in an expanded workspace; this kernel sums each K/V head's
 /// group of them (in f32) into the caller's dK and dV.

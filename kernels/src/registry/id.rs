@@ -3,6 +3,7 @@
 
 use crate::bwd::fa2::config as fa2_backward;
 use crate::bwd::fa2_tc::config::Fa2TcBackwardTiling;
+use crate::bwd::fa3::config::Fa3BackwardTiling;
 use crate::bwd::group_sum::config as group_sum;
 use crate::decode::config as decode;
 use crate::fwd::fa2::config as fa2;
@@ -216,6 +217,11 @@ pub enum Family {
         head_dim_capacity: u32,
         grouped: bool,
     },
+    /// FlashAttention-3's backward main kernel (Hopper), for head dims up to `head_dim` (its
+    /// tiling: `Fa3BackwardTiling::for_head_dim`); the pre- and post-pass are
+    /// [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
+    /// [`BackwardStage::Main`]'s.
+    Fa3Backward { head_dim: u32, grouped: bool },
     /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache. `one_launch`:
     /// the last block of each group merges the splits (no [`Family::DecodeCombine`] launch).
     Decode {
@@ -376,6 +382,10 @@ impl KernelId {
             })
             | Family::Fa2TcBackward {
                 head_dim_capacity, ..
+            }
+            | Family::Fa3Backward {
+                head_dim: head_dim_capacity,
+                ..
             } => Some(head_dim_capacity),
             Family::Fa2Backward(_) | Family::KvAppend { .. } => None,
         }
@@ -384,7 +394,7 @@ impl KernelId {
     /// The module the kernel is compiled into.
     pub const fn module(&self) -> Module {
         match self.family {
-            Family::Fa3 { .. } => Module::Hopper,
+            Family::Fa3 { .. } | Family::Fa3Backward { .. } => Module::Hopper,
             _ => Module::Main,
         }
     }
@@ -397,6 +407,7 @@ impl KernelId {
             Family::Fa2Tc { .. }
                 | Family::Fa3 { .. }
                 | Family::Fa2TcBackward { .. }
+                | Family::Fa3Backward { .. }
                 | Family::Decode { .. }
         )
     }
@@ -418,6 +429,9 @@ impl KernelId {
             Family::Fa2TcBackward {
                 head_dim_capacity, ..
             } => Fa2TcBackwardTiling::for_capacity(head_dim_capacity).threads(),
+            Family::Fa3Backward { head_dim, .. } => {
+                Fa3BackwardTiling::for_head_dim(head_dim).threads()
+            }
             Family::GroupSum => group_sum::THREADS,
             Family::Decode { .. } => decode::THREADS,
             Family::DecodeCombine { .. } => decode::COMBINE_THREADS,
@@ -482,6 +496,16 @@ impl KernelId {
                 },
                 Family::Fa2TcBackward {
                     head_dim_capacity: b,
+                    grouped: t,
+                },
+            ) => a == b && s == t,
+            (
+                Family::Fa3Backward {
+                    head_dim: a,
+                    grouped: s,
+                },
+                Family::Fa3Backward {
+                    head_dim: b,
                     grouped: t,
                 },
             ) => a == b && s == t,

@@ -163,10 +163,24 @@ macro_rules! for_each_kernel {
 /// the d = 64 and 128 defaults on the persistent grid (`Fa3Tiling::persistent`), which the
 /// defaults pick where it measured faster. (At d = 96, 192 and 256 the tile loop's state made
 /// ptxas spill in the consumers' main loop.)
+///
+/// And `fa3_backward <dtype> <head dim> [grouped]`: FlashAttention-3's backward main kernel
+/// (`bwd::fa3`, tiling `Fa3BackwardTiling::for_head_dim`; `grouped` as `fa2_tc_backward`'s), at
+/// the head dims of `bwd::fa3::config::HEAD_DIMS`.
 #[macro_export]
 macro_rules! for_each_hopper_kernel {
     ($emit:ident) => {
         $crate::for_each_hopper_kernel!(@fa3 $emit [f16 bf16]);
+        $crate::for_each_hopper_kernel!(@fa3_backward $emit [f16 bf16]);
+    };
+    (@fa3_backward $emit:ident [$($dtype:ident)*]) => {$(
+        $crate::for_each_hopper_kernel!(@fa3_backward_mains $emit $dtype);
+        $crate::for_each_hopper_kernel!(@fa3_backward_mains $emit $dtype grouped);
+    )*};
+    (@fa3_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
+        $emit!(fa3_backward $dtype 64 $($grouped)?);
+        $emit!(fa3_backward $dtype 96 $($grouped)?);
+        $emit!(fa3_backward $dtype 128 $($grouped)?);
     };
     (@fa3 $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa3 $dtype 64 2 128);
@@ -382,6 +396,15 @@ macro_rules! push_kernel {
                 head_dim: $head_dim,
                 tiling: $crate::fa3_tiling!($consumers, $cols $(, $grid)?),
                 form: $crate::forward_form!($($grid)?),
+            },
+            ElementType::$dtype(),
+        ));
+    };
+    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $($grouped:ident)?) => {
+        $list = $list.with(KernelId::new(
+            Family::Fa3Backward {
+                head_dim: $head_dim,
+                grouped: $crate::backward_grouped!($($grouped)?),
             },
             ElementType::$dtype(),
         ));

@@ -18,7 +18,7 @@ impl fmt::Display for KernelId {
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>[p|_varlen|_local]`, `decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch]`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
-    /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `backward_group_sum_<dtype>`.
+    /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `fa3_backward_<dtype>_d<d>[_grouped]`, `backward_group_sum_<dtype>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
         match self.family {
@@ -74,6 +74,11 @@ impl fmt::Display for KernelId {
                 "fa2tc_backward_{dtype}_d{head_dim_capacity}{}",
                 grouped_suffix(grouped)
             ),
+            Family::Fa3Backward { head_dim, grouped } => write!(
+                f,
+                "fa3_backward_{dtype}_d{head_dim}{}",
+                grouped_suffix(grouped)
+            ),
             Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
             Family::Decode {
                 head_dim,
@@ -119,6 +124,15 @@ fn strip_grouped(name: &str) -> (&str, bool) {
     }
 }
 
+/// A backward main kernel's name after its family's prefix, `<dtype>_d<head dim>[_grouped]`:
+/// the dtype's name, the head dim (or capacity), and whether it is the grouped twin.
+fn backward_main(rest: &str) -> Result<(&str, u32, bool), ParseKernelIdError> {
+    let (rest, grouped) = strip_grouped(rest);
+    let (dtype, head_dim) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+    let head_dim = head_dim.parse::<u32>().map_err(|_| ParseKernelIdError)?;
+    Ok((dtype, head_dim, grouped))
+}
+
 /// A name that is not a kernel name of the form [`KernelId`]'s `Display` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParseKernelIdError;
@@ -132,7 +146,7 @@ impl fmt::Display for ParseKernelIdError {
              fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local], \
              fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen|_local], fa2_backward_<pre|post>process_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>[_grouped], \
-             fa2tc_backward_<dtype>_d<capacity>[_grouped], backward_group_sum_<dtype>, \
+             fa2tc_backward_<dtype>_d<capacity>[_grouped], fa3_backward_<dtype>_d<d>[_grouped], backward_group_sum_<dtype>, \
              decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch], decode_combine_<dtype>_d<d>, \
              kv_append_<dtype>_<cache>)",
         )
@@ -204,20 +218,19 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
-            // <dtype>_d<capacity>[_grouped]
-            let (rest, grouped) = strip_grouped(rest);
-            let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let family = Family::Fa2TcBackward {
-                head_dim_capacity: number(capacity)?,
+                head_dim_capacity,
                 grouped,
             };
             (family, dtype)
+        } else if let Some(rest) = name.strip_prefix("fa3_backward_") {
+            let (dtype, head_dim, grouped) = backward_main(rest)?;
+            (Family::Fa3Backward { head_dim, grouped }, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {
-            // <dtype>_d<capacity>[_grouped]
-            let (rest, grouped) = strip_grouped(rest);
-            let (dtype, capacity) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
+            let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let stage = BackwardStage::Main {
-                head_dim_capacity: number(capacity)?,
+                head_dim_capacity,
                 grouped,
             };
             (Family::Fa2Backward(stage), dtype)

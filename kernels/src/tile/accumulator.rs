@@ -13,7 +13,9 @@ use crate::arch;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::softcap::Softcap;
-use crate::common::softmax::{Exp2Split, RowStats, exp2_polynomial, fa2_rescale, pairwise};
+use crate::common::softmax::{
+    Exp2Split, RowStats, exp2_polynomial, fa2_rescale, pairwise, recomputation_base,
+};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector};
 
@@ -275,6 +277,149 @@ pub fn store_rows<T: TensorCoreElement, const O_TILES: usize>(
         }
         if lane.is_multiple_of(4) {
             logsumexp.write(row, row_stats.logsumexp(arch::log2));
+        }
+    }
+}
+
+/// One warp's 16 keys × B_r queries of the backward's transposed scores Sᵀ = K_j·Q_iᵀ and
+/// dPᵀ = V_j·dO_iᵀ (keys are the accumulator's rows, queries its columns), and how they become
+/// Pᵀ and dSᵀ (FlashAttention-2, Algorithm 2, lines 13–14 and 16–17): `lane_key` is the sequence
+/// key of the lane's row l/4, `row_start` the sequence row of the block's first query.
+#[derive(Clone, Copy)]
+pub struct TransposedScores {
+    pub lane_key: u32,
+    pub row_start: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub mask: AttentionMask,
+    /// scale·log2 e: scores in log2 units, as the forward computed L.
+    pub score_scale: f32,
+    /// The mask as two query ends per key of the lane (each element one compare of its constant
+    /// column against them, as [`ScoreBlock::apply_mask_by_row_ends`]), or element by element
+    /// from the query and key indices. A constant at each call site: FA3's backward takes the
+    /// ends (the element-wise form's 16 column indices per lane, hoisted out of its row loop,
+    /// made ptxas spill at d = 128), FA2-TC's the element-wise form it was timed with.
+    pub mask_by_key_ends: bool,
+}
+
+impl TransposedScores {
+    /// The queries that see each of the lane's two keys (l/4 and l/4 + 8), as a half-open range
+    /// of columns counted from the lane's first column of the block: from the first query the
+    /// causal mask lets see the key to seqlen_q, and none for a key past seqlen_k.
+    #[inline(always)]
+    fn visible_cols(&self) -> [[i32; 2]; 2] {
+        let base = (self.row_start + accumulator_col(arch::lane_idx())) as i32;
+        core::array::from_fn(|h| {
+            let key = self.lane_key + h as u32 * LDMATRIX_SIDE;
+            let end = if key < self.seqlen_k {
+                self.seqlen_q
+            } else {
+                0
+            };
+            [
+                self.mask.first_query_seeing(key) as i32 - base,
+                end as i32 - base,
+            ]
+        })
+    }
+
+    /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) (the article's P = exp(S − L)) and
+    /// dSᵀ = Pᵀ ∘ (dPᵀ − D), 0 where `MASK` hides the pair (past seqlen_q or seqlen_k, or above
+    /// the causal diagonal); `logsumexp(r)` and `delta(r)` give L and D of the block's query r.
+    /// Returned packed to 16 bits as the A fragments of Pᵀ·dO_i and dSᵀ·Q_i: the accumulator
+    /// layout of a 16 × 16 pair of tiles is the A layout ([`pack_row`]).
+    #[inline(always)]
+    pub fn gradients<
+        T: TensorCoreElement,
+        const TILES: usize,
+        const CHUNKS: usize,
+        const MASK: bool,
+    >(
+        &self,
+        scores: &[[f32; 4]; TILES],
+        d_probs: &[[f32; 4]; TILES],
+        logsumexp: impl Fn(u32) -> f32,
+        delta: impl Fn(u32) -> f32,
+    ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
+        let lane = arch::lane_idx();
+        let visible_cols = self.visible_cols();
+        let mut p = [[0.0f32; 4]; TILES];
+        let mut ds = [[0.0f32; 4]; TILES];
+        for t in 0..TILES {
+            for e in 0..4 {
+                // Element e: key row l/4 (+8 for e ≥ 2), query column 2·(l%4) (+1 for odd e).
+                let col = t as u32 * MMA_N + e as u32 % 2;
+                let local_row = col + accumulator_col(lane);
+                let key = self.lane_key + e as u32 / 2 * LDMATRIX_SIDE;
+                let row = self.row_start + local_row;
+                let visible = !MASK
+                    || if self.mask_by_key_ends {
+                        let [first, end] = visible_cols[e / 2];
+                        (first..end).contains(&(col as i32))
+                    } else {
+                        row < self.seqlen_q && key < self.seqlen_k && self.mask.visible(row, key)
+                    };
+                let base = recomputation_base(logsumexp(local_row));
+                let probability = arch::exp2(arch::fma(scores[t][e], self.score_scale, -base));
+                p[t][e] = if visible { probability } else { 0.0 };
+                ds[t][e] = p[t][e] * (d_probs[t][e] - delta(local_row));
+            }
+        }
+        let mut p_fragments = [[0u32; 4]; CHUNKS];
+        let mut ds_fragments = [[0u32; 4]; CHUNKS];
+        for h in 0..2 {
+            pack_row::<T, _, _>(&p, h, &mut p_fragments);
+            pack_row::<T, _, _>(&ds, h, &mut ds_fragments);
+        }
+        (p_fragments, ds_fragments)
+    }
+}
+
+/// Calls `store(row, col, packed)` for each 4-byte register of A fragments packed by
+/// [`pack_row`] (a warp's 16 rows × 16·CHUNKS columns, two 16-bit elements per register): row and
+/// col are within the warp's tile, col even. Register r of chunk c: row +8 for odd r, columns
+/// 16c (+8 for r ≥ 2).
+#[inline(always)]
+pub fn for_each_fragment_pair<const CHUNKS: usize>(
+    fragments: &[[u32; 4]; CHUNKS],
+    mut store: impl FnMut(u32, u32, u32),
+) {
+    let lane = arch::lane_idx();
+    for (chunk, fragment) in fragments.iter().enumerate() {
+        for (register, packed) in fragment.iter().enumerate() {
+            let row = accumulator_row(lane) + register as u32 % 2 * LDMATRIX_SIDE;
+            let col = chunk as u32 * 16 + register as u32 / 2 * MMA_N + accumulator_col(lane);
+            store(row, col, *packed);
+        }
+    }
+}
+
+/// Stores `scale`·`acc` (a warp's 16 key rows of dK_j or dV_j, from sequence key `first_key`,
+/// columns from `first_col`) into `dst` in the input dtype: keys from `seqlen_k` on and columns
+/// from `head_dim` on are dropped.
+#[inline(always)]
+pub fn store_key_rows<T: TensorCoreElement, const TILES: usize>(
+    dst: &HeadRows16,
+    acc: &[[f32; 4]; TILES],
+    first_key: u32,
+    seqlen_k: u32,
+    first_col: u32,
+    head_dim: u32,
+    scale: f32,
+) {
+    let lane = arch::lane_idx();
+    let key = first_key + accumulator_row(lane);
+    for h in 0..2 {
+        let key = key + h as u32 * LDMATRIX_SIDE;
+        if key >= seqlen_k {
+            continue;
+        }
+        for (t, values) in acc.iter().enumerate() {
+            let col = first_col + t as u32 * MMA_N + accumulator_col(lane);
+            if col < head_dim {
+                let packed = T::pack2(scale * values[2 * h], scale * values[2 * h + 1]);
+                dst.store_pair(key, col, packed);
+            }
         }
     }
 }

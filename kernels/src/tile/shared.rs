@@ -138,6 +138,18 @@ impl SharedVector {
         unsafe { arch::store(arch::offset(self.base, i as usize), value) }
     }
 
+    /// The vector at shared-window address `start` of the dynamic shared memory (a layout placed
+    /// by address, as the Hopper kernels' is), read and written through a generic pointer so that
+    /// element offsets fold into the loads' immediates.
+    #[inline(always)]
+    pub fn at(start: SharedAddress) -> Self {
+        let base = arch::dynamic_shared_f32();
+        let offset = start.0 - SharedAddress::of(base).0;
+        Self {
+            base: base.wrapping_byte_add(offset as usize),
+        }
+    }
+
     /// The shared-window address of element `i`, as `cp.async` writes it.
     #[inline(always)]
     pub fn address(&self, i: u32) -> SharedAddress {

@@ -15,6 +15,11 @@ use crate::fwd::fa3::config::{PANEL_COLS, PANEL_ROW_BYTES, WGMMA_K};
 const STEPS_PER_PANEL: u32 = PANEL_COLS / WGMMA_K;
 /// Bytes one k-step advances inside a panel row.
 const STEP_BYTES: u32 = WGMMA_K * 2;
+/// The swizzle permutes 16-byte chunks (8 16-bit elements) of a row ...
+const CHUNK_BYTES: u32 = 16;
+const CHUNK_ELEMENTS: u32 = CHUNK_BYTES / 2;
+/// ... by the row's index within its 8-row atom.
+const SWIZZLE_ROWS: u32 = 8;
 
 /// A swizzled tile of `rows` rows in shared memory (1024-byte aligned).
 #[derive(Clone, Copy)]
@@ -27,6 +32,12 @@ impl SwizzledTile {
     #[inline(always)]
     pub fn new(start: SharedAddress, rows: u32) -> Self {
         Self { start, rows }
+    }
+
+    /// The same tile `bytes` further on in shared memory.
+    #[inline(always)]
+    pub fn shifted(&self, bytes: u32) -> Self {
+        Self::new(self.start.offset(bytes), self.rows)
     }
 
     /// Bytes between panels.
@@ -53,8 +64,27 @@ impl SwizzledTile {
     /// The MN-major B operand of rows `16·chunk..16·chunk + 16` (16 keys of V, every column).
     #[inline(always)]
     pub fn mn_major_rows(&self, chunk: u32) -> MatrixDescriptor {
-        let start = self.start.offset(chunk * WGMMA_K * PANEL_ROW_BYTES);
+        self.mn_major_from(0, chunk * WGMMA_K)
+    }
+
+    /// An MN-major operand whose 16 k-rows start at row `first_row` (a multiple of 8) of panel
+    /// `panel`: its columns from 64·panel on are the M or N dimension (the backward's dQ = dS·K_j
+    /// reads K_j's keys `first_row..+16` of one 64-column panel as B, and dSᵀ's as A).
+    #[inline(always)]
+    pub fn mn_major_from(&self, panel: u32, first_row: u32) -> MatrixDescriptor {
+        let start = self.panel(panel).offset(first_row * PANEL_ROW_BYTES);
         MatrixDescriptor::mn_major(start, self.panel_bytes())
+    }
+
+    /// The address of the 16-bit element (`row`, `col`) as the 128-byte swizzle places it: panel
+    /// col/64, then the row's 16-byte chunk (col%64)/8 moved to chunk ^ (row % 8). Two elements
+    /// from an even `col` share a 4-byte word.
+    #[inline(always)]
+    pub fn element(&self, row: u32, col: u32) -> SharedAddress {
+        let in_panel = col % PANEL_COLS;
+        let chunk = (in_panel / CHUNK_ELEMENTS) ^ (row % SWIZZLE_ROWS);
+        let offset = row * PANEL_ROW_BYTES + chunk * CHUNK_BYTES + in_panel % CHUNK_ELEMENTS * 2;
+        self.panel(col / PANEL_COLS).offset(offset)
     }
 }
 

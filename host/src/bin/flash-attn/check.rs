@@ -59,7 +59,8 @@ pub struct CheckArgs {
     /// of 8), after the FA2 forward, against the f64 reference gradients (the GPU tests' rule).
     #[arg(long)]
     backward: bool,
-    /// The backwards to check with --backward (default: standard, fa2, fa2-tc).
+    /// The backwards to check with --backward (default: standard, fa2, fa2-tc, fa3; fa3 runs
+    /// fa2-tc where it cannot run, and the line says why).
     #[arg(long, value_delimiter = ',')]
     backward_algorithms: Vec<String>,
     /// Check decoding against a KV cache instead (the split-KV kernels, contiguous and paged

@@ -174,6 +174,7 @@ fn read_ncu_csv(path: &PathBuf) -> flash_attn::Result<BTreeMap<&'static str, (f6
             Family::Fa3 { .. } => "fa3",
             Family::Fa2Backward(_) => "fa2-backward",
             Family::Fa2TcBackward { .. } => "fa2-tc-backward",
+            Family::Fa3Backward { .. } => "fa3-backward",
             Family::StandardBackward(_) => "standard-backward",
             Family::GroupSum => "backward-group-sum",
             Family::Decode { .. } | Family::DecodeCombine { .. } | Family::KvAppend { .. } => {

@@ -34,17 +34,20 @@ pub struct BackwardVariant {
 }
 
 impl BackwardVariant {
-    /// fa2-tc (the default), fa2 (scalar), fa2-tc deterministic and standard (S, P, dP, dS in
-    /// HBM).
-    pub const ALL: [BackwardVariant; 4] = [
+    /// fa2-tc, fa2 (scalar), fa2-tc deterministic, standard (S, P, dP, dS in HBM) and fa3 (the
+    /// default: FlashAttention-3's backward on compute capability 9.0, elsewhere what it falls
+    /// back to, fa2-tc).
+    pub const ALL: [BackwardVariant; 5] = [
         BackwardVariant::new(BackwardAlgorithm::Fa2Tc, false),
         BackwardVariant::new(BackwardAlgorithm::Fa2, false),
         BackwardVariant::new(BackwardAlgorithm::Fa2Tc, true),
         BackwardVariant::new(BackwardAlgorithm::Standard, false),
+        BackwardVariant::new(BackwardAlgorithm::Fa3, false),
     ];
     /// What `bench --backward` times by default: the FlashAttention backward's variants (the
     /// standard one takes seconds per call at the sweep's longer N; ask for it by name).
-    pub const TIMED: [BackwardVariant; 3] = [Self::ALL[0], Self::ALL[1], Self::ALL[2]];
+    pub const TIMED: [BackwardVariant; 4] =
+        [Self::ALL[4], Self::ALL[0], Self::ALL[1], Self::ALL[2]];
     /// What the memory table compares by default: the standard backward and fa2-tc.
     pub const MEMORY: [BackwardVariant; 2] = [Self::ALL[3], Self::ALL[0]];
 
@@ -78,7 +81,7 @@ impl std::str::FromStr for BackwardVariant {
                 Error::invalid(
                     "backward variant",
                     s,
-                    "allowed: fa2-tc, fa2, fa2-tc-deterministic, standard",
+                    "allowed: fa2-tc, fa2, fa2-tc-deterministic, standard, fa3",
                 )
             })
     }
@@ -88,7 +91,8 @@ impl std::str::FromStr for BackwardVariant {
 /// writes the same schema).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BackwardRecord {
-    /// `fa2-tc`, `fa2`, `fa2-tc-deterministic`, `standard`, or `torch-flash`, `torch-cudnn`.
+    /// `fa3`, `fa2-tc`, `fa2`, `fa2-tc-deterministic`, `standard`, or `torch-flash`,
+    /// `torch-cudnn`.
     pub implementation: String,
     pub dtype: DType,
     pub shape: BenchShape,
@@ -583,7 +587,7 @@ mod tests {
                 Some(variant)
             );
         }
-        assert!("fa3".parse::<BackwardVariant>().is_err());
+        assert!("fa3-deterministic".parse::<BackwardVariant>().is_err());
     }
 
     #[test]

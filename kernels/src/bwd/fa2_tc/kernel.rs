@@ -34,8 +34,8 @@ use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2TcBackwardParams;
-use crate::common::softmax::{LOG2_E, recomputation_base};
-use crate::tile::accumulator::pack_row;
+use crate::common::softmax::LOG2_E;
+use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::copy::copy_rows_async_padded;
 use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, accumulator_col,
@@ -329,9 +329,8 @@ impl BackwardTcBlock {
         add(1, d_probs);
     }
 
-    /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − D) for the warp's 16 keys ×
-    /// B_r queries (0 where `MASK` hides the pair), packed to 16 bits as the A fragments of
-    /// Pᵀ·dO_i and dSᵀ·Q_i: the accumulator layout of a 16 × 16 pair of tiles is the A layout.
+    /// Pᵀ and dSᵀ for the warp's 16 keys × B_r queries ([`TransposedScores::gradients`]),
+    /// with L_i and D_i from the stage.
     #[inline(always)]
     fn score_gradients<T: TensorCoreElement, C: Fa2TcBackwardConfig, const MASK: bool>(
         &self,
@@ -340,34 +339,21 @@ impl BackwardTcBlock {
         scores: &[[f32; 4]; C::ROW_TILES],
         d_probs: &[[f32; 4]; C::ROW_TILES],
     ) -> ([[u32; 4]; C::ROW_CHUNKS], [[u32; 4]; C::ROW_CHUNKS]) {
-        let lane = arch::lane_idx();
-        let row_start = i * C::BLOCK_ROWS;
-        let lane_key = self.key_start + self.warp_key + accumulator_row(lane);
-        let mut p = [[0.0f32; 4]; C::ROW_TILES];
-        let mut ds = [[0.0f32; 4]; C::ROW_TILES];
-        for t in 0..C::ROW_TILES {
-            for e in 0..4 {
-                // Element e: key row l/4 (+8 for e ≥ 2), query column 2·(l%4) (+1 for odd e).
-                let local_row = t as u32 * MMA_N + accumulator_col(lane) + e as u32 % 2;
-                let key = lane_key + e as u32 / 2 * LDMATRIX_SIDE;
-                let row = row_start + local_row;
-                let visible = !MASK
-                    || (row < self.info.seqlen_q
-                        && key < self.info.seqlen_k
-                        && self.mask.visible(row, key));
-                let base = recomputation_base(rows.logsumexp.get(local_row));
-                let probability = arch::exp2(arch::fma(scores[t][e], self.score_scale, -base));
-                p[t][e] = if visible { probability } else { 0.0 };
-                ds[t][e] = p[t][e] * (d_probs[t][e] - rows.delta.get(local_row));
-            }
-        }
-        let mut p_fragments = [[0u32; 4]; C::ROW_CHUNKS];
-        let mut ds_fragments = [[0u32; 4]; C::ROW_CHUNKS];
-        for h in 0..2 {
-            pack_row::<T, _, _>(&p, h, &mut p_fragments);
-            pack_row::<T, _, _>(&ds, h, &mut ds_fragments);
-        }
-        (p_fragments, ds_fragments)
+        let block = TransposedScores {
+            lane_key: self.key_start + self.warp_key + accumulator_row(arch::lane_idx()),
+            row_start: i * C::BLOCK_ROWS,
+            seqlen_q: self.info.seqlen_q,
+            seqlen_k: self.info.seqlen_k,
+            mask: self.mask,
+            score_scale: self.score_scale,
+            mask_by_key_ends: false,
+        };
+        block.gradients::<T, _, _, MASK>(
+            scores,
+            d_probs,
+            |r| rows.logsumexp.get(r),
+            |r| rows.delta.get(r),
+        )
     }
 
     /// dSᵀ (packed as A fragments) into the shared tile, one row per key: with two warps per
@@ -377,18 +363,10 @@ impl BackwardTcBlock {
         if !arch::warp_idx().is_multiple_of(C::COL_SPLIT) {
             return;
         }
-        let lane = arch::lane_idx();
-        let key = self.warp_key + accumulator_row(lane);
-        for (chunk, fragment) in ds.iter().enumerate() {
-            for (register, packed) in fragment.iter().enumerate() {
-                // Register r: key row +8 for odd r, queries +8 for r ≥ 2 (`pack_row`).
-                let row = key + register as u32 % 2 * LDMATRIX_SIDE;
-                let col =
-                    chunk as u32 * MMA_K + register as u32 / 2 * MMA_N + accumulator_col(lane);
-                // SAFETY: row < B_c and col + 1 < B_r: inside the carved dSᵀ tile, 4-byte aligned.
-                unsafe { arch::store_shared_u32(self.sram.ds.at(row, col), *packed) };
-            }
-        }
+        for_each_fragment_pair(ds, |row, col, packed| {
+            // SAFETY: row < 16 and col + 1 < B_r: inside the carved dSᵀ tile, 4-byte aligned.
+            unsafe { arch::store_shared_u32(self.sram.ds.at(self.warp_key + row, col), packed) };
+        });
     }
 
     /// dQ_i += dS·K_j over the block's B_c keys for this warp's row tile and column group, then
@@ -435,8 +413,7 @@ impl BackwardTcBlock {
         }
     }
 
-    /// Stores `scale`·(this warp's rows of dK_j or dV_j) into `dst`: keys past seqlen_k and
-    /// columns past d are dropped.
+    /// Stores `scale`·(this warp's rows of dK_j or dV_j) into `dst` ([`store_key_rows`]).
     #[inline(always)]
     fn store_key_rows<T: TensorCoreElement, C: Fa2TcBackwardConfig>(
         &self,
@@ -444,21 +421,17 @@ impl BackwardTcBlock {
         acc: &[[f32; 4]; C::D_TILES],
         scale: f32,
     ) {
-        let lane = arch::lane_idx();
-        let key = self.key_start + self.warp_key + accumulator_row(lane);
-        for h in 0..2 {
-            let key = key + h as u32 * LDMATRIX_SIDE;
-            if key >= self.info.seqlen_k {
-                continue;
-            }
-            for (t, values) in acc.iter().enumerate() {
-                let col = self.warp_col + t as u32 * MMA_N + accumulator_col(lane);
-                if col < self.head_dim {
-                    let packed = T::pack2(scale * values[2 * h], scale * values[2 * h + 1]);
-                    dst.store_pair(key, col, packed);
-                }
-            }
-        }
+        let first_key = self.key_start + self.warp_key;
+        let (seqlen_k, head_dim) = (self.info.seqlen_k, self.head_dim);
+        store_key_rows::<T, _>(
+            dst,
+            acc,
+            first_key,
+            seqlen_k,
+            self.warp_col,
+            head_dim,
+            scale,
+        );
     }
 }
 

@@ -80,13 +80,9 @@ impl Fa3Tiling {
     }
 
     /// Registers per thread of the producer and of the consumers after `setmaxnreg`
-    /// (FlashAttention-3's split): the producer only issues copies.
+    /// ([`warpgroup_registers`]).
     pub const fn registers(self) -> (u32, u32) {
-        match self.consumers {
-            1 => (56, 256),
-            2 => (24, 240),
-            _ => (32, 160),
-        }
+        warpgroup_registers(self.consumers)
     }
 
     /// Bytes of the Q tile's panels (B_r rows each).
@@ -131,6 +127,17 @@ impl Fa3Tiling {
         } else {
             split
         }
+    }
+}
+
+/// Registers per thread of the producer warpgroup and of each of `consumers` consumer
+/// warpgroups after `setmaxnreg` (FlashAttention-3's split, forward and backward): the producer
+/// only issues copies.
+pub const fn warpgroup_registers(consumers: u32) -> (u32, u32) {
+    match consumers {
+        1 => (56, 256),
+        2 => (24, 240),
+        _ => (32, 160),
     }
 }
 

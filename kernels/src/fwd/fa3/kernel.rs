@@ -41,7 +41,7 @@ use crate::tile::global::{HeadRows16, HeadVector, TileCounters, packed_sequence_
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
 /// Bytes of one `CUtensorMap`: the Q, K and V maps lie this far apart.
-const TENSOR_MAP_BYTES: u64 = 128;
+pub(crate) const TENSOR_MAP_BYTES: u64 = 128;
 
 /// The block's shared memory: tiles and barriers.
 #[derive(Clone, Copy)]
@@ -159,7 +159,7 @@ impl Fa3Sram {
 
 /// Stage and phase of K/V block `j` in the two-stage ring.
 #[inline(always)]
-fn ring(j: u32) -> (u32, u32) {
+pub(crate) fn ring(j: u32) -> (u32, u32) {
     (j % KV_STAGES, (j / KV_STAGES) % 2)
 }
 
@@ -179,21 +179,40 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
         }
     }
     let sram = Fa3Sram::new::<C>();
-    if arch::thread_idx_x() == 0 {
-        sram.init_barriers::<C>();
-    }
-    arch::sync_threads();
-    let warpgroup = arch::thread_idx_x() / WARPGROUP_THREADS;
-    if warpgroup == 0 {
-        arch::release_registers::<{ C::PRODUCER_REGISTERS }>();
-        if arch::thread_idx_x() == 0 {
-            produce_tiles::<C>(p, &sram);
-        }
-    } else {
-        arch::claim_registers::<{ C::CONSUMER_REGISTERS }>();
-        consume_tiles::<T, C>(p, &sram, warpgroup - 1);
-    }
+    split_roles!(
+        C,
+        sram.init_barriers::<C>(),
+        produce_tiles::<C>(p, &sram),
+        |consumer| consume_tiles::<T, C>(p, &sram, consumer)
+    );
 }
+
+/// The warp-specialized start of every FA3 kernel (forward and backward), for config `$c` (its
+/// `PRODUCER_REGISTERS` and `CONSUMER_REGISTERS`): thread 0 runs `$init` (the mbarriers), a
+/// block barrier publishes it; then warpgroup 0 gives registers back and its thread 0 runs
+/// `$produce` (the TMA copies), while the other warpgroups take registers and run `$consume`
+/// with their consumer index (0-based). A macro, not a function of closures: the roles' bodies
+/// must be inlined into the entry (a closure LLVM keeps out of line becomes a `.func` call).
+macro_rules! split_roles {
+    ($c:ident, $init:expr, $produce:expr, |$consumer:ident| $consume:expr) => {{
+        if arch::thread_idx_x() == 0 {
+            $init;
+        }
+        arch::sync_threads();
+        let warpgroup = arch::thread_idx_x() / WARPGROUP_THREADS;
+        if warpgroup == 0 {
+            arch::release_registers::<{ $c::PRODUCER_REGISTERS }>();
+            if arch::thread_idx_x() == 0 {
+                $produce;
+            }
+        } else {
+            arch::claim_registers::<{ $c::CONSUMER_REGISTERS }>();
+            let $consumer = warpgroup - 1;
+            $consume;
+        }
+    }};
+}
+pub(crate) use split_roles;
 
 /// Tile `t`: the scheduler's, or in a packed batch (`C::PACKED`, one tile per block) the one
 /// of its sequence's own rows (`BlockInfo::packed`, from the sequence's offsets).
@@ -688,7 +707,7 @@ fn pack<T: TensorCoreElement, C: Fa3Config>(
 
 /// This warp is done reading a stage: one arrival on its empty barrier.
 #[inline(always)]
-fn release(empty: MBarrier) {
+pub(crate) fn release(empty: MBarrier) {
     if arch::lane_idx() == 0 {
         empty.arrive();
     }

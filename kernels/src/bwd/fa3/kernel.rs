@@ -1,0 +1,526 @@
+//! FlashAttention-3's backward main kernel: FlashAttention-2's backward (Dao 2023, Algorithm 2:
+//! outer loop over key blocks j, inner loop over row blocks i) on Hopper's asynchronous
+//! machinery, as FlashAttention-3's `flash_bwd_kernel_sm90.h` lays it out, between the FA2
+//! backward's pre-pass (D = rowsum(dO ∘ O), the dQ accumulator zeroed) and post-pass (dQ =
+//! scale·accumulator). Generic over one config `C: Fa3BackwardConfig`.
+//!
+//! ```text
+//!  warpgroup 0, producer (24 registers)          warpgroups 1..=2, consumers (64 keys of K_j each)
+//!  one thread issues TMA:                         wait K_j, V_j; then for each row block i:
+//!   K_j, V_j once            ──kv_full──▶          wait Q_i, dO_i; L_i, D_i into shared memory
+//!   for i: wait rows_empty[s];                     Sᵀ  = K_j·Q_iᵀ    (wgmma SS, 64 keys × 64 queries)
+//!          Q_i, dO_i ──rows_full[s]──▶             dPᵀ = V_j·dO_iᵀ   (wgmma SS)
+//!   s = (i − first) % 2 (the ring)                 Pᵀ = exp2(Sᵀ·scale·log2 e − L·log2 e),
+//!                                                  dSᵀ = Pᵀ ∘ (dPᵀ − D)   (lines 13–17)
+//!                                                  dSᵀ → shared memory (16-bit, swizzled)
+//!                                                  dV_j += Pᵀ·dO_i   (wgmma RS, Pᵀ from registers)
+//!                                                  dK_j += dSᵀ·Q_i   (wgmma RS)
+//!                                                  dQ_i += dS·K_j    (wgmma SS, both MN-major: this
+//!                                                    warpgroup's 64 keys, one 64-column part at a
+//!                                                    time), added to the f32 accumulator (`red`)
+//!                                                  release Q_i, dO_i (rows_empty[s])
+//!                                                 dK_j = scale·dK_j, dV_j stored
+//! ```
+//!
+//! Each consumer warpgroup adds its own 64 keys' share of dQ_i (dS·K_j over its keys), so the
+//! warpgroups never wait on each other: dSᵀ and L_i, D_i are per warpgroup, ordered by named
+//! barriers among its 128 threads. Shared memory: K_j, V_j, the Q_i/dO_i ring in two stages,
+//! every tile in 64-column panels with the 128-byte swizzle (`tile::swizzled`), then dSᵀ (B_c
+//! rows × 64 queries, swizzled), L_i and D_i per consumer, the mbarriers.
+
+use super::config::{DQ_PART_TILES, Fa3BackwardConfig, ROW_STAGES};
+use crate::arch::{self, MBarrier, SharedAddress};
+use crate::common::block::{BlockInfo, RowBlocks};
+use crate::common::element::TensorCoreElement;
+use crate::common::params::Fa3BackwardParams;
+use crate::common::softmax::LOG2_E;
+use crate::fwd::fa3::config::{
+    KV_STAGES, PANEL_COLS, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
+};
+use crate::fwd::fa3::kernel::{TENSOR_MAP_BYTES, release, ring, split_roles};
+use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
+use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
+use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector};
+use crate::tile::shared::SharedVector;
+use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
+
+/// Bytes of one mbarrier.
+const BARRIER_BYTES: u32 = 8;
+
+// The forward's two-stage ring arithmetic (`ring`) serves the Q_i/dO_i ring.
+const _: () = assert!(ROW_STAGES == KV_STAGES);
+
+/// The block's shared memory: tiles, statistics and barriers (sizes:
+/// `config::Fa3BackwardTiling::shared_bytes`).
+#[derive(Clone, Copy)]
+struct Fa3BackwardSram {
+    k: SwizzledTile,
+    v: SwizzledTile,
+    /// Stage 0's Q_i; stage s's Q_i is s tiles further, its dO_i `ROW_STAGES` tiles after it.
+    rows_start: SharedAddress,
+    row_bytes: u32,
+    block_rows: u32,
+    /// dSᵀ: one row per key of K_j (consumer c's are rows 64c..64c + 64), B_r queries.
+    ds: SwizzledTile,
+    /// Consumer c's L_i then D_i, B_r f32 each, from `statistics + 8·B_r·c`.
+    statistics: SharedAddress,
+    barriers: SharedAddress,
+}
+
+impl Fa3BackwardSram {
+    #[inline(always)]
+    fn new<C: Fa3BackwardConfig>() -> Self {
+        let start = aligned_shared_start(TILE_ALIGNMENT);
+        let v_start = start.offset(C::KV_BYTES);
+        let rows_start = v_start.offset(C::KV_BYTES);
+        let ds_start = rows_start.offset(2 * ROW_STAGES * C::ROW_BYTES);
+        let statistics = ds_start.offset(C::TILING.ds_bytes());
+        Self {
+            k: SwizzledTile::new(start, C::BLOCK_COLS),
+            v: SwizzledTile::new(v_start, C::BLOCK_COLS),
+            rows_start,
+            row_bytes: C::ROW_BYTES,
+            block_rows: C::BLOCK_ROWS,
+            ds: SwizzledTile::new(ds_start, C::BLOCK_COLS),
+            statistics,
+            barriers: statistics.offset(C::TILING.statistics_bytes()),
+        }
+    }
+
+    /// The same layout `bytes` further on. A step rebases it by an opaque zero
+    /// ([`opaque_zero`]), so its ~50 wgmma descriptors are derived inside the step, in uniform
+    /// registers, instead of being hoisted out of the row loop into per-thread registers that
+    /// ptxas spills (328 bytes at d = 128 before).
+    #[inline(always)]
+    fn shifted(&self, bytes: u32) -> Self {
+        Self {
+            k: self.k.shifted(bytes),
+            v: self.v.shifted(bytes),
+            rows_start: self.rows_start.offset(bytes),
+            ds: self.ds.shifted(bytes),
+            statistics: self.statistics.offset(bytes),
+            barriers: self.barriers.offset(bytes),
+            ..*self
+        }
+    }
+
+    #[inline(always)]
+    fn q(&self, stage: u32) -> SwizzledTile {
+        let start = self.rows_start.offset(stage * self.row_bytes);
+        SwizzledTile::new(start, self.block_rows)
+    }
+
+    #[inline(always)]
+    fn d_o(&self, stage: u32) -> SwizzledTile {
+        let start = self
+            .rows_start
+            .offset((ROW_STAGES + stage) * self.row_bytes);
+        SwizzledTile::new(start, self.block_rows)
+    }
+
+    /// Consumer `consumer`'s L_i (`vector` 0) or D_i (`vector` 1).
+    #[inline(always)]
+    fn statistics(&self, consumer: u32, vector: u32) -> SharedVector {
+        let per_vector = 4 * self.block_rows;
+        SharedVector::at(self.statistics.offset((2 * consumer + vector) * per_vector))
+    }
+
+    /// K_j and V_j have landed: the first barrier.
+    #[inline(always)]
+    fn kv_full(&self) -> MBarrier {
+        MBarrier(self.barriers)
+    }
+
+    /// Q_i and dO_i (of stage s) have landed: barriers 1..=`ROW_STAGES`.
+    #[inline(always)]
+    fn rows_full(&self, stage: u32) -> MBarrier {
+        MBarrier(self.barriers.offset(BARRIER_BYTES * (1 + stage)))
+    }
+
+    /// Every consumer warp is done reading stage s's Q_i and dO_i: the last `ROW_STAGES`.
+    #[inline(always)]
+    fn rows_empty(&self, stage: u32) -> MBarrier {
+        MBarrier(
+            self.barriers
+                .offset(BARRIER_BYTES * (1 + ROW_STAGES + stage)),
+        )
+    }
+
+    /// One thread: the full barriers expect the producer's one arrival (with its bytes), the
+    /// empty barriers one arrival per consumer warp.
+    #[inline(always)]
+    fn init_barriers<C: Fa3BackwardConfig>(&self) {
+        let consumer_warps = C::TILING.consumers * WARPGROUP_THREADS / arch::WARP_SIZE;
+        self.kv_full().init(1);
+        for stage in 0..ROW_STAGES {
+            self.rows_full(stage).init(1);
+            self.rows_empty(stage).init(consumer_warps);
+        }
+        arch::fence_barrier_init();
+    }
+}
+
+/// The block's key block and the row blocks that see it.
+#[derive(Clone, Copy)]
+struct KeyBlock {
+    info: BlockInfo,
+    key_start: u32,
+    row_blocks: RowBlocks,
+}
+
+impl KeyBlock {
+    #[inline(always)]
+    fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams) -> Self {
+        let info = BlockInfo::causal_only(&p.base.shape, arch::block_idx_y());
+        let key_start = arch::block_idx_x() * C::BLOCK_COLS;
+        Self {
+            info,
+            key_start,
+            row_blocks: info.row_blocks(key_start, C::BLOCK_COLS, C::BLOCK_ROWS),
+        }
+    }
+
+    /// Whether any row block sees these keys (none: dK_j = dV_j = 0, and nothing is loaded).
+    #[inline(always)]
+    fn has_rows(&self) -> bool {
+        self.row_blocks.first() < self.row_blocks.end()
+    }
+}
+
+/// The main kernel for head dims up to `C::HEAD_DIM` (multiples of 8; columns past d arrive as
+/// zeros). Grid (⌈seqlen_k / B_c⌉, batch·heads), `C::TILING.threads()` threads,
+/// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory. Needs the pre-pass's D and zeroed
+/// accumulator.
+#[inline(always)]
+pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(p: &Fa3BackwardParams) {
+    let () = C::CHECKED;
+    let sram = Fa3BackwardSram::new::<C>();
+    split_roles!(
+        C,
+        sram.init_barriers::<C>(),
+        produce::<C>(p, &sram),
+        |consumer| consume::<T, C>(p, &sram, consumer)
+    );
+}
+
+/// The producer's one thread: K_j and V_j once, then Q_i and dO_i into the ring as stages free
+/// up.
+#[inline(always)]
+fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) {
+    let block = KeyBlock::new::<C>(p);
+    if !block.has_rows() {
+        return;
+    }
+    let info = block.info;
+    let maps = p.tensor_maps;
+    let q = HeadTensorMap::new(maps, info.head, info.batch);
+    let k = HeadTensorMap::new(maps + TENSOR_MAP_BYTES, info.kv_head, info.batch);
+    let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
+    let d_o = HeadTensorMap::new(maps + 3 * TENSOR_MAP_BYTES, info.head, info.batch);
+    sram.kv_full().arrive_expect_bytes(2 * C::KV_BYTES);
+    k.load(&sram.k, C::PANELS, block.key_start, sram.kv_full());
+    v.load(&sram.v, C::PANELS, block.key_start, sram.kv_full());
+    let first = block.row_blocks.first();
+    for i in first..block.row_blocks.end() {
+        let (stage, phase) = ring(i - first);
+        // The stage's previous row block (i − 2) must be released first; a fresh barrier's
+        // previous phase counts as complete.
+        sram.rows_empty(stage).wait(phase ^ 1);
+        let full = sram.rows_full(stage);
+        full.arrive_expect_bytes(2 * C::ROW_BYTES);
+        q.load(&sram.q(stage), C::PANELS, i * C::BLOCK_ROWS, full);
+        d_o.load(&sram.d_o(stage), C::PANELS, i * C::BLOCK_ROWS, full);
+    }
+}
+
+/// One consumer warpgroup: its 64 keys of K_j against every row block that sees them, then its
+/// rows of dK_j and dV_j.
+#[inline(always)]
+fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
+    p: &Fa3BackwardParams,
+    sram: &Fa3BackwardSram,
+    consumer: u32,
+) {
+    let block = KeyBlock::new::<C>(p);
+    let info = block.info;
+    let shape = &p.base.shape;
+    // Warp-uniform as ptxas sees it, so the K_j and V_j descriptors stay in uniform registers.
+    let consumer = arch::warp_uniform(consumer);
+    let group_key = consumer * WARPGROUP_ROWS;
+    let warpgroup = Consumer {
+        sram,
+        consumer,
+        group_key,
+        warp_key: group_key + arch::warp_idx() % 4 * MMA_M,
+        key_start: block.key_start,
+        info,
+        head_dim: shape.head_dim,
+        score_scale: shape.softmax_scale * LOG2_E,
+        logsumexp: HeadVector::new(p.base.logsumexp, info.batch_head, info.seqlen_q),
+        delta: HeadVector::new(p.base.delta, info.batch_head, info.seqlen_q),
+        dq: HeadAccumulator::new(
+            p.base.dq_accumulator,
+            info.batch_head,
+            info.seqlen_q,
+            shape.head_dim,
+        ),
+    };
+    let mut dk = [[0.0f32; 4]; C::D_TILES];
+    let mut dv = [[0.0f32; 4]; C::D_TILES];
+    let rows = block.row_blocks;
+    if block.has_rows() {
+        sram.kv_full().wait(0);
+        let first = rows.first();
+        for i in first..rows.end() {
+            if rows.needs_mask(i * C::BLOCK_ROWS) {
+                warpgroup.step::<T, C, true>(i, i - first, &mut dk, &mut dv);
+            } else {
+                warpgroup.step::<T, C, false>(i, i - first, &mut dk, &mut dv);
+            }
+        }
+    }
+    // dK_j = scale·dK_j and dV_j, each stored once (grouped heads: the query head's own rows of
+    // the expanded workspace, summed afterwards by `bwd::group_sum`).
+    let gradient_head = info.kv_gradient_head(C::GROUPED);
+    let dk_rows = HeadRows16::new(&p.base.dk, info.batch, gradient_head, info.seqlen_k);
+    let dv_rows = HeadRows16::new(&p.base.dv, info.batch, gradient_head, info.seqlen_k);
+    let first_key = block.key_start + warpgroup.warp_key;
+    let (seqlen_k, d) = (info.seqlen_k, shape.head_dim);
+    store_key_rows::<T, _>(
+        &dk_rows,
+        &dk,
+        first_key,
+        seqlen_k,
+        0,
+        d,
+        shape.softmax_scale,
+    );
+    store_key_rows::<T, _>(&dv_rows, &dv, first_key, seqlen_k, 0, d, 1.0);
+}
+
+/// One consumer warpgroup's view of the block.
+struct Consumer<'a> {
+    sram: &'a Fa3BackwardSram,
+    consumer: u32,
+    /// This warpgroup's first key within K_j.
+    group_key: u32,
+    /// This warp's first key within K_j.
+    warp_key: u32,
+    key_start: u32,
+    info: BlockInfo,
+    head_dim: u32,
+    score_scale: f32,
+    logsumexp: HeadVector,
+    delta: HeadVector,
+    dq: HeadAccumulator,
+}
+
+impl Consumer<'_> {
+    /// Named barrier 0 is `sync_threads`'s; consumer c orders its warps at 1 + c.
+    const FIRST_BARRIER: u32 = 1;
+
+    /// Waits until every warp of this warpgroup has arrived.
+    #[inline(always)]
+    fn sync_warpgroup(&self) {
+        arch::named_barrier_sync(Self::FIRST_BARRIER + self.consumer, WARPGROUP_THREADS);
+    }
+
+    /// One step: row block `i`, the `n`-th of the block (its ring stage and phase), against this
+    /// warpgroup's keys (see the module's docs). `MASK`: the tile crosses the causal diagonal or
+    /// runs past seqlen_q or seqlen_k, so P is 0 at every pair the mask hides.
+    #[inline(always)]
+    fn step<T: TensorCoreElement, C: Fa3BackwardConfig, const MASK: bool>(
+        &self,
+        i: u32,
+        n: u32,
+        dk: &mut [[f32; 4]; C::D_TILES],
+        dv: &mut [[f32; 4]; C::D_TILES],
+    ) {
+        let (stage, phase) = ring(n);
+        let row_start = i * C::BLOCK_ROWS;
+        let zero = opaque_zero(n);
+        let rebased = self.sram.shifted(zero);
+        let sram = &rebased;
+        // L_i and D_i, one value per thread, read while the products run. Every warp finished
+        // the previous step's reads of them before its dSᵀ barrier, which this thread passed.
+        let statistic = self.read_statistic::<C>(row_start);
+        sram.rows_full(stage).wait(phase);
+        arch::wgmma_fence();
+        let mut scores = [[0.0f32; 4]; C::ROW_TILES];
+        let mut d_probs = [[0.0f32; 4]; C::ROW_TILES];
+        self.issue_transposed::<T, C>(sram.k, sram.q(stage), &mut scores);
+        self.issue_transposed::<T, C>(sram.v, sram.d_o(stage), &mut d_probs);
+        self.write_statistic::<C>(sram, statistic);
+        self.sync_warpgroup();
+        arch::wgmma_wait::<0>();
+        arch::wgmma_fence_accumulator(&mut scores);
+        arch::wgmma_fence_accumulator(&mut d_probs);
+
+        let lane = arch::lane_idx();
+        let block = TransposedScores {
+            lane_key: self.key_start + self.warp_key + accumulator_row(lane),
+            row_start,
+            seqlen_q: self.info.seqlen_q,
+            seqlen_k: self.info.seqlen_k,
+            mask: self.info.mask(),
+            score_scale: self.score_scale,
+            mask_by_key_ends: true,
+        };
+        let (logsumexp, delta) = (
+            sram.statistics(self.consumer, 0),
+            sram.statistics(self.consumer, 1),
+        );
+        let (mut p, mut ds) = block.gradients::<T, _, { C::ROW_CHUNKS }, MASK>(
+            &scores,
+            &d_probs,
+            |r| logsumexp.get(r),
+            |r| delta.get(r),
+        );
+        self.store_ds(sram, &ds);
+
+        // dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i (lines 16 and 21), one group.
+        arch::wgmma_fence();
+        let (q, d_o) = (sram.q(stage), sram.d_o(stage));
+        for (chunk, fragment) in p.iter().enumerate() {
+            arch::wgmma_rs(
+                dv,
+                *fragment,
+                d_o.mn_major_rows(chunk as u32),
+                true,
+                T::BF16,
+            );
+        }
+        for (chunk, fragment) in ds.iter().enumerate() {
+            arch::wgmma_rs(dk, *fragment, q.mn_major_rows(chunk as u32), true, T::BF16);
+        }
+        arch::wgmma_commit();
+
+        // dSᵀ of the warpgroup's four warps, visible to the async proxy, before dQ reads it.
+        self.sync_warpgroup();
+        for part in 0..C::PANELS {
+            let mut dq = [[0.0f32; 4]; DQ_PART_TILES];
+            arch::wgmma_fence();
+            self.issue_dq::<T, C>(sram, part, &mut dq);
+            if part == 0 {
+                // dV_j and dK_j have landed: Q_i and dO_i are free, and so are Pᵀ's and dSᵀ's
+                // fragments (kept live until here: the products read them).
+                arch::wgmma_wait::<1>();
+                arch::wgmma_fence_accumulator(dk);
+                arch::wgmma_fence_accumulator(dv);
+                arch::wgmma_fence_fragments(&mut p);
+                arch::wgmma_fence_fragments(&mut ds);
+                release(sram.rows_empty(stage));
+            }
+            arch::wgmma_wait::<0>();
+            arch::wgmma_fence_accumulator(&mut dq);
+            self.add_dq(row_start, part + zero, &dq);
+        }
+    }
+
+    /// Issues `acc` = `keys`·`rows`ᵀ for this warpgroup's 64 keys (rows of K_j or V_j) against
+    /// the B_r rows of Q_i or dO_i: d/16 SS wgmmas, one group (Sᵀ and dPᵀ, line 11's products
+    /// turned around, FlashAttention-3's SdP swap).
+    #[inline(always)]
+    fn issue_transposed<T: TensorCoreElement, C: Fa3BackwardConfig>(
+        &self,
+        keys: SwizzledTile,
+        rows: SwizzledTile,
+        acc: &mut [[f32; 4]; C::ROW_TILES],
+    ) {
+        for step in 0..C::D_STEPS {
+            let a = keys.k_major_step(self.group_key, step);
+            let b = rows.k_major_step(0, step);
+            arch::wgmma_ss(acc, a, b, step > 0, T::BF16);
+        }
+        arch::wgmma_commit();
+    }
+
+    /// Issues dQ_i's columns 64·part..64·part + 64 over this warpgroup's keys: dS (its 64
+    /// queries × 64 keys, read from dSᵀ) times K_j's rows of these keys in panel `part`, one
+    /// group of 64/16 SS wgmmas with both operands MN-major.
+    #[inline(always)]
+    fn issue_dq<T: TensorCoreElement, C: Fa3BackwardConfig>(
+        &self,
+        sram: &Fa3BackwardSram,
+        part: u32,
+        acc: &mut [[f32; 4]; DQ_PART_TILES],
+    ) {
+        for step in 0..C::KEY_STEPS {
+            let key = self.group_key + step * WGMMA_K;
+            let a = sram.ds.mn_major_from(0, key);
+            let b = sram.k.mn_major_from(part, key);
+            arch::wgmma_ss_mn_major(acc, a, b, step > 0, T::BF16);
+        }
+        arch::wgmma_commit();
+    }
+
+    /// This thread's value of L_i (threads 0..B_r of the warpgroup) or D_i (the others), 0 past
+    /// seqlen_q (masked there).
+    #[inline(always)]
+    fn read_statistic<C: Fa3BackwardConfig>(&self, row_start: u32) -> f32 {
+        let thread = arch::thread_idx_x() % WARPGROUP_THREADS;
+        let row = row_start + thread % C::BLOCK_ROWS;
+        let vector = if thread < C::BLOCK_ROWS {
+            &self.logsumexp
+        } else {
+            &self.delta
+        };
+        if row < self.info.seqlen_q {
+            vector.read(row)
+        } else {
+            0.0
+        }
+    }
+
+    #[inline(always)]
+    fn write_statistic<C: Fa3BackwardConfig>(&self, sram: &Fa3BackwardSram, value: f32) {
+        // 2·B_r = 128 threads: one element each; the warps read them after the warpgroup
+        // barrier that follows.
+        let thread = arch::thread_idx_x() % WARPGROUP_THREADS;
+        let vector = sram.statistics(self.consumer, thread / C::BLOCK_ROWS);
+        vector.set(thread % C::BLOCK_ROWS, value);
+    }
+
+    /// dSᵀ (packed as A fragments) into the swizzled dSᵀ tile, one row per key, then a fence so
+    /// that wgmma (the async proxy) sees these stores.
+    #[inline(always)]
+    fn store_ds<const CHUNKS: usize>(&self, sram: &Fa3BackwardSram, ds: &[[u32; 4]; CHUNKS]) {
+        for_each_fragment_pair(ds, |row, col, packed| {
+            let address = sram.ds.element(self.warp_key + row, col);
+            // SAFETY: row < 16 and col + 1 < B_r = 64: inside the dSᵀ tile, 4-byte aligned (col
+            // even); each warp writes its own 16 keys' rows, read after the warpgroup barrier.
+            unsafe { arch::store_shared_u32(address, packed) };
+        });
+        arch::fence_proxy_async_shared();
+    }
+
+    /// Adds one 64-column part of this warpgroup's dQ_i (its warp's 16 query rows) into the f32
+    /// accumulator: rows past seqlen_q and columns past d are dropped. (The step passes `part`
+    /// plus its opaque zero, so the lane's column offsets are derived here, not hoisted out of
+    /// the row loop beside dK_j and dV_j.)
+    #[inline(always)]
+    fn add_dq(&self, row_start: u32, part: u32, acc: &[[f32; 4]; DQ_PART_TILES]) {
+        let lane = arch::lane_idx();
+        let row = row_start + arch::warp_idx() % 4 * MMA_M + accumulator_row(lane);
+        let lane_col = part * PANEL_COLS + accumulator_col(lane);
+        // The columns left before d, counted from the lane's first: each tile's check is then one
+        // compare against its constant offset, not a column index per tile kept across the loop.
+        let visible_cols = self.head_dim as i32 - lane_col as i32;
+        for (t, tile) in acc.iter().enumerate() {
+            let col = lane_col + t as u32 * MMA_N;
+            if ((t as u32 * MMA_N) as i32) < visible_cols {
+                for (e, value) in tile.iter().enumerate() {
+                    let element_row = row + e as u32 / 2 * LDMATRIX_SIDE;
+                    self.dq.add(element_row, col + e as u32 % 2, *value);
+                }
+            }
+        }
+    }
+}
+
+/// 0, computed from the step's index `n` by a shuffle the compiler cannot see through: addresses
+/// offset by it are recomputed in each step rather than hoisted out of the row loop.
+#[inline(always)]
+fn opaque_zero(n: u32) -> u32 {
+    arch::warp_uniform(n) - n
+}
