@@ -640,45 +640,45 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
 #[test]
 fn every_head_dim_has_packed_and_local_kernels_at_its_default_tiling() {
     for form in [ForwardForm::Packed, ForwardForm::Local] {
-        let fa2_tc: Vec<(u32, Fa2TcTiling, ElementType)> = KERNELS
-            .iter()
-            .filter_map(|k| match k.family {
-                Family::Fa2Tc {
-                    head_dim,
-                    tiling,
-                    form: f,
-                } if f == form => Some((head_dim, tiling, k.dtype)),
-                _ => None,
-            })
-            .collect();
-        let fa3: Vec<(u32, Fa3Tiling, ElementType)> = flash_kernels::registry::HOPPER_KERNELS
-            .iter()
-            .filter_map(|k| match k.family {
-                Family::Fa3 {
-                    head_dim,
-                    tiling,
-                    form: f,
-                } if f == form => Some((head_dim, tiling, k.dtype)),
-                _ => None,
-            })
-            .collect();
+        let of_form = |list: &[KernelId]| -> Vec<KernelId> {
+            list.iter()
+                .filter(|k| {
+                    matches!(k.family, Family::Fa2Tc { form: f, .. } | Family::Fa3 { form: f, .. }
+                        if f == form)
+                })
+                .copied()
+                .collect()
+        };
+        let fa2_tc = of_form(KERNELS.as_slice());
+        let fa3 = of_form(flash_kernels::registry::HOPPER_KERNELS.as_slice());
         let head_dims = flash_attn::attention::fa2_tc_head_dims();
         assert_eq!(fa2_tc.len(), 2 * head_dims.len(), "{form:?}: {fa2_tc:?}");
         assert_eq!(fa3.len(), 2 * 5, "{form:?}: {fa3:?}");
         for dtype in [ElementType::F16, ElementType::Bf16] {
             for &d in &head_dims {
+                let tiling = Fa2TcTiling::default_for(d);
+                let family = Family::Fa2Tc {
+                    head_dim: d,
+                    tiling,
+                    form,
+                };
                 assert!(
-                    fa2_tc.contains(&(d, Fa2TcTiling::default_for(d), dtype)),
+                    fa2_tc.contains(&KernelId::new(family, dtype)),
                     "no {form:?} FA2-TC kernel at d = {d}, {dtype:?}: {fa2_tc:?}"
                 );
             }
             for d in [64, 96, 128, 192, 256] {
-                let one_tile = Fa3Tiling {
+                let tiling = Fa3Tiling {
                     persistent: false,
                     ..Fa3Tiling::default_for(d, false, 4096)
                 };
+                let family = Family::Fa3 {
+                    head_dim: d,
+                    tiling,
+                    form,
+                };
                 assert!(
-                    fa3.contains(&(d, one_tile, dtype)),
+                    fa3.contains(&KernelId::new(family, dtype)),
                     "no {form:?} FA3 kernel at d = {d}, {dtype:?}: {fa3:?}"
                 );
             }
@@ -686,9 +686,9 @@ fn every_head_dim_has_packed_and_local_kernels_at_its_default_tiling() {
     }
 }
 
-/// The default backward on a 9.0 device: FA3's main kernel between FA2's pre- and post-pass, at
-/// the smallest compiled head dim that holds d, its launch sized by its tiling; and each reason
-/// it falls back to fa2-tc (or further), named in the plan.
+/// FA3's backward asked for by name on a 9.0 device: its main kernel between FA2's pre- and
+/// post-pass, at the smallest compiled head dim that holds d, its launch sized by its tiling; and
+/// each reason it falls back to fa2-tc (or further), named in the plan.
 #[test]
 fn the_fa3_backward_plan_and_its_fallbacks() {
     use flash_kernels::bwd::fa3::config::Fa3BackwardTiling;
