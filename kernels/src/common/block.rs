@@ -196,6 +196,23 @@ impl KeyBlocks {
         self.end().saturating_sub(self.first())
     }
 
+    /// How many of these blocks, from [`KeyBlocks::first`], the `rows` rows from `row_start` (a
+    /// part of the row block) see, counting only rows below `seqlen_q`: the prefix up to the last
+    /// block one of them sees, 0 when none is a query or sees a key. An FA3 consumer warpgroup
+    /// owns 64 rows of its tile: past that prefix (the diagonal behind its rows, or its rows past
+    /// the sequence) every score it would compute is masked, so it skips the products.
+    #[inline(always)]
+    pub fn count_for_rows(&self, row_start: u32, rows: u32, seqlen_q: u32) -> u32 {
+        let row_end = (row_start + rows).min(seqlen_q);
+        if row_end <= row_start {
+            return 0;
+        }
+        self.mask
+            .key_blocks_needed(row_end, self.seqlen_k, self.block_cols)
+            .min(self.end())
+            .saturating_sub(self.first())
+    }
+
     /// The first key of the `n`-th block the rows visit.
     #[inline(always)]
     pub fn key_start(&self, n: u32) -> u32 {
@@ -649,6 +666,57 @@ mod tests {
                                     hides,
                                     "{what} key {key_start}"
                                 );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_part_of_a_row_block_counts_the_prefix_of_blocks_its_rows_see() {
+        // For every window, shape, row block and 64-row part of it (FA3's consumer warpgroups):
+        // the blocks past the part's count hide every pair from its rows, and the last block of
+        // the count shows one of its rows a key (or the count is 0 and no row sees a key).
+        for (left, right) in [
+            (-1, -1),
+            (-1, 0),
+            (0, 0),
+            (17, 0),
+            (5, 9),
+            (3, -1),
+            (40, 40),
+        ] {
+            for causal in [false, true] {
+                for (seqlen_q, seqlen_k) in [(113, 203), (203, 113), (64, 64), (1, 70), (300, 300)]
+                {
+                    let info = windowed(seqlen_q, seqlen_k, causal, left, right);
+                    let mask = info.mask();
+                    for (rows, cols, part) in [(192, 128, 64), (128, 80, 64), (128, 16, 32)] {
+                        for row_start in (0..seqlen_q).step_by(rows as usize) {
+                            let blocks = info.key_blocks(row_start, rows, cols);
+                            for part_start in (row_start..row_start + rows).step_by(part as usize) {
+                                let count = blocks.count_for_rows(part_start, part, seqlen_q);
+                                let part_rows = part_start..(part_start + part).min(seqlen_q);
+                                let sees = |n: u32| {
+                                    let key_start = blocks.key_start(n);
+                                    let keys = key_start..(key_start + cols).min(seqlen_k);
+                                    part_rows
+                                        .clone()
+                                        .any(|q| keys.clone().any(|k| mask.visible(q, k)))
+                                };
+                                let what = format!(
+                                    "({left}, {right}) causal={causal} {seqlen_q}×{seqlen_k} \
+                                     {rows}×{cols} rows {row_start} part {part_start}"
+                                );
+                                assert!(count <= blocks.count(), "{what}");
+                                assert!((count..blocks.count()).all(|n| !sees(n)), "{what}");
+                                if count > 0 {
+                                    assert!(sees(count - 1), "{what}");
+                                } else {
+                                    assert!((0..blocks.count()).all(|n| !sees(n)), "{what}");
+                                }
                             }
                         }
                     }

@@ -387,7 +387,10 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     };
     let mut stats = [RowStats::EMPTY; 2];
     let mut acc = [[0.0f32; 4]; C::O_TILES];
-    let count = blocks.count();
+    // This warpgroup's blocks: a prefix of the tile's, short of it where the diagonal (or the end
+    // of the sequence) passes its rows before the tile's last block. It waits for and releases
+    // the rest ([`Consumer::skip_block`]) without computing their scores, all masked.
+    let count = blocks.count_for_rows(row_start + group_row, WARPGROUP_ROWS, info.seqlen_q);
     // Every S = Q_i·K_jᵀ has landed (or none runs): the producer may load the next tile's Q.
     let release_q = || {
         if C::PERSISTENT {
@@ -396,6 +399,11 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     };
     if count == 0 {
         release_q();
+        if blocks.count() > 0 {
+            // The turn the others take for their last P̃·V.
+            warpgroup.turns.take();
+            warpgroup.turns.pass();
+        }
     } else {
         // Block 0: S_0 and its softmax (Õ is still zero: nothing to rescale).
         let mut scores = [[0.0f32; 4]; C::S_TILES];
@@ -435,6 +443,9 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warpgroup.issue_pv::<T, C>(count - 1, &p_tilde, &mut acc);
         warpgroup.turns.pass();
         warpgroup.land_pv(count - 1, &mut acc, &mut p_tilde);
+    }
+    for j in count..blocks.count() {
+        warpgroup.skip_block(j);
     }
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
     let (o, logsumexp) = if C::PACKED {
@@ -563,6 +574,21 @@ impl Consumer<'_> {
             self.sram.v_full(stage).wait(phase);
         }
         arch::wgmma_fence();
+    }
+
+    /// A block of the tile that none of this warpgroup's rows sees: its turn and the ring's
+    /// barriers as for the others, no products. K_j and V_j must have landed before they are
+    /// released, so that this warpgroup's arrivals count toward block j's phase and not an
+    /// earlier one's.
+    #[inline(always)]
+    fn skip_block(&self, j: u32) {
+        let (stage, phase) = ring(self.ring_base + j);
+        self.turns.take();
+        self.sram.k_full(stage).wait(phase);
+        self.sram.v_full(stage).wait(phase);
+        self.turns.pass();
+        release(self.sram.k_empty(stage));
+        release(self.sram.v_empty(stage));
     }
 
     /// Issues S = Q_i·K_jᵀ for this warpgroup's 64 rows (K_j landed): d/16 SS wgmmas in one
