@@ -426,10 +426,19 @@ fn fa3_shapes() -> Vec<(usize, usize, usize, usize)> {
     [TENSOR_CORE_SHAPES.as_slice(), &FA3_LONG_SHAPES].concat()
 }
 
-/// FA3's backward (the default on compute capability 9.0) over its grid.
+/// FA3's backward, asked for by name (fa2-tc is the default), over its grid.
 fn check_fa3_grid<T: Element>(test: &str) {
-    let (fa3, default) = (BackwardAlgorithm::Fa3, BackwardOptions::default());
-    check_grid::<T>(test, &FA3_HEAD_DIMS, &fa3_shapes(), &default, fa3, true);
+    let fa3 = BackwardAlgorithm::Fa3;
+    let options = fa3_by_name();
+    check_grid::<T>(test, &FA3_HEAD_DIMS, &fa3_shapes(), &options, fa3, true);
+}
+
+/// The backward options that ask for FA3's backward.
+fn fa3_by_name() -> BackwardOptions {
+    BackwardOptions {
+        algorithm: BackwardAlgorithm::Fa3,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -445,14 +454,7 @@ fn bf16_fa3_gradients_match_the_reference() {
 #[test]
 fn random_shapes_on_fa3_match_the_reference() {
     let fa3 = BackwardAlgorithm::Fa3;
-    check_random_shapes(
-        "backward_fa3_random",
-        1100,
-        128,
-        &Default::default(),
-        fa3,
-        true,
-    );
+    check_random_shapes("backward_fa3_random", 1100, 128, &fa3_by_name(), fa3, true);
 }
 
 /// A head dim that is not a multiple of 8 and f32 run the scalar kernels, and the plan says why.

@@ -5,7 +5,8 @@
 //! One block per key block j: each consumer warpgroup owns 64 of its keys (the M of
 //! `wgmma.m64`) and keeps their dK_j, dV_j rows in registers (d/8 tiles of 16 × 8 per warp,
 //! twice); per row block of B_r = 64 queries it holds Sᵀ and dPᵀ (64 keys × 64 queries: 8 tiles
-//! each), then Pᵀ's and dSᵀ's 16-bit fragments and one 64-column part of dQ_i (8 tiles). At
+//! each), then Pᵀ's and dSᵀ's 16-bit fragments and, at the steps whose dQ_i it owns, one
+//! 64-column part of dQ_i over all B_c keys (8 tiles). At
 //! d = 128 that peaks at 64 + 64 + 64 registers per thread, under the 240 `setmaxnreg` gives
 //! two consumers.
 
@@ -17,6 +18,9 @@ use crate::fwd::fa3::config::{
 
 /// Q_i, dO_i stages: row block i + 1 lands while row block i is computed.
 pub const ROW_STAGES: u32 = 2;
+/// dSᵀ buffers, by step parity: one consumer writes step i + 1's while the other (dQ_i's owner)
+/// still reads step i's.
+pub const DS_BUFFERS: u32 = 2;
 /// mbarriers: K_j and V_j full; Q_i/dO_i full and empty per stage.
 pub const BARRIERS: u32 = 1 + 2 * ROW_STAGES;
 /// Query rows per step (the N of Sᵀ = K_j·Q_iᵀ and the K of dK_j += dSᵀ·Q_i): one 64-column panel
@@ -83,7 +87,7 @@ impl Fa3BackwardTiling {
         panels(head_dim) * self.block_rows() * PANEL_ROW_BYTES
     }
 
-    /// Bytes of dSᵀ: one row per key, B_r = 64 queries (one panel).
+    /// Bytes of one dSᵀ buffer: one row per key, B_r = 64 queries (one panel).
     pub const fn ds_bytes(self) -> u32 {
         self.block_cols() * PANEL_ROW_BYTES
     }
@@ -93,13 +97,13 @@ impl Fa3BackwardTiling {
         self.consumers * 2 * self.block_rows() * 4
     }
 
-    /// Dynamic shared memory: the alignment slack, K_j and V_j, the Q_i/dO_i ring, dSᵀ, the
-    /// consumers' L_i and D_i, the barriers.
+    /// Dynamic shared memory: the alignment slack, K_j and V_j, the Q_i/dO_i ring, dSᵀ's
+    /// buffers, the consumers' L_i and D_i, the barriers.
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
         TILE_ALIGNMENT
             + 2 * self.kv_bytes(head_dim)
             + 2 * ROW_STAGES * self.row_bytes(head_dim)
-            + self.ds_bytes()
+            + DS_BUFFERS * self.ds_bytes()
             + self.statistics_bytes()
             + 8 * BARRIERS
     }
@@ -136,8 +140,8 @@ pub trait Fa3BackwardConfig {
     const PANELS: u32 = panels(Self::HEAD_DIM);
     /// k-steps of Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ.
     const D_STEPS: u32 = Self::HEAD_DIM / WGMMA_K;
-    /// k-steps of one warpgroup's dQ_i part: its 64 keys.
-    const KEY_STEPS: u32 = WARPGROUP_ROWS / WGMMA_K;
+    /// k-steps of a dQ_i part: every key of the block (both warpgroups' dSᵀ).
+    const KEY_STEPS: u32 = Self::TILING.block_cols() / WGMMA_K;
     const KV_BYTES: u32 = Self::TILING.kv_bytes(Self::HEAD_DIM);
     const ROW_BYTES: u32 = Self::TILING.row_bytes(Self::HEAD_DIM);
 
@@ -148,6 +152,8 @@ pub trait Fa3BackwardConfig {
         assert!(Self::ROW_TILES * 8 == tiling.block_rows() as usize);
         assert!(Self::ROW_CHUNKS * WGMMA_K as usize == tiling.block_rows() as usize);
         assert!(Self::HEAD_DIM.is_multiple_of(WGMMA_K));
+        // dQ_i's ownership alternates between two consumers by step parity.
+        assert!(tiling.consumers == DS_BUFFERS);
         // TMA boxes are at most 256 rows.
         assert!(tiling.block_cols() <= 256);
         assert!(tiling.threads() <= MAX_THREADS_PER_BLOCK);
@@ -211,10 +217,11 @@ mod tests {
             let bytes = tiling.shared_bytes(d);
             assert!(bytes <= MAX_SHARED_BYTES_PER_BLOCK, "{d}: {bytes}");
         }
-        // d = 128: K, V 32 KiB each, Q, dO 16 KiB × 2 stages each, dSᵀ 16 KiB, L and D 1 KiB.
+        // d = 128: K, V 32 KiB each, Q, dO 16 KiB × 2 stages each, dSᵀ 16 KiB × 2, L and D
+        // 1 KiB.
         assert_eq!(
             Fa3BackwardTiling::for_head_dim(128).shared_bytes(128),
-            1024 + 65536 + 65536 + 16384 + 1024 + 40
+            1024 + 65536 + 65536 + 2 * 16384 + 1024 + 40
         );
         let tiling = Fa3BackwardTiling::for_head_dim(64);
         assert_eq!((tiling.block_rows(), tiling.block_cols()), (64, 128));

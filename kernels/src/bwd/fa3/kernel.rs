@@ -15,20 +15,28 @@
 //!                                                  dSᵀ → shared memory (16-bit, swizzled)
 //!                                                  dV_j += Pᵀ·dO_i   (wgmma RS, Pᵀ from registers)
 //!                                                  dK_j += dSᵀ·Q_i   (wgmma RS)
-//!                                                  dQ_i += dS·K_j    (wgmma SS, both MN-major: this
-//!                                                    warpgroup's 64 keys, one 64-column part at a
-//!                                                    time), added to the f32 accumulator (`red`)
+//!                                                  at every other step (dQ_i's owner, by parity):
+//!                                                  dQ_i += dS·K_j    (wgmma SS, both MN-major: all
+//!                                                    B_c keys, both warpgroups' dSᵀ, one 64-column
+//!                                                    part at a time), added to the f32
+//!                                                    accumulator (`red`)
 //!                                                  release Q_i, dO_i (rows_empty[s])
 //!                                                 dK_j = scale·dK_j, dV_j stored
 //! ```
 //!
-//! Each consumer warpgroup adds its own 64 keys' share of dQ_i (dS·K_j over its keys), so the
-//! warpgroups never wait on each other: dSᵀ and L_i, D_i are per warpgroup, ordered by named
-//! barriers among its 128 threads. Shared memory: K_j, V_j, the Q_i/dO_i ring in two stages,
-//! every tile in 64-column panels with the 128-byte swizzle (`tile::swizzled`), then dSᵀ (B_c
-//! rows × 64 queries, swizzled), L_i and D_i per consumer, the mbarriers.
+//! dQ_i = dS·K_j is summed over all B_c keys of the block before it is added to the accumulator,
+//! as FlashAttention-3 does, so each element takes one reduction per key block: consumer i % 2
+//! computes it at step i (its "owner"), from both warpgroups' dSᵀ, while the other goes on to the
+//! next step (whose dQ it owns), and the owners alternate. ncu on the first version, where each
+//! warpgroup added its own 64 keys' share every step, put the L2 at 72% of its throughput with
+//! the warps stalled on those reductions (PERF.md). dSᵀ is double-buffered by step parity; two
+//! pairs of named barriers order it between the warpgroups (`DsHandOff`); L_i, D_i are per
+//! warpgroup, ordered by a named barrier among its 128 threads. Shared memory: K_j, V_j, the
+//! Q_i/dO_i ring in two stages, every tile in 64-column panels with the 128-byte swizzle
+//! (`tile::swizzled`), then dSᵀ twice (B_c rows × 64 queries, swizzled), L_i and D_i per
+//! consumer, the mbarriers.
 
-use super::config::{DQ_PART_TILES, Fa3BackwardConfig, ROW_STAGES};
+use super::config::{DQ_PART_TILES, DS_BUFFERS, Fa3BackwardConfig, ROW_STAGES};
 use crate::arch::{self, MBarrier, SharedAddress};
 use crate::common::block::{BlockInfo, RowBlocks};
 use crate::common::element::TensorCoreElement;
@@ -60,7 +68,9 @@ struct Fa3BackwardSram {
     rows_start: SharedAddress,
     row_bytes: u32,
     block_rows: u32,
-    /// dSᵀ: one row per key of K_j (consumer c's are rows 64c..64c + 64), B_r queries.
+    ds_bytes: u32,
+    /// dSᵀ of even steps: one row per key of K_j (consumer c's are rows 64c..64c + 64), B_r
+    /// queries; odd steps' follows it.
     ds: SwizzledTile,
     /// Consumer c's L_i then D_i, B_r f32 each, from `statistics + 8·B_r·c`.
     statistics: SharedAddress,
@@ -74,7 +84,7 @@ impl Fa3BackwardSram {
         let v_start = start.offset(C::KV_BYTES);
         let rows_start = v_start.offset(C::KV_BYTES);
         let ds_start = rows_start.offset(2 * ROW_STAGES * C::ROW_BYTES);
-        let statistics = ds_start.offset(C::TILING.ds_bytes());
+        let statistics = ds_start.offset(DS_BUFFERS * C::TILING.ds_bytes());
         Self {
             k: SwizzledTile::new(start, C::BLOCK_COLS),
             v: SwizzledTile::new(v_start, C::BLOCK_COLS),
@@ -82,6 +92,7 @@ impl Fa3BackwardSram {
             row_bytes: C::ROW_BYTES,
             block_rows: C::BLOCK_ROWS,
             ds: SwizzledTile::new(ds_start, C::BLOCK_COLS),
+            ds_bytes: C::TILING.ds_bytes(),
             statistics,
             barriers: statistics.offset(C::TILING.statistics_bytes()),
         }
@@ -116,6 +127,12 @@ impl Fa3BackwardSram {
             .rows_start
             .offset((ROW_STAGES + stage) * self.row_bytes);
         SwizzledTile::new(start, self.block_rows)
+    }
+
+    /// The dSᵀ buffer of steps of parity `buffer`.
+    #[inline(always)]
+    fn ds(&self, buffer: u32) -> SwizzledTile {
+        self.ds.shifted(buffer * self.ds_bytes)
     }
 
     /// Consumer `consumer`'s L_i (`vector` 0) or D_i (`vector` 1).
@@ -270,12 +287,17 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
     let rows = block.row_blocks;
     if block.has_rows() {
         sram.kv_full().wait(0);
-        let first = rows.first();
-        for i in first..rows.end() {
+        let (first, end) = (rows.first(), rows.end());
+        for i in first..end {
+            let step = Step {
+                i,
+                n: i - first,
+                count: end - first,
+            };
             if rows.needs_mask(i * C::BLOCK_ROWS) {
-                warpgroup.step::<T, C, true>(i, i - first, &mut dk, &mut dv);
+                warpgroup.step::<T, C, true>(step, &mut dk, &mut dv);
             } else {
-                warpgroup.step::<T, C, false>(i, i - first, &mut dk, &mut dv);
+                warpgroup.step::<T, C, false>(step, &mut dk, &mut dv);
             }
         }
     }
@@ -296,6 +318,74 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
         shape.softmax_scale,
     );
     store_key_rows::<T, _>(&dv_rows, &dv, first_key, seqlen_k, 0, d, 1.0);
+}
+
+/// One step of a consumer's row loop: row block `i`, the `n`-th of the `count` that see the key
+/// block (its ring stage and phase, and its dSᵀ buffer and dQ_i's owner by parity).
+#[derive(Clone, Copy)]
+struct Step {
+    i: u32,
+    n: u32,
+    count: u32,
+}
+
+/// How dSᵀ passes between the two consumers. At step n, consumer n % 2 owns dQ_i: it waits at
+/// `ready` until the other has stored its keys' rows of dSᵀ into buffer n % 2, computes dQ_i from
+/// both, and once its products have read the buffer arrives at `free` if a step n + 2 will
+/// write it again; there the other waits at `free` before storing. Each barrier counts both
+/// warpgroups, and every arrival has its wait.
+#[derive(Clone, Copy)]
+struct DsHandOff {
+    buffer: u32,
+}
+
+impl DsHandOff {
+    /// Named barriers 1 and 2 are the consumers' own (`Consumer::sync_warpgroup`).
+    const READY: u32 = 3;
+    const FREE: u32 = Self::READY + DS_BUFFERS;
+    const THREADS: u32 = 2 * WARPGROUP_THREADS;
+
+    #[inline(always)]
+    fn of(step: Step) -> Self {
+        Self {
+            buffer: step.n % DS_BUFFERS,
+        }
+    }
+
+    /// Whether `consumer` computes this step's dQ_i.
+    #[inline(always)]
+    fn owned_by(self, consumer: u32) -> bool {
+        self.buffer == consumer
+    }
+
+    /// The other consumer, before storing its dSᵀ rows: the owner two steps ago is done with the
+    /// buffer (no wait at the first two steps, which are its first uses).
+    #[inline(always)]
+    fn wait_free(self, step: Step) {
+        if step.n >= DS_BUFFERS {
+            arch::named_barrier_sync(Self::FREE + self.buffer, Self::THREADS);
+        }
+    }
+
+    /// The other consumer, after storing (and fencing) its dSᵀ rows.
+    #[inline(always)]
+    fn mark_ready(self) {
+        arch::named_barrier_arrive(Self::READY + self.buffer, Self::THREADS);
+    }
+
+    /// The owner, before dQ_i: both warpgroups' rows of dSᵀ are in the buffer.
+    #[inline(always)]
+    fn wait_ready(self) {
+        arch::named_barrier_sync(Self::READY + self.buffer, Self::THREADS);
+    }
+
+    /// The owner, once dQ_i's products have landed: the buffer may be written again.
+    #[inline(always)]
+    fn mark_free(self, step: Step) {
+        if step.n + DS_BUFFERS < step.count {
+            arch::named_barrier_arrive(Self::FREE + self.buffer, Self::THREADS);
+        }
+    }
 }
 
 /// One consumer warpgroup's view of the block.
@@ -325,19 +415,19 @@ impl Consumer<'_> {
         arch::named_barrier_sync(Self::FIRST_BARRIER + self.consumer, WARPGROUP_THREADS);
     }
 
-    /// One step: row block `i`, the `n`-th of the block (its ring stage and phase), against this
-    /// warpgroup's keys (see the module's docs). `MASK`: the tile crosses the causal diagonal or
-    /// runs past seqlen_q or seqlen_k, so P is 0 at every pair the mask hides.
+    /// One step: row block `step.i` against this warpgroup's keys, and dQ_i at the steps it
+    /// owns (see the module's docs). `MASK`: the tile crosses the causal diagonal or runs past
+    /// seqlen_q or seqlen_k, so P is 0 at every pair the mask hides.
     #[inline(always)]
     fn step<T: TensorCoreElement, C: Fa3BackwardConfig, const MASK: bool>(
         &self,
-        i: u32,
-        n: u32,
+        step: Step,
         dk: &mut [[f32; 4]; C::D_TILES],
         dv: &mut [[f32; 4]; C::D_TILES],
     ) {
+        let n = step.n;
         let (stage, phase) = ring(n);
-        let row_start = i * C::BLOCK_ROWS;
+        let row_start = step.i * C::BLOCK_ROWS;
         let zero = opaque_zero(n);
         let rebased = self.sram.shifted(zero);
         let sram = &rebased;
@@ -376,7 +466,13 @@ impl Consumer<'_> {
             |r| logsumexp.get(r),
             |r| delta.get(r),
         );
-        self.store_ds(sram, &ds);
+        let hand_off = DsHandOff::of(step);
+        let owner = hand_off.owned_by(self.consumer);
+        if !owner {
+            hand_off.wait_free(step);
+        }
+        let ds_tile = sram.ds(hand_off.buffer);
+        self.store_ds(ds_tile, &ds);
 
         // dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i (lines 16 and 21), one group.
         arch::wgmma_fence();
@@ -395,24 +491,40 @@ impl Consumer<'_> {
         }
         arch::wgmma_commit();
 
-        // dSᵀ of the warpgroup's four warps, visible to the async proxy, before dQ reads it.
-        self.sync_warpgroup();
+        // dV_j and dK_j have landed: Q_i and dO_i are free, and so are Pᵀ's and dSᵀ's fragments
+        // (kept live until here: the products read them).
+        let mut land_gradients = |p: &mut [[u32; 4]; C::ROW_CHUNKS],
+                              ds: &mut [[u32; 4]; C::ROW_CHUNKS]| {
+            arch::wgmma_fence_accumulator(dk);
+            arch::wgmma_fence_accumulator(dv);
+            arch::wgmma_fence_fragments(p);
+            arch::wgmma_fence_fragments(ds);
+            release(sram.rows_empty(stage));
+        };
+        if !owner {
+            // dSᵀ visible to the async proxy (`store_ds`'s fence) before the owner's products.
+            hand_off.mark_ready();
+            // Every warp has read L_i and D_i before the next step's `write_statistic`.
+            self.sync_warpgroup();
+            arch::wgmma_wait::<0>();
+            land_gradients(&mut p, &mut ds);
+            return;
+        }
+        // Both warpgroups' dSᵀ, visible to the async proxy, before dQ reads it.
+        hand_off.wait_ready();
         for part in 0..C::PANELS {
             let mut dq = [[0.0f32; 4]; DQ_PART_TILES];
             arch::wgmma_fence();
-            self.issue_dq::<T, C>(sram, part, &mut dq);
+            self.issue_dq::<T, C>(ds_tile, sram.k, part, &mut dq);
             if part == 0 {
-                // dV_j and dK_j have landed: Q_i and dO_i are free, and so are Pᵀ's and dSᵀ's
-                // fragments (kept live until here: the products read them).
                 arch::wgmma_wait::<1>();
-                arch::wgmma_fence_accumulator(dk);
-                arch::wgmma_fence_accumulator(dv);
-                arch::wgmma_fence_fragments(&mut p);
-                arch::wgmma_fence_fragments(&mut ds);
-                release(sram.rows_empty(stage));
+                land_gradients(&mut p, &mut ds);
             }
             arch::wgmma_wait::<0>();
             arch::wgmma_fence_accumulator(&mut dq);
+            if part + 1 == C::PANELS {
+                hand_off.mark_free(step);
+            }
             self.add_dq(row_start, part + zero, &dq);
         }
     }
@@ -435,21 +547,26 @@ impl Consumer<'_> {
         arch::wgmma_commit();
     }
 
-    /// Issues dQ_i's columns 64·part..64·part + 64 over this warpgroup's keys: dS (its 64
-    /// queries × 64 keys, read from dSᵀ) times K_j's rows of these keys in panel `part`, one
-    /// group of 64/16 SS wgmmas with both operands MN-major.
+    /// Issues dQ_i's columns 64·part..64·part + 64 (line 20): dS (B_r queries × every key of the
+    /// block, read from dSᵀ) times K_j's panel `part`, one group of B_c/16 SS wgmmas with both
+    /// operands MN-major.
     #[inline(always)]
     fn issue_dq<T: TensorCoreElement, C: Fa3BackwardConfig>(
         &self,
-        sram: &Fa3BackwardSram,
+        ds: SwizzledTile,
+        k: SwizzledTile,
         part: u32,
         acc: &mut [[f32; 4]; DQ_PART_TILES],
     ) {
         for step in 0..C::KEY_STEPS {
-            let key = self.group_key + step * WGMMA_K;
-            let a = sram.ds.mn_major_from(0, key);
-            let b = sram.k.mn_major_from(part, key);
-            arch::wgmma_ss_mn_major(acc, a, b, step > 0, T::BF16);
+            let key = step * WGMMA_K;
+            arch::wgmma_ss_mn_major(
+                acc,
+                ds.mn_major_from(0, key),
+                k.mn_major_from(part, key),
+                step > 0,
+                T::BF16,
+            );
         }
         arch::wgmma_commit();
     }
@@ -484,9 +601,9 @@ impl Consumer<'_> {
     /// dSᵀ (packed as A fragments) into the swizzled dSᵀ tile, one row per key, then a fence so
     /// that wgmma (the async proxy) sees these stores.
     #[inline(always)]
-    fn store_ds<const CHUNKS: usize>(&self, sram: &Fa3BackwardSram, ds: &[[u32; 4]; CHUNKS]) {
+    fn store_ds<const CHUNKS: usize>(&self, tile: SwizzledTile, ds: &[[u32; 4]; CHUNKS]) {
         for_each_fragment_pair(ds, |row, col, packed| {
-            let address = sram.ds.element(self.warp_key + row, col);
+            let address = tile.element(self.warp_key + row, col);
             // SAFETY: row < 16 and col + 1 < B_r = 64: inside the dSᵀ tile, 4-byte aligned (col
             // even); each warp writes its own 16 keys' rows, read after the warpgroup barrier.
             unsafe { arch::store_shared_u32(address, packed) };
