@@ -493,14 +493,14 @@ impl Consumer<'_> {
 
         // dV_j and dK_j have landed: Q_i and dO_i are free, and so are Pᵀ's and dSᵀ's fragments
         // (kept live until here: the products read them).
-        let mut land_gradients = |p: &mut [[u32; 4]; C::ROW_CHUNKS],
-                              ds: &mut [[u32; 4]; C::ROW_CHUNKS]| {
-            arch::wgmma_fence_accumulator(dk);
-            arch::wgmma_fence_accumulator(dv);
-            arch::wgmma_fence_fragments(p);
-            arch::wgmma_fence_fragments(ds);
-            release(sram.rows_empty(stage));
-        };
+        let mut land_gradients =
+            |p: &mut [[u32; 4]; C::ROW_CHUNKS], ds: &mut [[u32; 4]; C::ROW_CHUNKS]| {
+                arch::wgmma_fence_accumulator(dk);
+                arch::wgmma_fence_accumulator(dv);
+                arch::wgmma_fence_fragments(p);
+                arch::wgmma_fence_fragments(ds);
+                release(sram.rows_empty(stage));
+            };
         if !owner {
             // dSᵀ visible to the async proxy (`store_ds`'s fence) before the owner's products.
             hand_off.mark_ready();

@@ -49,7 +49,7 @@ use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, key_pair_col,
     key_pair_row,
 };
-use crate::tile::global::{HeadRows16, HeadVector, packed_sequence_rows};
+use crate::tile::global::{HeadRows16, HeadVector, packed_sequence_rows_uniform};
 use crate::tile::shared::SharedTile16;
 
 /// One row tile's running state: for the lane's two rows (`l/4` and `l/4 + 8`), m and partial ℓ,
@@ -130,7 +130,8 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
     let shape = &p.shape;
     let batch_head = arch::block_idx_y();
     let info = if PACKED {
-        let (query_rows, key_rows) = packed_sequence_rows(&p.packed, batch_head / shape.heads);
+        let sequence = batch_head / shape.heads;
+        let (query_rows, key_rows) = packed_sequence_rows_uniform(&p.packed, sequence);
         BlockInfo::packed(shape, batch_head, query_rows, key_rows)
     } else {
         BlockInfo::of_form(shape, batch_head, LOCAL)

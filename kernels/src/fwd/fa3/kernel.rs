@@ -37,7 +37,9 @@ use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
-use crate::tile::global::{HeadRows16, HeadVector, TileCounters, packed_sequence_rows};
+use crate::tile::global::{
+    HeadRows16, HeadVector, TileCounters, packed_sequence_rows, packed_sequence_rows_uniform,
+};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
 /// Bytes of one `CUtensorMap`: the Q, K and V maps lie this far apart.
@@ -172,7 +174,7 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     if C::PACKED {
         // A row block past its sequence's queries: the whole block returns before any barrier.
         let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
-        if tile_at::<C>(p, &scheduler, scheduler.first())
+        if tile_at::<C>(p, &scheduler, scheduler.first(), WHOLE_WARPS)
             .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
         {
             return;
@@ -214,17 +216,32 @@ macro_rules! split_roles {
 }
 pub(crate) use split_roles;
 
+/// Who calls [`tile_at`]: every thread of whole warps (the consumers, the block's prologue), or
+/// the producer's one thread.
+const WHOLE_WARPS: bool = true;
+const ONE_THREAD: bool = false;
+
 /// Tile `t`: the scheduler's, or in a packed batch (`C::PACKED`, one tile per block) the one
-/// of its sequence's own rows (`BlockInfo::packed`, from the sequence's offsets).
+/// of its sequence's own rows (`BlockInfo::packed`, from the sequence's offsets; in warp-uniform
+/// registers where whole warps call it, `packed_sequence_rows_uniform`).
 #[inline(always)]
-fn tile_at<C: Fa3Config>(p: &Fa3Params, scheduler: &TileScheduler, t: u32) -> Option<Tile> {
+fn tile_at<C: Fa3Config>(
+    p: &Fa3Params,
+    scheduler: &TileScheduler,
+    t: u32,
+    whole_warps: bool,
+) -> Option<Tile> {
     if !C::PACKED {
         return scheduler.tile(t);
     }
     let tile = scheduler.tile(t)?;
     let batch_head = tile.info.batch_head;
     let sequence = batch_head / p.shape.heads;
-    let (query_rows, key_rows) = packed_sequence_rows(&p.packed, sequence);
+    let (query_rows, key_rows) = if whole_warps {
+        packed_sequence_rows_uniform(&p.packed, sequence)
+    } else {
+        packed_sequence_rows(&p.packed, sequence)
+    };
     let info = BlockInfo::packed(&p.shape, batch_head, query_rows, key_rows);
     Some(scheduler.for_sequence(tile, info))
 }
@@ -266,7 +283,7 @@ fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
     let counters = TileCounters::new(p.tile_counters);
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
-        let tile = tile_at::<C>(p, &scheduler, t);
+        let tile = tile_at::<C>(p, &scheduler, t, ONE_THREAD);
         if C::PERSISTENT {
             // The consumers are done with the previous Q_i, and read its number long before.
             sram.q_empty().wait(walk.q_phase() ^ 1);
@@ -305,7 +322,7 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sr
         if C::PERSISTENT {
             t = sram.tile();
         }
-        let Some(tile) = tile_at::<C>(p, &scheduler, t) else {
+        let Some(tile) = tile_at::<C>(p, &scheduler, t, WHOLE_WARPS) else {
             break;
         };
         consume::<T, C>(p, tile, sram, consumer, turns, walk);
