@@ -224,10 +224,18 @@ impl KeyBlocks {
     /// `MASK = true`; every other block runs the step with `MASK = false`.
     #[inline(always)]
     pub fn needs_mask(&self, key_start: u32) -> bool {
+        self.needs_mask_for_rows(key_start, self.row_start, self.block_rows)
+    }
+
+    /// [`KeyBlocks::needs_mask`] for the `rows` rows from `row_start` only (a part of the row
+    /// block: an FA3 consumer warpgroup's 64 rows, where the diagonal crosses fewer of the
+    /// blocks than it crosses for the whole tile).
+    #[inline(always)]
+    pub fn needs_mask_for_rows(&self, key_start: u32, row_start: u32, rows: u32) -> bool {
         key_start + self.block_cols > self.seqlen_k
             || self.mask.tile_needs_mask(
-                self.row_start,
-                self.row_start + self.block_rows,
+                row_start,
+                row_start + rows,
                 key_start,
                 key_start + self.block_cols,
             )
@@ -678,7 +686,9 @@ mod tests {
     fn a_part_of_a_row_block_counts_the_prefix_of_blocks_its_rows_see() {
         // For every window, shape, row block and 64-row part of it (FA3's consumer warpgroups):
         // the blocks past the part's count hide every pair from its rows, and the last block of
-        // the count shows one of its rows a key (or the count is 0 and no row sees a key).
+        // the count shows one of its rows a key (or the count is 0 and no row sees a key); a
+        // block of the count needs the mask for the part iff it hides a pair from the part's
+        // rows or runs past seqlen_k.
         for (left, right) in [
             (-1, -1),
             (-1, 0),
@@ -711,6 +721,19 @@ mod tests {
                                      {rows}×{cols} rows {row_start} part {part_start}"
                                 );
                                 assert!(count <= blocks.count(), "{what}");
+                                for n in 0..count {
+                                    let key_start = blocks.key_start(n);
+                                    let key_end = key_start + cols;
+                                    let hides = key_end > seqlen_k
+                                        || (part_start..part_start + part).any(|q| {
+                                            (key_start..key_end).any(|k| !mask.visible(q, k))
+                                        });
+                                    assert_eq!(
+                                        blocks.needs_mask_for_rows(key_start, part_start, part),
+                                        hides,
+                                        "{what} key {key_start}"
+                                    );
+                                }
                                 assert!((count..blocks.count()).all(|n| !sees(n)), "{what}");
                                 if count > 0 {
                                     assert!(sees(count - 1), "{what}");

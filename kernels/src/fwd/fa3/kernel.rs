@@ -392,6 +392,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     let warpgroup = Consumer {
         sram,
         group_row,
+        group_first_row: row_start + group_row,
         // The sequence row of this warp's first row of the accumulators.
         warp_row: row_start + group_row + arch::warp_idx() % 4 * MMA_M,
         blocks: &blocks,
@@ -407,7 +408,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     // This warpgroup's blocks: a prefix of the tile's, short of it where the diagonal (or the end
     // of the sequence) passes its rows before the tile's last block. It waits for and releases
     // the rest ([`Consumer::skip_block`]) without computing their scores, all masked.
-    let count = blocks.count_for_rows(row_start + group_row, WARPGROUP_ROWS, info.seqlen_q);
+    let count = blocks.count_for_rows(warpgroup.group_first_row, WARPGROUP_ROWS, info.seqlen_q);
     // Every S = Q_i·K_jᵀ has landed (or none runs): the producer may load the next tile's Q.
     let release_q = || {
         if C::PERSISTENT {
@@ -562,6 +563,8 @@ struct Consumer<'a> {
     sram: &'a Fa3Sram,
     /// This warpgroup's first row within Q_i.
     group_row: u32,
+    /// The sequence row of this warpgroup's first row: the rows whose mask decides its blocks'.
+    group_first_row: u32,
     /// The sequence row of this warp's first row.
     warp_row: u32,
     blocks: &'a KeyBlocks,
@@ -686,7 +689,12 @@ impl Consumer<'_> {
             score_scale: self.score_scale,
             exp2_split: C::EXP2_SPLIT,
         };
-        if self.blocks.needs_mask(block.key_start) {
+        // Masked where the diagonal (or the tail) crosses this warpgroup's rows, which is less
+        // often than it crosses the tile's.
+        if self
+            .blocks
+            .needs_mask_for_rows(block.key_start, self.group_first_row, WARPGROUP_ROWS)
+        {
             self.block_softmax::<C, true>(&block, scores, stats)
         } else {
             self.block_softmax::<C, false>(&block, scores, stats)
