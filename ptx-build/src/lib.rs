@@ -45,9 +45,13 @@ impl Arch {
         }
     }
 
-    /// PTX ISA 8.0: the first with sm_90a; CUDA 12.0 or newer drivers load it.
+    /// PTX ISA 8.0 (the first with sm_90a; CUDA 12.0 or newer drivers load it), and 8.1 for the
+    /// Hopper module, whose backward adds pairs of f32 with `red.global.add.v2.f32` (CUDA 12.1).
     fn ptx_feature(self) -> &'static str {
-        "+ptx80"
+        match self {
+            Arch::Sm90a => "+ptx81",
+            Arch::Sm80 | Arch::Sm90 => "+ptx80",
+        }
     }
 }
 

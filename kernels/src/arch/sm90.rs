@@ -515,3 +515,24 @@ pub fn named_barrier_arrive(id: u32, threads: u32) {
         asm!("bar.arrive {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack))
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Vector reductions in global memory
+// ---------------------------------------------------------------------------------------------
+
+/// `pointer[0] += values[0]; pointer[1] += values[1]` in global memory as one atomic
+/// read-modify-write of 8 bytes (`red.global.add.v2.f32`, sm_90, PTX ISA 8.1): half the
+/// instructions of two `red.global.add.f32`, and the four lanes of an accumulator row fill a
+/// whole 32-byte sector instead of half of one (the backward pass's dQ accumulator).
+///
+/// # Safety
+/// `pointer` must be 8-byte aligned and point at two f32 in global memory (a buffer the host
+/// allocated) that this thread may write.
+#[inline(always)]
+pub unsafe fn atomic_add_f32x2(pointer: *mut f32, values: [f32; 2]) {
+    // SAFETY: the caller's contract; `red` returns nothing and is ordered as a relaxed atomic.
+    unsafe {
+        asm!("red.global.add.v2.f32 [{pointer}], {{{a}, {b}}};", pointer = in(reg64) pointer,
+             a = in(reg32) values[0], b = in(reg32) values[1], options(nostack));
+    }
+}

@@ -626,10 +626,10 @@ impl Consumer<'_> {
         for (t, tile) in acc.iter().enumerate() {
             let col = lane_col + t as u32 * MMA_N;
             if ((t as u32 * MMA_N) as i32) < visible_cols {
-                for (e, value) in tile.iter().enumerate() {
-                    let element_row = row + e as u32 / 2 * LDMATRIX_SIDE;
-                    self.dq.add(element_row, col + e as u32 % 2, *value);
-                }
+                // The tile's two rows, each a pair of adjacent columns (d is a multiple of 8).
+                self.dq.add_pair(row, col, [tile[0], tile[1]]);
+                self.dq
+                    .add_pair(row + LDMATRIX_SIDE, col, [tile[2], tile[3]]);
             }
         }
     }
