@@ -34,15 +34,14 @@ pub enum BackwardAlgorithm {
     /// The same on tensor cores (`bwd::fa2_tc`): f16/bf16, head dims that are multiples of 8
     /// (each on the smallest compiled capacity that holds it: 64, 128, 192, 256), rows
     /// 16-byte aligned; anything else runs [`BackwardAlgorithm::Fa2`], and the plan says why.
-    /// The default: on the H200 it measured 1.2× fa3's first version (call 21, PERF.md).
-    #[default]
     Fa2Tc,
     /// FlashAttention-3's backward on Hopper (`bwd::fa3`): the same pre- and post-pass around a
     /// main kernel on wgmma and TMA. Compute capability 9.0, f16/bf16, head dims that are
     /// multiples of 8 up to 128 (each on the smallest compiled one: 64, 96, 128), rows 16-byte
     /// aligned, not deterministic; anything else runs [`BackwardAlgorithm::Fa2Tc`] (or what
-    /// that falls back to), and the plan says why. Asked for by name: its first version measured
-    /// 130–161 TFLOP/s against fa2-tc's 157–198 (call 21).
+    /// that falls back to), and the plan says why. The default: its second version measured
+    /// 223–307 TFLOP/s against fa2-tc's 156–197 and PyTorch flash's 198–301 (call 23, PERF.md).
+    #[default]
     Fa3,
     /// The standard backward (`bwd::standard`): S and P recomputed into HBM by the standard
     /// forward's kernels, then dP, dS (HBM), dQ, dK, dV by tiled products; O(N²) workspace per
@@ -94,8 +93,8 @@ impl std::str::FromStr for BackwardAlgorithm {
 /// What a backward call may choose beyond the forward's options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
-    /// The main kernel asked for (default: [`BackwardAlgorithm::Fa2Tc`], which falls back to the
-    /// scalar one where it cannot run; [`BackwardAlgorithm::Fa3`] falls back to fa2-tc).
+    /// The main kernel asked for (default: [`BackwardAlgorithm::Fa3`], which falls back to
+    /// fa2-tc, and that to the scalar one, where it cannot run).
     pub algorithm: BackwardAlgorithm,
     /// dQ the same bits on every run: the key blocks add to each row block's dQ in a fixed
     /// order (one flag per row block, `tile::global::RowBlockFlags`) instead of as their atomic

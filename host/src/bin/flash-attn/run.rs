@@ -65,8 +65,9 @@ pub struct RunArgs {
     /// Name of the dO tensor in the input file (with --backward).
     #[arg(long, value_name = "NAME", default_value = "do")]
     do_name: String,
-    /// The backward: fa2-tc (tensor cores, the default; falls back to fa2 where it cannot run,
-    /// and the plan says why), fa2 (scalar) or standard (S, P, dP, dS in HBM: O(N²) memory).
+    /// The backward: fa3 (Hopper's wgmma and TMA, the default; falls back to fa2-tc, and that to
+    /// fa2, where it cannot run, and the plan says why), fa2-tc (mma.sync tensor cores), fa2
+    /// (scalar) or standard (S, P, dP, dS in HBM: O(N²) memory).
     #[arg(long, value_name = "ALGORITHM")]
     backward_algorithm: Option<BackwardAlgorithm>,
     /// dQ with the same bits on every run (fa2-tc orders its adds; standard has none; with
