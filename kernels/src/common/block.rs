@@ -620,11 +620,10 @@ mod tests {
         assert!(!info.heaviest_rows_last());
     }
 
-    #[test]
-    fn key_block_ranges_match_a_brute_force_search() {
-        // For every window, shape and row block: first..end is exactly the blocks with a visible
-        // pair, and a block is masked iff it hides a pair or runs past seqlen_k.
-        for (left, right) in [
+    /// Calls `check` with every window the brute-force tests run, causal or not, at each
+    /// (seqlen_q, seqlen_k) of `lengths`, and a description of the case.
+    fn for_each_windowed(lengths: &[(u32, u32)], mut check: impl FnMut(BlockInfo, &str)) {
+        let windows = [
             (-1, -1),
             (-1, 0),
             (0, 0),
@@ -632,54 +631,82 @@ mod tests {
             (5, 9),
             (3, -1),
             (40, 40),
-        ] {
+        ];
+        for (left, right) in windows {
             for causal in [false, true] {
-                for (seqlen_q, seqlen_k) in [(113, 203), (203, 113), (64, 64), (1, 70)] {
+                for &(seqlen_q, seqlen_k) in lengths {
                     let info = windowed(seqlen_q, seqlen_k, causal, left, right);
-                    let mask = info.mask();
-                    for (rows, cols) in [(16, 16), (64, 32), (32, 64)] {
-                        for row_start in (0..seqlen_q).step_by(rows as usize) {
-                            let row_end = (row_start + rows).min(seqlen_q);
-                            let blocks = info.key_blocks(row_start, rows, cols);
-                            let visible = |block: u32| {
-                                let keys = block * cols..((block + 1) * cols).min(seqlen_k);
-                                (row_start..row_end)
-                                    .any(|q| keys.clone().any(|k| mask.visible(q, k)))
-                            };
-                            let seen: std::vec::Vec<u32> = (0..seqlen_k.div_ceil(cols))
-                                .filter(|&b| visible(b))
-                                .collect();
-                            let what = format!(
-                                "({left}, {right}) causal={causal} {seqlen_q}×{seqlen_k} \
-                                 {rows}×{cols} rows {row_start}"
-                            );
-                            match (seen.first(), seen.last()) {
-                                (Some(&first), Some(&last)) => {
-                                    assert_eq!(
-                                        (blocks.first(), blocks.end()),
-                                        (first, last + 1),
-                                        "{what}"
-                                    );
-                                }
-                                _ => assert_eq!(blocks.count(), 0, "{what}"),
-                            }
-                            for n in 0..blocks.count() {
-                                let key_start = blocks.key_start(n);
-                                let key_end = key_start + cols;
-                                let hides = key_end > seqlen_k
-                                    || (row_start..row_start + rows)
-                                        .any(|q| (key_start..key_end).any(|k| !mask.visible(q, k)));
-                                assert_eq!(
-                                    blocks.needs_mask(key_start),
-                                    hides,
-                                    "{what} key {key_start}"
-                                );
-                            }
-                        }
-                    }
+                    check(
+                        info,
+                        &format!("({left}, {right}) causal={causal} {seqlen_q}×{seqlen_k}"),
+                    );
                 }
             }
         }
+    }
+
+    /// Whether the key block from `key_start` hides a pair from one of `rows` (so the masked
+    /// step must run) or runs past seqlen_k, by brute force.
+    fn hides_a_pair(
+        info: &BlockInfo,
+        rows: core::ops::Range<u32>,
+        key_start: u32,
+        cols: u32,
+    ) -> bool {
+        let (mask, key_end) = (info.mask(), key_start + cols);
+        key_end > info.seqlen_k
+            || rows
+                .into_iter()
+                .any(|q| (key_start..key_end).any(|k| !mask.visible(q, k)))
+    }
+
+    /// Whether one of `rows` sees a key of `keys` (clipped to seqlen_k), by brute force.
+    fn sees_a_key(
+        info: &BlockInfo,
+        rows: core::ops::Range<u32>,
+        keys: core::ops::Range<u32>,
+    ) -> bool {
+        let (mask, keys) = (info.mask(), keys.start..keys.end.min(info.seqlen_k));
+        rows.into_iter()
+            .any(|q| keys.clone().any(|k| mask.visible(q, k)))
+    }
+
+    #[test]
+    fn key_block_ranges_match_a_brute_force_search() {
+        // For every window, shape and row block: first..end is exactly the blocks with a visible
+        // pair, and a block is masked iff it hides a pair or runs past seqlen_k.
+        let lengths = [(113, 203), (203, 113), (64, 64), (1, 70)];
+        for_each_windowed(&lengths, |info, case| {
+            let (seqlen_q, seqlen_k) = (info.seqlen_q, info.seqlen_k);
+            for (rows, cols) in [(16, 16), (64, 32), (32, 64)] {
+                for row_start in (0..seqlen_q).step_by(rows as usize) {
+                    let row_end = (row_start + rows).min(seqlen_q);
+                    let blocks = info.key_blocks(row_start, rows, cols);
+                    let seen: std::vec::Vec<u32> = (0..seqlen_k.div_ceil(cols))
+                        .filter(|&b| {
+                            sees_a_key(&info, row_start..row_end, b * cols..(b + 1) * cols)
+                        })
+                        .collect();
+                    let what = format!("{case} {rows}×{cols} rows {row_start}");
+                    match (seen.first(), seen.last()) {
+                        (Some(&first), Some(&last)) => {
+                            assert_eq!((blocks.first(), blocks.end()), (first, last + 1), "{what}");
+                        }
+                        _ => assert_eq!(blocks.count(), 0, "{what}"),
+                    }
+                    for n in 0..blocks.count() {
+                        let key_start = blocks.key_start(n);
+                        let hides =
+                            hides_a_pair(&info, row_start..row_start + rows, key_start, cols);
+                        assert_eq!(
+                            blocks.needs_mask(key_start),
+                            hides,
+                            "{what} key {key_start}"
+                        );
+                    }
+                }
+            }
+        });
     }
 
     #[test]
@@ -689,63 +716,39 @@ mod tests {
         // the count shows one of its rows a key (or the count is 0 and no row sees a key); a
         // block of the count needs the mask for the part iff it hides a pair from the part's
         // rows or runs past seqlen_k.
-        for (left, right) in [
-            (-1, -1),
-            (-1, 0),
-            (0, 0),
-            (17, 0),
-            (5, 9),
-            (3, -1),
-            (40, 40),
-        ] {
-            for causal in [false, true] {
-                for (seqlen_q, seqlen_k) in [(113, 203), (203, 113), (64, 64), (1, 70), (300, 300)]
-                {
-                    let info = windowed(seqlen_q, seqlen_k, causal, left, right);
-                    let mask = info.mask();
-                    for (rows, cols, part) in [(192, 128, 64), (128, 80, 64), (128, 16, 32)] {
-                        for row_start in (0..seqlen_q).step_by(rows as usize) {
-                            let blocks = info.key_blocks(row_start, rows, cols);
-                            for part_start in (row_start..row_start + rows).step_by(part as usize) {
-                                let count = blocks.count_for_rows(part_start, part, seqlen_q);
-                                let part_rows = part_start..(part_start + part).min(seqlen_q);
-                                let sees = |n: u32| {
-                                    let key_start = blocks.key_start(n);
-                                    let keys = key_start..(key_start + cols).min(seqlen_k);
-                                    part_rows
-                                        .clone()
-                                        .any(|q| keys.clone().any(|k| mask.visible(q, k)))
-                                };
-                                let what = format!(
-                                    "({left}, {right}) causal={causal} {seqlen_q}×{seqlen_k} \
-                                     {rows}×{cols} rows {row_start} part {part_start}"
-                                );
-                                assert!(count <= blocks.count(), "{what}");
-                                for n in 0..count {
-                                    let key_start = blocks.key_start(n);
-                                    let key_end = key_start + cols;
-                                    let hides = key_end > seqlen_k
-                                        || (part_start..part_start + part).any(|q| {
-                                            (key_start..key_end).any(|k| !mask.visible(q, k))
-                                        });
-                                    assert_eq!(
-                                        blocks.needs_mask_for_rows(key_start, part_start, part),
-                                        hides,
-                                        "{what} key {key_start}"
-                                    );
-                                }
-                                assert!((count..blocks.count()).all(|n| !sees(n)), "{what}");
-                                if count > 0 {
-                                    assert!(sees(count - 1), "{what}");
-                                } else {
-                                    assert!((0..blocks.count()).all(|n| !sees(n)), "{what}");
-                                }
-                            }
+        let lengths = [(113, 203), (203, 113), (64, 64), (1, 70), (300, 300)];
+        for_each_windowed(&lengths, |info, case| {
+            let seqlen_q = info.seqlen_q;
+            for (rows, cols, part) in [(192, 128, 64), (128, 80, 64), (128, 16, 32)] {
+                for row_start in (0..seqlen_q).step_by(rows as usize) {
+                    let blocks = info.key_blocks(row_start, rows, cols);
+                    for part_start in (row_start..row_start + rows).step_by(part as usize) {
+                        let count = blocks.count_for_rows(part_start, part, seqlen_q);
+                        let part_rows = part_start..(part_start + part).min(seqlen_q);
+                        let sees = |n: u32| {
+                            let key_start = blocks.key_start(n);
+                            sees_a_key(&info, part_rows.clone(), key_start..key_start + cols)
+                        };
+                        let what =
+                            format!("{case} {rows}×{cols} rows {row_start} part {part_start}");
+                        assert!(count <= blocks.count(), "{what}");
+                        for n in 0..count {
+                            let key_start = blocks.key_start(n);
+                            let hides =
+                                hides_a_pair(&info, part_start..part_start + part, key_start, cols);
+                            let masked = blocks.needs_mask_for_rows(key_start, part_start, part);
+                            assert_eq!(masked, hides, "{what} key {key_start}");
+                        }
+                        assert!((count..blocks.count()).all(|n| !sees(n)), "{what}");
+                        if count > 0 {
+                            assert!(sees(count - 1), "{what}");
+                        } else {
+                            assert!((0..blocks.count()).all(|n| !sees(n)), "{what}");
                         }
                     }
                 }
             }
-        }
+        });
     }
 
     fn decode_params(heads_q: u32, heads_kv: u32, q_tokens: u32, causal: bool) -> DecodeParams {
