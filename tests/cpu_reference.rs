@@ -463,9 +463,9 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
 /// the shape set does not have, naming the argument and the values it has, before any GPU work.
 #[test]
 fn check_filters_name_the_bad_value_and_the_allowed_ones() {
-    let run = |args: &[&str]| {
+    let run = |shapes: &str, args: &[&str]| {
         let output = std::process::Command::new(common::cli())
-            .args(["check", "--shapes", "sanitizer"])
+            .args(["check", "--shapes", shapes])
             .args(args)
             .output()
             .expect("the CLI runs");
@@ -474,17 +474,24 @@ fn check_filters_name_the_bad_value_and_the_allowed_ones() {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     };
-    let (ok, err) = run(&["--head-dims", "7"]);
+    let (ok, err) = run("sanitizer", &["--head-dims", "7"]);
     assert!(
         !ok && err.contains("`head-dims`: got [7]") && err.contains("[8, 40, 64, 128, 256]"),
         "{err}"
     );
-    let (ok, err) = run(&["--head-dims", "40", "--seqlens", "5"]);
+    let (ok, err) = run("sanitizer", &["--head-dims", "40", "--seqlens", "5"]);
     assert!(
         !ok && err.contains("`seqlens`: got [5]") && err.contains("[1, 17, 1000]"),
         "{err}"
     );
-    let (ok, err) = run(&["--causal", "maybe"]);
+    // Every value asked for needs a case: the standard set has seqlen_q = 113 at d = 59 and 64
+    // only, so d = 128 there is refused rather than dropped.
+    let (ok, err) = run("standard", &["--head-dims", "64,128", "--seqlens", "113"]);
+    assert!(
+        !ok && err.contains("`head-dims`: got [64, 128]") && err.contains("any of [59, 64]"),
+        "{err}"
+    );
+    let (ok, err) = run("sanitizer", &["--causal", "maybe"]);
     assert!(
         !ok && err.contains("`causal`: got maybe") && err.contains("off, on, both"),
         "{err}"

@@ -149,31 +149,56 @@ const WINDOW_CASES: [Case; 9] = [
 ];
 
 /// The cases of `set` whose head dim is in `head_dims` and whose seqlen_q is in `seqlens` (an
-/// empty filter keeps every case); an error names what the set has when a filter leaves nothing.
+/// empty filter keeps every case). Every value asked for must have a case (a head dim in the set,
+/// a seqlen among those head dims, and each head dim again at those seqlens): a filter that kept
+/// only some of its values would leave a run, a sanitizer's say, covering less than its command
+/// line says. The error names the filter and the values the set has there.
 fn shapes(set: &str, head_dims: &[usize], seqlens: &[usize]) -> flash_attn::Result<Vec<Case>> {
-    let mut kept = shapes_of_set(set)?;
+    let all = shapes_of_set(set)?;
     let head_dim_of: fn(&Case) -> usize = |c| c.0.5;
     let seqlen_q_of: fn(&Case) -> usize = |c| c.0.3;
-    for (name, filter, value_of) in [
-        ("head-dims", head_dims, head_dim_of),
-        ("seqlens", seqlens, seqlen_q_of),
-    ] {
-        let before = kept.clone();
-        kept.retain(|s| filter.is_empty() || filter.contains(&value_of(s)));
-        if kept.is_empty() {
-            let mut values: Vec<usize> = before.iter().map(value_of).collect();
-            values.sort_unstable();
-            values.dedup();
-            return Err(flash_attn::Error::InvalidArgument {
-                name,
-                value: format!("{filter:?}"),
-                allowed: format!(
-                    "allowed with --shapes {set} and the filters before it: any of {values:?}"
-                ),
-            });
+    let keep = |cases: &[Case], filter: &[usize], value_of: fn(&Case) -> usize| -> Vec<Case> {
+        cases
+            .iter()
+            .filter(|c| filter.is_empty() || filter.contains(&value_of(c)))
+            .cloned()
+            .collect()
+    };
+    let require = |name: &'static str,
+                   filter: &[usize],
+                   value_of: fn(&Case) -> usize,
+                   among: &[Case],
+                   context: &str| {
+        let mut values: Vec<usize> = among.iter().map(value_of).collect();
+        values.sort_unstable();
+        values.dedup();
+        if filter.iter().all(|v| values.contains(v)) {
+            return Ok(());
         }
-    }
-    Ok(kept)
+        Err(flash_attn::Error::InvalidArgument {
+            name,
+            value: format!("{filter:?}"),
+            allowed: format!("allowed with --shapes {set}{context}: any of {values:?}"),
+        })
+    };
+    require("head-dims", head_dims, head_dim_of, &all, "")?;
+    let with_head_dims = keep(&all, head_dims, head_dim_of);
+    require(
+        "seqlens",
+        seqlens,
+        seqlen_q_of,
+        &with_head_dims,
+        &format!(" and --head-dims {head_dims:?}"),
+    )?;
+    let at_seqlens = keep(&all, seqlens, seqlen_q_of);
+    require(
+        "head-dims",
+        head_dims,
+        head_dim_of,
+        &at_seqlens,
+        &format!(" at --seqlens {seqlens:?}"),
+    )?;
+    Ok(keep(&with_head_dims, seqlens, seqlen_q_of))
 }
 
 fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Case>> {
