@@ -4,6 +4,7 @@
 //! stores of f32/f16/bf16) exists on the GPU only.
 
 pub mod block;
+pub mod decode_block;
 pub mod limits;
 pub mod mask;
 pub mod params;

@@ -7,7 +7,7 @@
 
 use super::config::{COMBINE_ROWS, DecodeConfig, SplitPlan};
 use crate::arch::{self, WARP_SIZE};
-use crate::common::block::DecodeRow;
+use crate::common::decode_block::DecodeRow;
 use crate::common::element::Element;
 use crate::common::params::DecodeParams;
 use crate::common::softmax::{RowStats, fa1_merge};

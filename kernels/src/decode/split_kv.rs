@@ -26,7 +26,7 @@
 use super::combine::combine_row;
 use super::config::{DecodeConfig, STEP_KEYS, SplitPlan, TILE_ROWS, WARPS};
 use crate::arch;
-use crate::common::block::{DecodeBlock, DecodeRow};
+use crate::common::decode_block::{DecodeBlock, DecodeRow};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::DecodeParams;
 use crate::common::softcap::Softcap;

@@ -611,7 +611,7 @@ impl Consumer<'_> {
         arch::fence_proxy_async_shared();
     }
 
-    /// Adds one 64-column part of this warpgroup's dQ_i (its warp's 16 query rows) into the f32
+    /// Adds one 64-column part of the owned dQ_i (this warp's 16 of its query rows) into the f32
     /// accumulator: rows past seqlen_q and columns past d are dropped. (The step passes `part`
     /// plus its opaque zero, so the lane's column offsets are derived here, not hoisted out of
     /// the row loop beside dK_j and dV_j.)
