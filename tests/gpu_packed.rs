@@ -5,7 +5,8 @@
 //! `gpu_attention` checks against the f64 reference (`check --packed` compares the packed ones
 //! with it directly, on the same cases). Outputs are poisoned first, so a row the kernel forgot
 //! fails; sequences without queries or without keys (O = 0, L = −∞), GQA and MQA, causal masks
-//! aligned per sequence, both layouts, every head dim FA2-TC compiles. Skipped without a GPU
+//! and sliding windows aligned per sequence, soft-capping, both layouts, every head dim FA2-TC
+//! compiles. Skipped without a GPU
 //! (unless FLASH_ATTN_REQUIRE_GPU is set).
 
 mod common;
@@ -46,10 +47,7 @@ fn check_typed<T: Element>(
         upload(&k).map_err(fail)?,
         upload(&v).map_err(fail)?,
     );
-    let options = AttentionOptions {
-        causal: case.causal,
-        ..Default::default()
-    };
+    let options = case.options();
     let mut output = PackedOutput {
         o: DeviceTensor::filled(gpu, dq.dims(), case.layout, T::poison()).map_err(fail)?,
         logsumexp: gpu
@@ -143,12 +141,14 @@ fn run_all(gpu: &Gpu, test: &str, cases: &[PackedCheckCase]) {
     for algorithm in algorithms(gpu) {
         for case in cases {
             let label = format!(
-                "{algorithm} {} h {}/{} d {} causal={} {} lengths {:?}",
+                "{algorithm} {} h {}/{} d {} causal={} window={:?} softcap={} {} lengths {:?}",
                 case.dtype,
                 case.heads,
                 case.heads_kv,
                 case.head_dim,
                 case.causal,
+                case.window,
+                case.softcap,
                 case.layout.name(),
                 case.lengths
             );
@@ -165,7 +165,8 @@ fn run_all(gpu: &Gpu, test: &str, cases: &[PackedCheckCase]) {
 
 /// `check --packed`'s cases (`tools::check_packed::standard_packed_cases`: every compiled head
 /// dim, both dtypes and layouts, causal both ways, GQA and MQA, a batch of mixed lengths with
-/// an empty sequence and one without keys, 48 short sequences beside a long one).
+/// an empty sequence and one without keys, 48 short sequences beside a long one, windows and
+/// soft-capping at d = 64 and 128).
 #[test]
 fn packed_batches_match_the_dense_kernel_per_sequence() {
     let Some(gpu) = common::gpu_or_skip("packed_batches_match_the_dense_kernel_per_sequence")
@@ -196,6 +197,8 @@ fn random_short_sequences_and_mqa() {
         head_dim: 64,
         lengths: lengths.clone(),
         causal: true,
+        window: None,
+        softcap: 0.0,
         layout: Layout::BatchSeqHeadDim,
         dtype,
     });

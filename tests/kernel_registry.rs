@@ -634,12 +634,16 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
     }
 }
 
-/// The packed-batch and window (`local`) kernels are FA2-TC's default tiling at every head dim
-/// it compiles, and FA3's default split on the one-tile grid at each of its head dims, in both
-/// 16-bit dtypes: the plans take those defaults for those calls.
+/// The packed-batch, window (`local`) and packed-with-window kernels are FA2-TC's default tiling
+/// at every head dim it compiles, and FA3's default split on the one-tile grid at each of its
+/// head dims, in both 16-bit dtypes: the plans take those defaults for those calls.
 #[test]
 fn every_head_dim_has_packed_and_local_kernels_at_its_default_tiling() {
-    for form in [ForwardForm::Packed, ForwardForm::Local] {
+    for form in [
+        ForwardForm::Packed,
+        ForwardForm::Local,
+        ForwardForm::PackedLocal,
+    ] {
         let of_form = |list: &[KernelId]| -> Vec<KernelId> {
             list.iter()
                 .filter(|k| {

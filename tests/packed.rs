@@ -7,7 +7,9 @@ mod common;
 
 use flash_attn::attention::{CompiledLimits, PackedBatch, Plan};
 use flash_attn::model::reference::{attention_reference, packed_attention_reference};
+use flash_attn::model::scoring::Scoring;
 use flash_attn::{Algorithm, AttentionOptions, DType, Error};
+use flash_kernels::common::mask::KeyWindow;
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use ndarray::{Array4, Axis, s};
 use rand::SeedableRng;
@@ -167,6 +169,45 @@ fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
     );
 }
 
+/// A window or soft-capping on a packed batch plans the `_varlen_local` kernels, which read both
+/// the sequence offsets and the window; the packed kernels without it stay the plain `_varlen`.
+#[test]
+fn a_packed_batch_with_a_window_or_softcap_plans_the_varlen_local_kernels() {
+    for options in [
+        AttentionOptions {
+            causal: true,
+            window: Some((256, 0)),
+            ..Default::default()
+        },
+        AttentionOptions {
+            softcap: 30.0,
+            ..Default::default()
+        },
+    ] {
+        let fa3 = plan(Algorithm::Fa3, DType::Bf16, 128, &options).unwrap();
+        assert_eq!(
+            fa3.launches[0].kernel.to_string(),
+            "fa3_forward_bf16_d128_w2c128_varlen_local"
+        );
+        let fa2_tc = plan(Algorithm::Fa2Tc, DType::F16, 64, &options).unwrap();
+        assert_eq!(
+            fa2_tc.launches[0].kernel.to_string(),
+            "fa2tc_forward_f16_d64_w4r2s2c64_varlen_local"
+        );
+        // The faithful kernels still refuse both.
+        assert_eq!(
+            named(plan(Algorithm::Fa2, DType::Bf16, 64, &options)),
+            "algorithm"
+        );
+    }
+    // A window sides' range is checked as for a dense batch.
+    let bad = AttentionOptions {
+        window: Some((-2, 0)),
+        ..Default::default()
+    };
+    assert_eq!(named(plan(Algorithm::Fa3, DType::Bf16, 64, &bad)), "window");
+}
+
 fn normal(dims: [usize; 4], rng: &mut impl rand::Rng) -> Array4<f64> {
     Array4::from_shape_simple_fn(dims, || StandardNormal.sample(rng))
 }
@@ -188,15 +229,24 @@ fn the_packed_reference_is_the_dense_one_per_sequence() {
         .unwrap()
     };
     let batch = PackedBatch::new(&[0, 9, 18], &[0, 13, 26]).unwrap();
-    for causal in [false, true] {
+    // The causal mask or none, and a window (3, 1) with soft-capping: each at every sequence's
+    // own bottom-right corner.
+    let windowed = Scoring {
+        window: KeyWindow {
+            left: Some(3),
+            right: Some(1),
+        },
+        softcap: 2.0,
+    };
+    for scoring in [false.into(), true.into(), windowed] {
         let dense =
-            attention_reference(dense_q.view(), dense_k.view(), dense_v.view(), causal, 0.3);
+            attention_reference(dense_q.view(), dense_k.view(), dense_v.view(), scoring, 0.3);
         let packed = packed_attention_reference(
             pack(&dense_q).view(),
             pack(&dense_k).view(),
             pack(&dense_v).view(),
             &batch,
-            causal,
+            scoring,
             0.3,
         );
         for b in 0..2 {

@@ -2,8 +2,10 @@
 //! every sequence's query rows in one Q tensor (total_q, heads, d), its keys and values in one
 //! K and one V (total_k, heads_kv, d), and the cumulative offsets `cu_seqlens_q` and
 //! `cu_seqlens_k` (batch + 1 each, from 0) that say where each sequence starts. Each sequence
-//! attends to its own keys only, with the causal mask aligned to its own bottom-right corner, so
-//! one call serves a batch of prompts of different lengths without padding.
+//! attends to its own keys only, with the causal mask (or a sliding window) aligned to its own
+//! bottom-right corner, so one call serves a batch of prompts of different lengths without
+//! padding. A window or soft-capping (`AttentionOptions::window`, `softcap`) runs the
+//! `_varlen_local` kernels, which have both the sequence offsets and the window compiled in.
 //!
 //! The tensors are [`DeviceTensor`]s of batch 1, in any layout (flash-attn's (batch, seqlen,
 //! heads, d) is the packed one); O has Q's dims and L is (heads, total_q), flash-attn's varlen

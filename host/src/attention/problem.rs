@@ -357,15 +357,9 @@ impl Problem {
     }
 
     /// Which form of the tensor-core forward kernels serves this call: a packed batch's, a
-    /// window's or soft-capping's (`local`), or the dense one, which has neither compiled in.
+    /// window's or soft-capping's (`local`), both, or the dense one, which has none compiled in.
     pub fn forward_form(&self) -> ForwardForm {
-        if self.packed {
-            ForwardForm::Packed
-        } else if self.window_or_softcap().is_some() {
-            ForwardForm::Local
-        } else {
-            ForwardForm::Dense
-        }
+        ForwardForm::of(self.packed, self.window_or_softcap().is_some())
     }
 
     pub(crate) fn shape(&self) -> AttentionShape {

@@ -36,17 +36,19 @@ pub fn attention_reference(
 }
 
 /// [`attention_reference`] of a packed batch: Q (1, heads, total_q, d), K and V (1, heads_kv,
-/// total_k, d), each sequence of `batch` attending to its own keys (its causal mask aligned to
-/// its own bottom-right corner). O is (1, heads, total_q, d) and L (1, heads, total_q), flash-attn's
-/// varlen layout; a sequence without keys gives O = 0 and L = −∞.
+/// total_k, d), each sequence of `batch` attending to its own keys under `scoring` (its causal
+/// mask or window aligned to its own bottom-right corner). O is (1, heads, total_q, d) and L
+/// (1, heads, total_q), flash-attn's varlen layout; a sequence without keys gives O = 0 and
+/// L = −∞.
 pub fn packed_attention_reference(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
     batch: &PackedBatch,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
 ) -> Reference {
+    let scoring = scoring.into();
     let (heads, total_q, head_dim) = (q.dim().1, q.dim().2, q.dim().3);
     let mut o = Array4::zeros((1, heads, total_q, head_dim));
     let mut logsumexp = Array3::from_elem((1, heads, total_q), f64::NEG_INFINITY);
@@ -59,7 +61,7 @@ pub fn packed_attention_reference(
             q.slice(s![.., .., queries.clone(), ..]),
             k.slice(s![.., .., keys.clone(), ..]),
             v.slice(s![.., .., keys, ..]),
-            causal,
+            scoring,
             scale,
         );
         o.slice_mut(s![.., .., queries.clone(), ..]).assign(&part.o);

@@ -3,7 +3,8 @@
 //! sequence's max |O − O_ref| is at most 2 × (the same error of standard attention computed in
 //! the dtype) plus 1e-5, and L is within 1e-4 where the reference is finite and −∞ where it is
 //! −∞ (a sequence without keys: O = 0, L = −∞). Outputs are poisoned (NaN) before the launch,
-//! so a row the kernels forgot fails.
+//! so a row the kernels forgot fails. Cases with a sliding window or soft-capping run the
+//! `_varlen_local` kernels, each sequence's window at its own bottom-right corner.
 
 use ndarray::{Array4, s};
 use rand::Rng;
@@ -15,6 +16,7 @@ use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::model::reference::{attention_in_dtype, attention_reference};
+use crate::model::scoring::Scoring;
 use crate::tensor::{DeviceTensor, Layout};
 use crate::tools::check::{
     HALF_ABSOLUTE_SLACK, LOGSUMEXP_TOLERANCE, logsumexp_error, max_abs_difference, random_tensor,
@@ -30,8 +32,24 @@ pub struct PackedCheckCase {
     pub head_dim: usize,
     pub lengths: Vec<(usize, usize)>,
     pub causal: bool,
+    /// flash-attn's `window_size` (left, right; −1 unbounded), or none.
+    pub window: Option<(i64, i64)>,
+    /// Logit soft-capping (0: off).
+    pub softcap: f32,
     pub layout: Layout,
     pub dtype: DType,
+}
+
+impl PackedCheckCase {
+    /// The call's options: the mask, the window and soft-capping.
+    pub fn options(&self) -> AttentionOptions {
+        AttentionOptions {
+            causal: self.causal,
+            window: self.window,
+            softcap: self.softcap,
+            ..Default::default()
+        }
+    }
 }
 
 /// The outcome of one case: its worst sequence.
@@ -58,7 +76,9 @@ pub const PACKED_DTYPES: [DType; 2] = [DType::Bf16, DType::F16];
 /// `flash-attn check --packed`'s cases for one dtype: every head dim FA2-TC compiles, causal
 /// both ways (each in one of the two layouts), GQA at d = 128, on a batch of mixed lengths (one
 /// row, lengths that are no block's multiple, seqlen_q < seqlen_k and >, an empty sequence, one
-/// without keys, a thousand rows); and 48 short sequences beside a long one with MQA.
+/// without keys, a thousand rows); 48 short sequences beside a long one with MQA; and the
+/// window forms at d = 64 and 128: a causal sliding window (Mistral's), a two-sided window with
+/// soft-capping (Gemma 2's), and soft-capping alone.
 pub fn standard_packed_cases(dtype: DType) -> Vec<PackedCheckCase> {
     let mixed = vec![
         (1, 1),
@@ -78,6 +98,8 @@ pub fn standard_packed_cases(dtype: DType) -> Vec<PackedCheckCase> {
                 head_dim: d as usize,
                 lengths: mixed.clone(),
                 causal,
+                window: None,
+                softcap: 0.0,
                 layout: if causal {
                     Layout::BatchSeqHeadDim
                 } else {
@@ -87,7 +109,7 @@ pub fn standard_packed_cases(dtype: DType) -> Vec<PackedCheckCase> {
             });
         }
     }
-    let short = (0..48)
+    let short: Vec<(usize, usize)> = (0..48)
         .map(|i| (i * 7 % 130, 1 + i * 13 % 300))
         .chain([(2048, 2048)])
         .collect();
@@ -95,11 +117,32 @@ pub fn standard_packed_cases(dtype: DType) -> Vec<PackedCheckCase> {
         heads: 8,
         heads_kv: 1,
         head_dim: 64,
-        lengths: short,
+        lengths: short.clone(),
         causal: true,
+        window: None,
+        softcap: 0.0,
         layout: Layout::BatchSeqHeadDim,
         dtype,
     });
+    for (d, heads_kv) in [(64, 4), (128, 2)] {
+        for (causal, window, softcap, lengths) in [
+            (true, Some((100, 0)), 0.0, &mixed),
+            (false, Some((64, 32)), 30.0, &mixed),
+            (true, None, 20.0, &short),
+        ] {
+            cases.push(PackedCheckCase {
+                heads: 4,
+                heads_kv,
+                head_dim: d,
+                lengths: lengths.clone(),
+                causal,
+                window,
+                softcap,
+                layout: Layout::BatchSeqHeadDim,
+                dtype,
+            });
+        }
+    }
     cases
 }
 
@@ -112,8 +155,8 @@ pub fn describe_packed(r: &PackedCheckResult) -> String {
         format!("[{} sequences]", c.lengths.len())
     };
     format!(
-        "packed {:<6} {:<4} {:<4} h={} h_kv={} d={:<3} causal={:<5} {lengths}: worst err/bound {:.3} \
-         (err {:.3e}, bound {:.3e}), L err {:.2e}{} → {} [{}]",
+        "packed {:<6} {:<4} {:<4} h={} h_kv={} d={:<3} causal={:<5}{} {lengths}: worst err/bound \
+         {:.3} (err {:.3e}, bound {:.3e}), L err {:.2e}{} → {} [{}]",
         r.algorithm.name(),
         c.dtype.name(),
         c.layout.name(),
@@ -121,6 +164,7 @@ pub fn describe_packed(r: &PackedCheckResult) -> String {
         c.heads_kv,
         c.head_dim,
         c.causal,
+        scoring_words(c),
         r.worst_ratio,
         r.max_abs_error,
         r.bound,
@@ -133,6 +177,18 @@ pub fn describe_packed(r: &PackedCheckResult) -> String {
         if r.passed { "pass" } else { "FAIL" },
         r.kernels
     )
+}
+
+/// " window=(l,r)", " softcap=x", as the case asks.
+fn scoring_words(c: &PackedCheckCase) -> String {
+    let mut words = String::new();
+    if let Some((left, right)) = c.window {
+        words.push_str(&format!(" window=({left},{right})"));
+    }
+    if c.softcap > 0.0 {
+        words.push_str(&format!(" softcap={}", c.softcap));
+    }
+    words
 }
 
 /// Draws inputs for `case`, runs `algorithm` on the packed batch into poisoned outputs and
@@ -158,10 +214,7 @@ fn check_typed<T: Element>(
     let q = random_tensor::<T>([1, case.heads, total_q, d], rng);
     let k = random_tensor::<T>([1, case.heads_kv, total_k, d], rng);
     let v = random_tensor::<T>([1, case.heads_kv, total_k, d], rng);
-    let options = AttentionOptions {
-        causal: case.causal,
-        ..Default::default()
-    };
+    let options = case.options();
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
     let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
     let mut output = PackedOutput {
@@ -171,6 +224,7 @@ fn check_typed<T: Element>(
     };
     let plan = attention_packed_into(gpu, algorithm, &dq, &dk, &dv, &batch, &mut output, &options)?;
     let scale = plan.problem.softmax_scale as f64;
+    let scoring: Scoring = plan.problem.scoring();
     let o = to_f64(&output.o.to_array(gpu)?);
     let l = output.logsumexp(gpu, case.heads)?;
     let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
@@ -207,9 +261,9 @@ fn check_typed<T: Element>(
                 k64.slice(s![.., .., keys.clone(), ..]),
                 v64.slice(s![.., .., keys, ..]),
             );
-            let reference = attention_reference(sq, sk, sv, case.causal, scale);
+            let reference = attention_reference(sq, sk, sv, scoring, scale);
             let all: Vec<usize> = (0..queries.len()).collect();
-            let in_dtype = attention_in_dtype::<T>(sq, sk, sv, case.causal, scale, &all);
+            let in_dtype = attention_in_dtype::<T>(sq, sk, sv, scoring, scale, &all);
             let bound = 2.0 * max_abs_difference(in_dtype.view(), reference.o.view()).0
                 + HALF_ABSOLUTE_SLACK;
             let (error, nan) = max_abs_difference(got_o, reference.o.view());

@@ -64,13 +64,15 @@ impl BlockInfo {
     /// tensors, its offsets `cu_seqlens[b]..cu_seqlens[b + 1]`; the shape's seqlens are the
     /// longest sequence's, this block's its own. The tensors are one packed batch, so the
     /// block reads them at batch 0 from its sequence's first rows (`batch_head` still numbers
-    /// the sequence's heads for the grid).
+    /// the sequence's heads for the grid). `local` as in [`BlockInfo::of_form`]: the window
+    /// then sits at the sequence's own bottom-right corner, as its lengths place the diagonal.
     #[inline(always)]
     pub fn packed(
         shape: &AttentionShape,
         batch_head: u32,
         query_rows: [u32; 2],
         key_rows: [u32; 2],
+        local: bool,
     ) -> Self {
         Self {
             batch: 0,
@@ -78,7 +80,7 @@ impl BlockInfo {
             seqlen_k: key_rows[1].saturating_sub(key_rows[0]),
             q_start: query_rows[0],
             k_start: key_rows[0],
-            ..Self::causal_only(shape, batch_head)
+            ..Self::of_form(shape, batch_head, local)
         }
     }
 
@@ -353,7 +355,7 @@ mod tests {
     #[test]
     fn a_packed_sequence_reads_its_own_rows_at_batch_0() {
         // Sequence 2 of 4 heads: block row 2·4 + 3, rows 100..130 of Q and 40..41 of K.
-        let info = BlockInfo::packed(&shape(4, 1000, 900, true), 11, [100, 130], [40, 41]);
+        let info = BlockInfo::packed(&shape(4, 1000, 900, true), 11, [100, 130], [40, 41], false);
         assert_eq!((info.batch, info.head, info.batch_head), (0, 3, 11));
         assert_eq!((info.seqlen_q, info.seqlen_k), (30, 1));
         assert_eq!((info.q_start, info.k_start), (100, 40));
@@ -361,6 +363,25 @@ mod tests {
         assert_eq!(info.key_blocks(0, 64, 64).count(), 1);
         let dense = BlockInfo::new(&shape(4, 1000, 900, true), 11);
         assert_eq!((dense.batch, dense.q_start, dense.k_start), (2, 0, 0));
+    }
+
+    #[test]
+    fn a_packed_sequence_takes_the_window_at_its_own_corner_in_the_local_form() {
+        // A window (64, 0) over a 320-key sequence whose rows start at 1000 in the tensors: row
+        // block 256..320 sees keys 192..320 of its own sequence, key blocks 3 and 4 of B_c = 64.
+        let windowed = AttentionShape {
+            window_left: 64,
+            window_right: 0,
+            ..shape(4, 2000, 2000, false)
+        };
+        let local = BlockInfo::packed(&windowed, 5, [1000, 1320], [700, 1020], true);
+        let blocks = local.key_blocks(256, 64, 64);
+        assert_eq!((blocks.first(), blocks.end()), (3, 5));
+        assert_eq!((local.q_start, local.k_start), (1000, 700));
+        // The packed form without it sees every key block of the sequence.
+        let dense = BlockInfo::packed(&windowed, 5, [1000, 1320], [700, 1020], false);
+        let blocks = dense.key_blocks(256, 64, 64);
+        assert_eq!((blocks.first(), blocks.end()), (0, 5));
     }
 
     #[test]

@@ -254,10 +254,19 @@ pub enum ForwardForm {
     /// A sliding window and/or logit soft-capping (`common::mask::KeyWindow`,
     /// `common::softcap`; entry suffix `_local`), at each head dim's default tiling.
     Local,
+    /// Both: a packed batch with a window and/or soft-capping, each sequence's window aligned to
+    /// its own bottom-right corner (entry suffix `_varlen_local`), at each head dim's default
+    /// tiling.
+    PackedLocal,
 }
 
 impl ForwardForm {
-    pub const ALL: [ForwardForm; 3] = [ForwardForm::Dense, ForwardForm::Packed, ForwardForm::Local];
+    pub const ALL: [ForwardForm; 4] = [
+        ForwardForm::Dense,
+        ForwardForm::Packed,
+        ForwardForm::Local,
+        ForwardForm::PackedLocal,
+    ];
 
     /// The entry-name suffix.
     pub const fn suffix(self) -> &'static str {
@@ -265,17 +274,29 @@ impl ForwardForm {
             ForwardForm::Dense => "",
             ForwardForm::Packed => "_varlen",
             ForwardForm::Local => "_local",
+            ForwardForm::PackedLocal => "_varlen_local",
         }
     }
 
+    /// The form of a call: packed or not, with a window or soft-capping or not.
+    pub const fn of(packed: bool, local: bool) -> Self {
+        match (packed, local) {
+            (false, false) => ForwardForm::Dense,
+            (true, false) => ForwardForm::Packed,
+            (false, true) => ForwardForm::Local,
+            (true, true) => ForwardForm::PackedLocal,
+        }
+    }
+
+    /// Whether the kernel reads a packed batch's sequence offsets (`PackedSequences`).
     pub const fn is_packed(self) -> bool {
-        matches!(self, ForwardForm::Packed)
+        matches!(self, ForwardForm::Packed | ForwardForm::PackedLocal)
     }
 
     /// Whether the kernel reads the window and soft-capping from its parameters (else it takes
     /// the causal mask or none, and no capping, as constants).
     pub const fn is_local(self) -> bool {
-        matches!(self, ForwardForm::Local)
+        matches!(self, ForwardForm::Local | ForwardForm::PackedLocal)
     }
 
     // Constructors named as the kernel lists spell the forms (`for_each_kernel!`).
@@ -287,6 +308,9 @@ impl ForwardForm {
     }
     pub const fn local() -> Self {
         ForwardForm::Local
+    }
+    pub const fn varlen_local() -> Self {
+        ForwardForm::PackedLocal
     }
 }
 

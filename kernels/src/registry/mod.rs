@@ -36,8 +36,9 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 ///   dkdv);
 /// - `group_sum <dtype>`: the grouped backward's sum of each K/V head's group of dK and dV;
 /// - `fa2_tc ... varlen`: FA2 on tensor cores for a packed batch of sequences of different
-///   lengths (`common::params::PackedSequences`), and `fa2_tc ... local`, for a sliding window
-///   and soft-capping (`ForwardForm`), each at each head dim's default tiling
+///   lengths (`common::params::PackedSequences`), `fa2_tc ... local`, for a sliding window
+///   and soft-capping, and `fa2_tc ... varlen_local`, for both (`ForwardForm`), each at each
+///   head dim's default tiling
 ///   (`Fa2TcTiling::default_for`; a CPU test holds the two together);
 /// - `decode <dtype> <head dim> <cache> [onelaunch]`, `decode_combine <dtype> <head dim>`,
 ///   `kv_append <dtype> <cache>`: decoding against a KV cache (cache: contiguous or paged;
@@ -73,6 +74,7 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@group_sum $emit [f32 f16 bf16]);
         $crate::for_each_kernel!(@fa2_tc_default $emit [f16 bf16] varlen);
         $crate::for_each_kernel!(@fa2_tc_default $emit [f16 bf16] local);
+        $crate::for_each_kernel!(@fa2_tc_default $emit [f16 bf16] varlen_local);
     };
     (@fa2_tc_default $emit:ident [$($dtype:ident)*] $form:ident) => {$(
         $emit!(fa2_tc $dtype 32 4 2 2 64 $form);
@@ -152,9 +154,10 @@ macro_rules! for_each_kernel {
 }
 
 /// Invokes `$emit!` once per kernel of the Hopper module (sm_90a), with
-/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent | varlen | local]` (`varlen`:
-/// for a packed batch of sequences of different lengths, `local`: for a sliding window and
-/// soft-capping; both on the one-tile grid, at each head dim's default split).
+/// `fa3 <dtype> <head dim> <consumer warpgroups> <B_c> [persistent | varlen | local |
+/// varlen_local]` (`varlen`: for a packed batch of sequences of different lengths, `local`: for
+/// a sliding window and soft-capping, `varlen_local`: for both; all three on the one-tile grid,
+/// at each head dim's default split).
 ///
 /// The defaults (`Fa3Tiling::default_for`): d = 64 with three consumer warpgroups (B_r = 192,
 /// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, PERF.md), the others
@@ -197,6 +200,7 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 128 2 128 persistent);
         $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype varlen);
         $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype local);
+        $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype varlen_local);
     )*};
     (@fa3_default $emit:ident $dtype:ident $form:ident) => {
         $emit!(fa3 $dtype 64 3 128 $form);
@@ -229,7 +233,8 @@ macro_rules! backward_grouped_suffix {
     };
 }
 
-/// The [`ForwardForm`] of a forward list entry: its last word (`varlen`, `local`), dense
+/// The [`ForwardForm`] of a forward list entry: its last word (`varlen`, `local`,
+/// `varlen_local`), dense
 /// without one or on the persistent grid.
 #[macro_export]
 macro_rules! forward_form {
@@ -256,6 +261,9 @@ macro_rules! forward_form_suffix {
     };
     (local) => {
         "_local"
+    };
+    (varlen_local) => {
+        "_varlen_local"
     };
 }
 

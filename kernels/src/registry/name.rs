@@ -14,7 +14,7 @@ use crate::fwd::fa3::config::Fa3Tiling;
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,
     /// `fa1_forward_<dtype>`,
-    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local]`,
+    /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local|_varlen_local]`,
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>[p|_varlen|_local]`, `decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch]`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
     /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
@@ -98,10 +98,12 @@ impl fmt::Display for KernelId {
 
 /// `name` without its [`ForwardForm`]'s suffix, and that form (dense when it has none).
 fn strip_form(name: &str) -> (&str, ForwardForm) {
+    // The longest suffix that matches: `_varlen_local` ends in `_local` too.
     ForwardForm::ALL
         .into_iter()
         .filter(|form| !form.suffix().is_empty())
-        .find_map(|form| name.strip_suffix(form.suffix()).map(|rest| (rest, form)))
+        .filter_map(|form| name.strip_suffix(form.suffix()).map(|rest| (rest, form)))
+        .min_by_key(|(rest, _)| rest.len())
         .unwrap_or((name, ForwardForm::Dense))
 }
 
@@ -143,7 +145,7 @@ impl fmt::Display for ParseKernelIdError {
             "not a kernel name (standard_<stage>_<dtype>, standard_backward_<stage>_<dtype>, \
              fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, \
-             fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local], \
+             fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local|_varlen_local], \
              fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen|_local], fa2_backward_<pre|post>process_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>[_grouped], \
              fa2tc_backward_<dtype>_d<capacity>[_grouped], fa3_backward_<dtype>_d<d>[_grouped], backward_group_sum_<dtype>, \
@@ -198,7 +200,7 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_forward_") {
-            // <dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local]
+            // <dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local|_varlen_local]
             let (rest, form) = strip_form(rest);
             let (dtype, rest) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
             let (head_dim, rest) = rest.split_once("_w").ok_or(ParseKernelIdError)?;

@@ -175,6 +175,7 @@ fn form_note(form: ForwardForm) -> &'static str {
         ForwardForm::Dense => "",
         ForwardForm::Packed => " for a packed batch",
         ForwardForm::Local => " with a window or soft-capping",
+        ForwardForm::PackedLocal => " for a packed batch with a window or soft-capping",
     }
 }
 
@@ -268,7 +269,7 @@ pub fn fa3_fallback(
 
 /// FA3's tiling at compiled head dim `d` for `problem`: the override if the kernel is compiled
 /// with it in the problem's form, else the default. A packed batch's and a window's kernels
-/// are the default split on the one-tile grid.
+/// (and those for both) are the default split on the one-tile grid.
 pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Result<Fa3Tiling> {
     let form = problem.forward_form();
     let tilings: Vec<Fa3Tiling> = HOPPER_KERNELS

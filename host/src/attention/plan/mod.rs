@@ -168,14 +168,6 @@ impl Plan {
                 "allowed for a packed batch of sequences: fa2-tc, fa3 (which runs fa2-tc)",
             ));
         }
-        if let (true, Some((name, value))) = (problem.packed, problem.window_or_softcap()) {
-            return Err(Error::invalid(
-                name,
-                value,
-                "none for a packed batch: its kernels are compiled without windows and \
-                 soft-capping (dense batches take both on fa2-tc, fa3 and standard)",
-            ));
-        }
         match algorithm {
             Algorithm::Standard => plan.launches = standard_launches(problem, element),
             Algorithm::Fa1 => {

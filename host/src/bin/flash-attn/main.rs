@@ -125,6 +125,9 @@ fn fa3_note() -> String {
                     flash_kernels::registry::ForwardForm::Dense => "",
                     flash_kernels::registry::ForwardForm::Packed => " (packed)",
                     flash_kernels::registry::ForwardForm::Local => " (window, soft-capping)",
+                    flash_kernels::registry::ForwardForm::PackedLocal => {
+                        " (packed, window, soft-capping)"
+                    }
                 }
             ),
             _ => k.to_string(),

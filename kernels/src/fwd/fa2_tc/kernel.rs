@@ -132,7 +132,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
     let info = if PACKED {
         let sequence = batch_head / shape.heads;
         let (query_rows, key_rows) = packed_sequence_rows_uniform(&p.packed, sequence);
-        BlockInfo::packed(shape, batch_head, query_rows, key_rows)
+        BlockInfo::packed(shape, batch_head, query_rows, key_rows, LOCAL)
     } else {
         BlockInfo::of_form(shape, batch_head, LOCAL)
     };

@@ -243,7 +243,7 @@ fn tile_at<C: Fa3Config>(
     } else {
         packed_sequence_rows(&p.packed, sequence)
     };
-    let info = BlockInfo::packed(&p.shape, batch_head, query_rows, key_rows);
+    let info = BlockInfo::packed(&p.shape, batch_head, query_rows, key_rows, C::LOCAL);
     Some(scheduler.for_sequence(tile, info))
 }
 
@@ -659,11 +659,13 @@ impl Consumer<'_> {
         }
         let scores = &mut probabilities;
         let block_max = [block.row_max(scores, 0), block.row_max(scores, 1)];
-        // A packed batch's rows past the sequence hold the next sequence's queries (a dense
-        // batch's are zero, and never jump past the first block): they do not vote, so a
-        // sequence's result does not depend on its neighbour's (and equals the dense call's).
+        // A packed batch's rows past the sequence hold the next sequence's queries: they do not
+        // vote, so a sequence's result does not depend on its neighbour's. A dense batch's are
+        // zero, and never jump past the first block under the causal mask or none; a window can
+        // hide a block from them and show them a later one, so in the local forms they do not
+        // vote either (and packed and dense calls agree bit for bit there too).
         let row_votes = |h: usize| {
-            !C::PACKED
+            !(C::PACKED || C::LOCAL)
                 || self.warp_row + accumulator_row(arch::lane_idx()) + h as u32 * LDMATRIX_SIDE
                     < self.seqlen_q
         };
