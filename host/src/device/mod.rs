@@ -228,44 +228,56 @@ impl Gpu {
 
     /// Allocates `len` elements of device memory; an out-of-memory failure says how much was asked
     /// and how much is free, and leaves the context usable.
+    ///
+    /// The pool is asked first: every call's workspace comes through here (three allocations per
+    /// backward call), and asking the driver how much memory is free (`cuMemGetInfo`, a query of
+    /// the kernel driver) costs more than an allocation the pool serves. Only when the pool cannot
+    /// serve it are the pool's freed blocks handed back to the driver and the allocation tried
+    /// once more; only then is the driver asked, for the error's figures.
     pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(
         &self,
         len: usize,
         what: &'static str,
     ) -> Result<CudaSlice<T>> {
         let requested = len.saturating_mul(std::mem::size_of::<T>());
-        let (mut free, total) = self.memory()?;
-        if requested > free {
-            // Memory freed into the pool (kept there for speed) is not "free" to the driver:
-            // hand it back before concluding there is not enough.
+        // Past the device's memory nothing can serve it (and the element count's bytes may not
+        // fit a usize): straight to the error.
+        if requested <= self.info.total_memory {
+            if let Some(slice) = self.try_alloc::<T>(len, requested, what)? {
+                return Ok(slice);
+            }
+            // Memory freed into the pool (kept there for speed) is not free to the driver: hand
+            // it back before concluding there is not enough.
             self.synchronize()?;
             let pool = self.memory_pool()?;
             // SAFETY: trims unused pool memory; live allocations are untouched.
             unsafe { sys::cuMemPoolTrimTo(pool, 0) }
                 .result()
                 .context(|| "cuMemPoolTrimTo".into())?;
-            free = self.memory()?.0;
+            if let Some(slice) = self.try_alloc::<T>(len, requested, what)? {
+                return Ok(slice);
+            }
         }
-        if requested > free {
-            return Err(Error::OutOfMemory {
-                what,
-                requested,
-                free,
-                total,
-            });
-        }
+        let (free, total) = self.memory()?;
+        Err(Error::OutOfMemory {
+            what,
+            requested,
+            free,
+            total,
+        })
+    }
+
+    /// One allocation from the stream's pool: `None` when it is out of memory.
+    fn try_alloc<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        requested: usize,
+        what: &'static str,
+    ) -> Result<Option<CudaSlice<T>>> {
         // SAFETY: the memory is written (uploaded, poisoned or computed) before it is read.
         match unsafe { self.stream.alloc::<T>(len.max(1)) } {
-            Ok(slice) => Ok(slice),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                let (free, total) = self.memory()?;
-                Err(Error::OutOfMemory {
-                    what,
-                    requested,
-                    free,
-                    total,
-                })
-            }
+            Ok(slice) => Ok(Some(slice)),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Ok(None),
             Err(e) => Err(e).context(|| format!("allocating {requested} bytes for {what}")),
         }
     }
