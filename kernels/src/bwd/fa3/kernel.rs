@@ -45,7 +45,7 @@ use crate::common::softmax::LOG2_E;
 use crate::fwd::fa3::config::{
     KV_STAGES, PANEL_COLS, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
 };
-use crate::fwd::fa3::kernel::{TENSOR_MAP_BYTES, release, ring, split_roles};
+use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector};

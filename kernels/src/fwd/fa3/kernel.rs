@@ -27,6 +27,7 @@
 use super::config::{
     BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
 };
+use super::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use super::scheduler::{Tile, TileScheduler};
 use super::turns::GemmTurns;
 use crate::arch::{self, MBarrier, SharedAddress};
@@ -42,9 +43,6 @@ use crate::tile::global::{
     HeadRows16, HeadVector, TileCounters, packed_sequence_rows, packed_sequence_rows_uniform,
 };
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
-
-/// Bytes of one `CUtensorMap`: the Q, K and V maps lie this far apart.
-pub(crate) const TENSOR_MAP_BYTES: u64 = 128;
 
 /// The block's shared memory: tiles and barriers.
 #[derive(Clone, Copy)]
@@ -160,12 +158,6 @@ impl Fa3Sram {
     }
 }
 
-/// Stage and phase of K/V block `j` in the two-stage ring.
-#[inline(always)]
-pub(crate) fn ring(j: u32) -> (u32, u32) {
-    (j % KV_STAGES, (j / KV_STAGES) % 2)
-}
-
 /// The kernel body for one config `C`. Grid (⌈seqlen_q/B_r⌉, batch·heads), or on the persistent
 /// grid (`C::PERSISTENT`) (min(tiles, SMs), 1); `C::TILING.threads()` threads,
 /// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
@@ -189,33 +181,6 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
         |consumer| consume_tiles::<T, C>(p, &sram, consumer)
     );
 }
-
-/// The warp-specialized start of every FA3 kernel (forward and backward), for config `$c` (its
-/// `PRODUCER_REGISTERS` and `CONSUMER_REGISTERS`): thread 0 runs `$init` (the mbarriers), a
-/// block barrier publishes it; then warpgroup 0 gives registers back and its thread 0 runs
-/// `$produce` (the TMA copies), while the other warpgroups take registers and run `$consume`
-/// with their consumer index (0-based). A macro, not a function of closures: the roles' bodies
-/// must be inlined into the entry (a closure LLVM keeps out of line becomes a `.func` call).
-macro_rules! split_roles {
-    ($c:ident, $init:expr, $produce:expr, |$consumer:ident| $consume:expr) => {{
-        if arch::thread_idx_x() == 0 {
-            $init;
-        }
-        arch::sync_threads();
-        let warpgroup = arch::thread_idx_x() / WARPGROUP_THREADS;
-        if warpgroup == 0 {
-            arch::release_registers::<{ $c::PRODUCER_REGISTERS }>();
-            if arch::thread_idx_x() == 0 {
-                $produce;
-            }
-        } else {
-            arch::claim_registers::<{ $c::CONSUMER_REGISTERS }>();
-            let $consumer = warpgroup - 1;
-            $consume;
-        }
-    }};
-}
-pub(crate) use split_roles;
 
 /// Who calls [`tile_at`]: every thread of whole warps (the consumers, the block's prologue), or
 /// the producer's one thread.
@@ -696,12 +661,4 @@ fn pack<T: TensorCoreElement, C: Fa3Config>(
         pack_row::<T, _, _>(probabilities, h, &mut fragments);
     }
     fragments
-}
-
-/// This warp is done reading a stage: one arrival on its empty barrier.
-#[inline(always)]
-pub(crate) fn release(empty: MBarrier) {
-    if arch::lane_idx() == 0 {
-        empty.arrive();
-    }
 }
