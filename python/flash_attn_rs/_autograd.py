@@ -23,10 +23,14 @@ def _make_function():
         """O, L = attention(Q, K, V); L is not differentiable (its gradient is ignored)."""
 
         @staticmethod
-        def forward(ctx, q, k, v, layout, dtype, softmax_scale, causal, algorithm):
-            o, lse = _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm)
+        def forward(ctx, q, k, v, layout, dtype, softmax_scale, causal, algorithm, window,
+                    softcap):
+            # Keywords only when set: the launch's CPU fakes in the tests take the plain call.
+            scores = {} if window is None and not softcap else dict(window=window, softcap=softcap)
+            o, lse = _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                                     **scores)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.layout, ctx.dtype = layout, dtype
+            ctx.layout, ctx.dtype, ctx.scores = layout, dtype, scores
             ctx.softmax_scale, ctx.causal = softmax_scale, causal
             ctx.mark_non_differentiable(lse)
             return o, lse
@@ -36,8 +40,9 @@ def _make_function():
         def backward(ctx, d_o, _d_lse):
             q, k, v, o, lse = ctx.saved_tensors
             dq, dk, dv = _launch.backward(
-                q, k, v, o, lse, d_o, ctx.layout, ctx.dtype, ctx.softmax_scale, ctx.causal
+                q, k, v, o, lse, d_o, ctx.layout, ctx.dtype, ctx.softmax_scale, ctx.causal,
+                **ctx.scores,
             )
-            return dq, dk, dv, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None
 
     return FlashAttention

@@ -38,10 +38,11 @@ def _refuse_graph_capture(torch):
         )
 
 
-def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm):
+def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None, softcap=0.0):
     """Allocates O (Q's shape, contiguous) and the row statistics with PyTorch and launches the
     forward on the current stream of Q's device. Returns (O, L), L float32 (batch, heads,
-    seqlen_q) contiguous (FA1's m and l are turned into L = m + log l)."""
+    seqlen_q) contiguous (FA1's m and l are turned into L = m + log l). ``window`` is
+    flash-attn's ``window_size`` (None: unbounded), ``softcap`` its soft-capping (0: off)."""
     import torch  # only here: importing flash_attn_rs needs no PyTorch
 
     with torch.cuda.device(q.device):
@@ -59,6 +60,8 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm):
             algorithm=algorithm,
             softmax_scale=softmax_scale,
             causal=causal,
+            window=window,
+            softcap=softcap,
         )
         if fa1:
             m, l = stats
@@ -68,10 +71,12 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm):
     return o, lse
 
 
-def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal):
+def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
+             softcap=0.0):
     """Allocates dQ, dK, dV with PyTorch (each its input's strides where those are dense, else
     contiguous) and launches the backward on the current stream of Q's device. Returns
-    (dQ, dK, dV)."""
+    (dQ, dK, dV). The forward's ``window`` and ``softcap`` go to the native half, which refuses
+    them with a ValueError naming them: the backward has neither yet."""
     import torch
 
     if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
@@ -90,5 +95,7 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal):
             dv=_operand(dv, layout),
             softmax_scale=softmax_scale,
             causal=causal,
+            window=window,
+            softcap=softcap,
         )
     return dq, dk, dv

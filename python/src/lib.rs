@@ -80,12 +80,27 @@ fn tensor((address, dims, strides): TensorArgument) -> BorrowedTensor {
     }
 }
 
-fn options(softmax_scale: Option<f64>, causal: bool) -> AttentionOptions {
-    AttentionOptions {
-        causal,
-        // An f64 scale that is not a finite f32 becomes ±∞ or NaN, which the check rejects.
-        softmax_scale: softmax_scale.map(|s| s as f32),
-        ..Default::default()
+/// How a call forms its scores: the scale, the causal mask, flash-attn's `window_size` (left,
+/// right; −1 unbounded) and `softcap` (0: off). The host crate checks each (and names it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scores {
+    pub softmax_scale: Option<f64>,
+    pub causal: bool,
+    pub window: Option<(i64, i64)>,
+    pub softcap: f64,
+}
+
+impl Scores {
+    fn options(self) -> AttentionOptions {
+        AttentionOptions {
+            causal: self.causal,
+            // An f64 that is not a finite f32 becomes ±∞ or NaN, which the checks reject.
+            softmax_scale: self.softmax_scale.map(|s| s as f32),
+            // (−1, −1) is no window; the check names a side below −1.
+            window: self.window.filter(|&w| w != (-1, -1)),
+            softcap: self.softcap as f32,
+            ..Default::default()
+        }
     }
 }
 
@@ -98,8 +113,7 @@ pub fn parse(
     o: TensorArgument,
     stats: &[u64],
     algorithm: Option<&str>,
-    softmax_scale: Option<f64>,
-    causal: bool,
+    scores: Scores,
 ) -> flash_attn::Result<Call> {
     let dtype: DType = dtype.parse()?;
     let algorithm = algorithm.map_or(Ok(DEFAULT_ALGORITHM), str::parse)?;
@@ -124,7 +138,7 @@ pub fn parse(
             o: tensor(o),
             stats,
         },
-        options: options(softmax_scale, causal),
+        options: scores.options(),
     };
     call.arguments.check(call.algorithm, &call.options)?;
     Ok(call)
@@ -141,8 +155,7 @@ pub fn parse_backward(
     lse: RowsArgument,
     d_o: TensorArgument,
     [dq, dk, dv]: [TensorArgument; 3],
-    softmax_scale: Option<f64>,
-    causal: bool,
+    scores: Scores,
 ) -> flash_attn::Result<BackwardCall> {
     let (address, dims, strides) = lse;
     let call = BackwardCall {
@@ -164,7 +177,7 @@ pub fn parse_backward(
                 dv: tensor(dv),
             },
         },
-        options: options(softmax_scale, causal),
+        options: scores.options(),
     };
     call.arguments.check(&call.options)?;
     Ok(call)
@@ -208,10 +221,11 @@ impl StreamHandle {
 /// Checks the arguments (raising before anything is launched), then runs attention on device
 /// `device` on stream `stream` (`torch.cuda.current_stream(device).cuda_stream`) and returns the
 /// plan as one line; without `device`, only checks (returns None; no GPU needed). `stats` is
-/// `[lse]`, or `[m, l]` for FA1. Private: `flash_attn_rs`'s functions derive every integer from
-/// live tensors; wrong integers here are undefined behaviour.
+/// `[lse]`, or `[m, l]` for FA1; `window` is flash-attn's `window_size`, `softcap` its
+/// `softcap`. Private: `flash_attn_rs`'s functions derive every integer from live tensors; wrong
+/// integers here are undefined behaviour.
 #[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, device=None, stream=0))]
+#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, window=None, softcap=0.0, device=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
     py: Python<'_>,
@@ -224,10 +238,18 @@ fn forward(
     algorithm: Option<&str>,
     softmax_scale: Option<f64>,
     causal: bool,
+    window: Option<(i64, i64)>,
+    softcap: f64,
     device: Option<usize>,
     stream: usize,
 ) -> PyResult<Option<String>> {
-    let call = parse(dtype, q, k, v, o, &stats, algorithm, softmax_scale, causal).map_err(to_py)?;
+    let scores = Scores {
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+    };
+    let call = parse(dtype, q, k, v, o, &stats, algorithm, scores).map_err(to_py)?;
     // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
     // device for all), which PyTorch keeps allocated until the work on their stream is done, and
     // that device's current stream, a stream of its primary context.
@@ -242,9 +264,10 @@ fn forward(
 /// `device` on stream `stream`, writing dq, dk, dv, and returns its plan as one line; without
 /// `device`, only checks. `lse` is the forward's L (address, dims, strides). `algorithm` is the
 /// backward's (`fa2` or `fa2-tc`; default: the fastest the problem allows), `deterministic` makes
-/// dQ bitwise reproducible. Private, like `forward`.
+/// dQ bitwise reproducible; `window` and `softcap` are the forward's, which the backward refuses
+/// with an error naming them (it has neither yet). Private, like `forward`.
 #[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, algorithm=None, deterministic=false, device=None, stream=0))]
+#[pyo3(signature = (*, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, window=None, softcap=0.0, algorithm=None, deterministic=false, device=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
@@ -260,6 +283,8 @@ fn backward(
     dv: TensorArgument,
     softmax_scale: Option<f64>,
     causal: bool,
+    window: Option<(i64, i64)>,
+    softcap: f64,
     algorithm: Option<&str>,
     deterministic: bool,
     device: Option<usize>,
@@ -282,8 +307,12 @@ fn backward(
         lse,
         d_o,
         gradients,
-        softmax_scale,
-        causal,
+        Scores {
+            softmax_scale,
+            causal,
+            window,
+            softcap,
+        },
     )
     .map_err(to_py)?;
     // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
@@ -362,7 +391,11 @@ mod tests {
     fn parse_with(dtype: &str, algorithm: Option<&str>, stats: &[u64]) -> flash_attn::Result<Call> {
         let dims = [1, 2, 16, 64];
         let t = |i: u64| sdpa(BASE + (i << 30), dims);
-        parse(dtype, t(0), t(1), t(2), t(3), stats, algorithm, None, true)
+        let scores = Scores {
+            causal: true,
+            ..Default::default()
+        };
+        parse(dtype, t(0), t(1), t(2), t(3), stats, algorithm, scores)
     }
 
     fn kind(result: flash_attn::Result<Call>) -> ExceptionKind {
@@ -390,6 +423,63 @@ mod tests {
         );
         assert_eq!(kind(parse_with("f16", None, &[])), ExceptionKind::Value);
         assert!(parse_with("f32", Some("fa1"), &[lse[0], lse[0] + 4096]).is_ok());
+    }
+
+    /// A window and soft-capping reach the forward's options ((−1, −1) is none); the backward
+    /// refuses both, naming them, so no gradient is computed without the forward's mask.
+    #[test]
+    fn windows_and_softcap_run_forward_and_are_named_by_the_backward() {
+        let dims = [1, 2, 16, 64];
+        let t = |i: u64| sdpa(BASE + (i << 30), dims);
+        let lse = [BASE + (4 << 30)];
+        let scores = Scores {
+            causal: true,
+            window: Some((8, 0)),
+            softcap: 30.0,
+            ..Default::default()
+        };
+        let call = parse("bf16", t(0), t(1), t(2), t(3), &lse, None, scores).expect("valid");
+        assert_eq!(call.options.window, Some((8, 0)));
+        assert_eq!(call.options.softcap, 30.0);
+        let unbounded = Scores {
+            window: Some((-1, -1)),
+            ..Default::default()
+        };
+        let call = parse("bf16", t(0), t(1), t(2), t(3), &lse, None, unbounded).expect("valid");
+        assert_eq!(call.options.window, None);
+        let bad = Scores {
+            window: Some((-2, 0)),
+            ..Default::default()
+        };
+        let error = parse("bf16", t(0), t(1), t(2), t(3), &lse, None, bad).expect_err("refused");
+        assert!(
+            matches!(error, Error::InvalidArgument { name: "window", .. }),
+            "{error}"
+        );
+        for (window, softcap, name) in [(Some((8, 0)), 0.0, "window"), (None, 5.0, "softcap")] {
+            let scores = Scores {
+                window,
+                softcap,
+                ..Default::default()
+            };
+            let lse = (BASE + (8 << 30), [1, 2, 16], [32, 16, 1]);
+            let error = parse_backward(
+                "bf16",
+                t(0),
+                t(1),
+                t(2),
+                t(3),
+                lse,
+                t(5),
+                [t(5), t(6), t(7)],
+                scores,
+            )
+            .expect_err("the backward has no window or soft-capping");
+            assert!(
+                matches!(error, Error::InvalidArgument { name: n, .. } if n == name),
+                "{error}"
+            );
+        }
     }
 
     #[test]
@@ -427,7 +517,11 @@ mod tests {
         let mut lse = (BASE + (8 << 30), [1, 2, 16], [32, 16, 1]);
         edit(&mut tensors, &mut lse);
         let [q, k, v, o, d_o, dq, dk, dv] = tensors;
-        parse_backward(dtype, q, k, v, o, lse, d_o, [dq, dk, dv], None, true)
+        let scores = Scores {
+            causal: true,
+            ..Default::default()
+        };
+        parse_backward(dtype, q, k, v, o, lse, d_o, [dq, dk, dv], scores)
     }
 
     fn backward_rejected(

@@ -29,13 +29,6 @@ BACKWARD_F32_RELATIVE_TOLERANCE = 1e-4
 FRACTION_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
 
 
-def causal_mask(seqlen_q, seqlen_k, device):
-    """Query i sees key j iff j <= i + seqlen_k - seqlen_q (bottom-right aligned)."""
-    i = torch.arange(seqlen_q, device=device)[:, None]
-    j = torch.arange(seqlen_k, device=device)[None, :]
-    return j <= i + (seqlen_k - seqlen_q)
-
-
 def repeat_kv(t, heads):
     """K or V with each of its heads repeated for the query heads that read it."""
     return t.repeat_interleave(heads // t.shape[1], dim=1)
@@ -49,15 +42,32 @@ def _group_sum(per_query_head, heads_kv, dtype):
     return _round(per_query_head.reshape(b, heads_kv, h // heads_kv, n, d).sum(2), dtype)
 
 
-def _probabilities(q, k, causal, scale):
-    """P (exact softmax, 0 on rows that see no key), L (-inf there) and the visibility mask."""
+def window_mask(seqlen_q, seqlen_k, causal, window, device):
+    """flash-attn's rule: query i sees key j iff i + off - left <= j <= i + off + right, with
+    off = seqlen_k - seqlen_q (bottom-right aligned), -1 an unbounded side, and right = 0 when
+    causal; no window (None) is (-1, -1)."""
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= i - left
+    if right >= 0:
+        mask &= j <= i + right
+    return mask
+
+
+def _probabilities(q, k, causal, scale, window=None, softcap=0.0):
+    """P (exact softmax, 0 on rows that see no key), L (-inf there) and the visibility mask;
+    soft-capping (softcap * tanh(s / softcap)) before the mask when `softcap` > 0."""
     k = repeat_kv(k, q.shape[1])
     s = scale * (q @ k.transpose(-1, -2))
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
-    if causal:
-        mask = causal_mask(seqlen_q, seqlen_k, q.device)
-    else:
-        mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    mask = window_mask(seqlen_q, seqlen_k, causal, window, q.device)
     visible = mask.any(-1)[:, None]  # (seqlen_q, 1)
     # Rows with no visible key get finite scores (discarded below), so nothing turns NaN.
     s = torch.where(mask, s, torch.where(visible, -math.inf, 0.0))
@@ -66,9 +76,9 @@ def _probabilities(q, k, causal, scale):
     return p, lse
 
 
-def attention64(q, k, v, causal, scale):
+def attention64(q, k, v, causal, scale, window=None, softcap=0.0):
     """O and L in float64 (inputs: float64, SDPA layout); differentiable in q, k, v."""
-    p, lse = _probabilities(q, k, causal, scale)
+    p, lse = _probabilities(q, k, causal, scale, window, softcap)
     return p @ repeat_kv(v, q.shape[1]), lse
 
 
@@ -76,9 +86,9 @@ def _round(x, dtype):
     return x.to(dtype).to(torch.float64)
 
 
-def attention_in_dtype(q, k, v, causal, scale, dtype):
+def attention_in_dtype(q, k, v, causal, scale, dtype, window=None, softcap=0.0):
     """Standard attention as it would run in `dtype`: P and O rounded (the forward baseline)."""
-    p, _ = _probabilities(q, k, causal, scale)
+    p, _ = _probabilities(q, k, causal, scale, window, softcap)
     return _round(_round(p, dtype) @ repeat_kv(v, q.shape[1]), dtype)
 
 

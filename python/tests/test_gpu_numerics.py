@@ -252,3 +252,38 @@ def test_no_grad_saves_nothing_and_matches():
     with torch.no_grad():
         o = flash_attn_rs.flash_attn_func(q, q, q)
     assert o.grad_fn is None and not o.requires_grad
+
+
+# (window_size, softcap, causal): Mistral's causal window, a two-sided window with Gemma 2's
+# capping, capping alone, and a window that leaves the first rows of seqlen_q > seqlen_k no key.
+SCORES = [((64, 0), 0.0, True), ((32, 16), 30.0, False), ((-1, -1), 20.0, True),
+          ((8, 8), 0.0, False)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("algorithm", [None, "fa2-tc"], ids=["default", "fa2-tc"])
+@pytest.mark.parametrize("scores", SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
+def test_windows_and_softcap_forward(dtype, algorithm, scores):
+    """flash_attn_func's window_size and softcap (forward only) on fa3 (the default) and fa2-tc:
+    O and L against the float64 reference with the same window and capping; the backward raises
+    a ValueError naming them."""
+    window, softcap, causal = scores
+    (b, h, sq, sk, d) = (2, 3, 300, 203, 64)
+    test = f"scores {dtype} {algorithm} {scores}"
+    q, k, v = leaves([(b, sq, h, d), (b, sk, h, d), (b, sk, h, d)], DTYPES[dtype], test)
+    o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                           softcap=softcap, algorithm=algorithm, return_lse=True)
+    plan = flash_attn_rs.last_plan()
+    assert "_local" in plan, plan
+    q64, k64, v64 = (t.detach().transpose(1, 2).to(torch.float64) for t in (q, k, v))
+    win = None if window == (-1, -1) else window
+    scale = d**-0.5
+    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, win, softcap)
+    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, DTYPES[dtype], win, softcap)
+    assert_within(test, "o", o.detach().transpose(1, 2), o_ref,
+                  ref.forward_bound(o_ref, o_dtype, DTYPES[dtype]), plan)
+    lse_error = ref.logsumexp_error(lse, lse_ref)
+    record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, plan)
+    assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e}"
+    with pytest.raises(ValueError, match="window" if win else "softcap"):
+        o.float().sum().backward()

@@ -23,17 +23,24 @@ def to_sdpa(t, layout):
     return t.transpose(1, 2) if layout == _checks.FLASH_ATTN else t
 
 
-def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm):
+def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None,
+                 softcap=0.0):
     """The forward launch's contract, in float64 math: O in q's shape and dtype, L f32."""
     assert dtype == _checks.DTYPES[str(q.dtype)]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64 = (to_sdpa(t, layout).detach().double() for t in (q, k, v))
-    o, lse = ref.attention64(q64, k64, v64, causal, scale)
+    o, lse = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
     _launch.plans["forward"] = f"fake {algorithm}"
     return to_sdpa(o, layout).to(q.dtype).contiguous(), lse.float()
 
 
-def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal):
+def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
+                  softcap=0.0):
+    # As the native half: the backward has no window or soft-capping, and names them.
+    if window is not None:
+        raise ValueError(f"`window`: got {window}; the backward pass takes neither")
+    if softcap:
+        raise ValueError(f"`softcap`: got {softcap}; the backward pass takes neither")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64, d_o64 = (to_sdpa(t, layout).double() for t in (q, k, v, d_o))
     o64, lse64 = ref.attention64(q64, k64, v64, causal, scale)
@@ -150,3 +157,42 @@ def test_backward_slack_is_one_unit_in_the_last_place_of_the_largest_gradient():
     assert ref.unit_in_last_place(torch.bfloat16, 0.0) == 2.0**-7
     g = torch.tensor([0.25, -3.0], dtype=torch.float64)
     assert ref.backward_bound(g, g.clone(), torch.bfloat16) == 2.0**-6
+
+
+def test_window_and_softcap_reach_the_forward_and_the_backward_refuses_them(cpu_launches):
+    """flash_attn_func's window_size and softcap: the forward's O is the windowed, capped one;
+    the backward receives both and refuses them (never a gradient without the mask)."""
+    torch.manual_seed(1)
+    b, h, sq, sk, d = 1, 2, 9, 12, 8
+    q = torch.randn(b, sq, h, d, requires_grad=True)
+    k, v = (torch.randn(b, sk, h, d, requires_grad=True) for _ in range(2))
+    o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=True, window_size=(3, 0), softcap=2.0,
+                                           return_lse=True)
+    q64, k64, v64 = (t.detach().transpose(1, 2).double() for t in (q, k, v))
+    want, want_lse = ref.attention64(q64, k64, v64, True, d**-0.5, (3, 0), 2.0)
+    assert torch.allclose(o.transpose(1, 2).double(), want, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+    # The window hides keys: not the plain causal result.
+    plain, _ = ref.attention64(q64, k64, v64, True, d**-0.5)
+    assert not torch.allclose(want, plain, atol=1e-3)
+    with pytest.raises(ValueError, match="window"):
+        o.sum().backward()
+    # (-1, -1) and 0 are no window and no capping: the plain call, whose backward runs.
+    o = flash_attn_rs.flash_attn_func(q, k, v, causal=True, window_size=(-1, -1), softcap=0)
+    o.sum().backward()
+    assert q.grad is not None
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(window_size=(-2, 0)), ValueError, "window_size"),
+    (dict(window_size=(1, 2, 3)), TypeError, "window_size"),
+    (dict(window_size=(1.0, 2)), TypeError, "window_size"),
+    (dict(window_size=(True, 2)), TypeError, "window_size"),
+    (dict(softcap=-1.0), ValueError, "softcap"),
+    (dict(softcap=float("inf")), ValueError, "softcap"),
+    (dict(softcap="3"), TypeError, "softcap"),
+])
+def test_bad_window_or_softcap_is_named(cpu_launches, kwargs, error, match):
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(error, match=match):
+        flash_attn_rs.flash_attn_func(q, q, q, **kwargs)
