@@ -58,11 +58,11 @@ fi
 
 const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
-# shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; causal off and on; every dtype and
+# shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; causal off and on; every dtype and
 # algorithm; then memcheck and synccheck over the backward's and decode's GPU tests.
 # Usage: bundle/run-sanitizer.sh [log-dir]
 # racecheck is the slow tool: it instruments every shared-memory access. On the H200, FA1's 90
-# cases took about 400 s (one process per dtype); all 360 cases take longer than one 10-minute
+# cases took about 400 s (one process per dtype); all 432 cases take longer than one 10-minute
 # device command. Split a run with SANITIZER_TOOLS (e.g. racecheck) and SANITIZER_CHECK_ARGS
 # (passed to `flash-attn check`, e.g. "--dtypes f16 --algorithms fa1"), with separate log dirs.
 # Processes on one GPU share it by time-slicing, so parallel processes mostly overlap the

@@ -32,7 +32,7 @@ pub struct CheckArgs {
     require_gpu: bool,
     /// `standard`: the check shapes below, with and without sliding windows and soft-capping;
     /// `window`: only those with them; `sanitizer`: the odd shapes compute-sanitizer runs
-    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 128, 256; batch 1, heads 1; with --decode, a few
+    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; batch 1, heads 1; with --decode, a few
     /// short caches through both merges and repeated calls).
     #[arg(long, default_value = "standard")]
     shapes: String,
@@ -212,7 +212,7 @@ fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Case>> {
         "window" => Ok(WINDOW_CASES.to_vec()),
         "sanitizer" => Ok([1, 17, 1000]
             .into_iter()
-            .flat_map(|n| [8, 40, 64, 128, 256].map(|d| plain((1, 1, 1, n, n, d))))
+            .flat_map(|n| [8, 40, 64, 96, 128, 256].map(|d| plain((1, 1, 1, n, n, d))))
             .collect()),
         other => Err(flash_attn::Error::InvalidArgument {
             name: "shapes",
