@@ -25,12 +25,11 @@ def _make_function():
         @staticmethod
         def forward(ctx, q, k, v, layout, dtype, softmax_scale, causal, algorithm, window,
                     softcap):
-            # Keywords only when set: the launch's CPU fakes in the tests take the plain call.
-            scores = {} if window is None and not softcap else dict(window=window, softcap=softcap)
             o, lse = _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                                     **scores)
+                                     window=window, softcap=softcap)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.layout, ctx.dtype, ctx.scores = layout, dtype, scores
+            ctx.layout, ctx.dtype = layout, dtype
+            ctx.window, ctx.softcap = window, softcap
             ctx.softmax_scale, ctx.causal = softmax_scale, causal
             ctx.mark_non_differentiable(lse)
             return o, lse
@@ -41,7 +40,7 @@ def _make_function():
             q, k, v, o, lse = ctx.saved_tensors
             dq, dk, dv = _launch.backward(
                 q, k, v, o, lse, d_o, ctx.layout, ctx.dtype, ctx.softmax_scale, ctx.causal,
-                **ctx.scores,
+                window=ctx.window, softcap=ctx.softcap,
             )
             return dq, dk, dv, None, None, None, None, None, None, None
 

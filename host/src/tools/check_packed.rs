@@ -16,7 +16,6 @@ use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::model::reference::{attention_in_dtype, attention_reference};
-use crate::model::scoring::Scoring;
 use crate::tensor::{DeviceTensor, Layout};
 use crate::tools::check::{
     HALF_ABSOLUTE_SLACK, LOGSUMEXP_TOLERANCE, logsumexp_error, max_abs_difference, random_tensor,
@@ -224,7 +223,7 @@ fn check_typed<T: Element>(
     };
     let plan = attention_packed_into(gpu, algorithm, &dq, &dk, &dv, &batch, &mut output, &options)?;
     let scale = plan.problem.softmax_scale as f64;
-    let scoring: Scoring = plan.problem.scoring();
+    let scoring = plan.problem.scoring();
     let o = to_f64(&output.o.to_array(gpu)?);
     let l = output.logsumexp(gpu, case.heads)?;
     let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
