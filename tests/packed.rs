@@ -47,6 +47,39 @@ fn bad_offsets_are_named_errors() {
     assert_eq!(batch.rows(1), (0..7, 3..3));
 }
 
+/// A packed launch's parameter block holds at most `MAX_SEQUENCES_PER_LAUNCH` sequences: a
+/// longer batch runs as several launches, each table holding its sequences' absolute offsets
+/// (the last one the next launch's first), zeros past them, and the whole batch's total_q.
+#[test]
+fn a_long_batch_runs_as_several_launch_tables() {
+    use flash_kernels::common::params::{MAX_SEQUENCES_PER_LAUNCH, SEQUENCE_TABLE_LEN};
+    let lengths: Vec<(usize, usize)> = (0..600).map(|i| (i % 7, 1 + i % 5)).collect();
+    let batch = PackedBatch::from_length_pairs(&lengths).unwrap();
+    let tables = batch.launch_tables();
+    let counts: Vec<u32> = tables.iter().map(|(n, _)| *n).collect();
+    assert_eq!(counts, [255, 255, 90]);
+    assert_eq!(MAX_SEQUENCES_PER_LAUNCH, 255);
+    let mut first = 0;
+    for (count, table) in &tables {
+        let count = *count as usize;
+        assert_eq!(table.total_q as usize, batch.totals()[0]);
+        for (tensor, offsets, all) in [
+            ("q", &table.cu_seqlens_q, batch.cu_seqlens_q()),
+            ("k", &table.cu_seqlens_k, batch.cu_seqlens_k()),
+        ] {
+            assert_eq!(offsets[..=count], all[first..=first + count], "{tensor}");
+            assert!(offsets[count + 1..].iter().all(|&o| o == 0), "{tensor}");
+            assert_eq!(offsets.len(), SEQUENCE_TABLE_LEN);
+        }
+        first += count;
+    }
+    assert_eq!(first, 600);
+    // One sequence: one table.
+    let one = PackedBatch::from_lengths(&[5]).unwrap().launch_tables();
+    assert_eq!(one.len(), 1);
+    assert_eq!((one[0].0, &one[0].1.cu_seqlens_q[..3]), (1, &[0, 5, 0][..]));
+}
+
 #[test]
 fn the_offsets_must_end_at_the_tensors_rows() {
     let batch = PackedBatch::from_lengths(&[5, 300, 17]).unwrap();
@@ -319,5 +352,11 @@ fn check_packed_names_what_it_refuses_and_covers_every_head_dim() {
                 .any(|c| c.lengths.iter().any(|&(q, k)| q > 0 && k == 0))
         );
         assert!(cases.iter().any(|c| c.heads_kv == 1));
+        // Batches that take several launches, with and without a window.
+        let several = |c: &&flash_attn::tools::check_packed::PackedCheckCase| {
+            c.lengths.len() > flash_kernels::common::params::MAX_SEQUENCES_PER_LAUNCH
+        };
+        assert!(cases.iter().filter(several).any(|c| c.window.is_none()));
+        assert!(cases.iter().filter(several).any(|c| c.window.is_some()));
     }
 }

@@ -13,6 +13,7 @@ use crate::bwd::{
     fa2 as fa2_backward, fa2_tc as fa2_tc_backward, group_sum, standard as standard_backward,
 };
 use crate::common::element::{Bf16, F16};
+use crate::common::params::PackedParams;
 #[cfg(not(feature = "hopper"))]
 use crate::common::params::{
     DecodeParams, Fa1Params, Fa2BackwardParams, Fa2Params, Fa2TcBackwardParams, GroupSumParams,
@@ -22,6 +23,7 @@ use crate::common::params::{
 use crate::decode::{append, combine, split_kv};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
+use crate::tile::global::PackedTable;
 #[cfg(feature = "hopper")]
 use crate::{
     bwd::fa3 as fa3_backward,
@@ -76,15 +78,80 @@ macro_rules! paged {
     };
 }
 
+/// The parameter block a forward entry point takes for its list entry's form (its last word): a
+/// packed form's ([`PackedParams`], the launch's sequences after the family's block), or the
+/// family's own.
+macro_rules! forward_params {
+    ($family:ident, varlen) => {
+        PackedParams<$family>
+    };
+    ($family:ident, varlen_local) => {
+        PackedParams<$family>
+    };
+    ($family:ident $(, $form:ident)?) => {
+        $family
+    };
+}
+
+/// A forward kernel's parameter block as its entry point receives it ([`forward_params!`]).
+trait ForwardParams {
+    type Family;
+    /// The family's block.
+    fn family(&self) -> &Self::Family;
+    /// The launch's sequences, given the `.param` address of this block
+    /// (`arch::kernel_parameters_address!`): [`PackedTable::NONE`] for a family's own block.
+    fn packed(&self, block: u64) -> PackedTable;
+}
+
+/// A dense or window form's block, the family's own.
+macro_rules! family_params {
+    ($($family:ty),*) => {
+        $(impl ForwardParams for $family {
+            type Family = Self;
+            #[inline(always)]
+            fn family(&self) -> &Self {
+                self
+            }
+            #[inline(always)]
+            fn packed(&self, _block: u64) -> PackedTable {
+                PackedTable::NONE
+            }
+        })*
+    };
+}
+#[cfg(not(feature = "hopper"))]
+family_params!(Fa2Params);
+#[cfg(feature = "hopper")]
+family_params!(Fa3Params);
+
+impl<P> ForwardParams for PackedParams<P> {
+    type Family = P;
+    #[inline(always)]
+    fn family(&self) -> &P {
+        &self.family
+    }
+    #[inline(always)]
+    fn packed(&self, block: u64) -> PackedTable {
+        let table = core::mem::offset_of!(Self, sequences.cu_seqlens_q) as u64;
+        PackedTable::new(block + table, self.sequences.total_q)
+    }
+}
+
 /// One entry point, from one line of a list.
 macro_rules! entry_point {
     (fa3 $dtype:ident $d:literal $consumers:literal $cols:literal $($grid:ident)?) => {
         const _: () = {
             fa3_config!(Config, $d, $consumers, $cols $(, $grid)?);
-            #[unsafe(export_name = concat!("fa3_forward_", stringify!($dtype), "_d", $d, "_w",
-                $consumers, "c", $cols, $crate::fa3_grid_suffix!($($grid)?)))]
-            unsafe extern "ptx-kernel" fn kernel(params: Fa3Params) {
-                fa3::kernel::forward::<element!($dtype), Config>(&params)
+            macro_rules! name {
+                () => {
+                    concat!("fa3_forward_", stringify!($dtype), "_d", $d, "_w", $consumers, "c",
+                        $cols, $crate::fa3_grid_suffix!($($grid)?))
+                };
+            }
+            #[unsafe(export_name = name!())]
+            unsafe extern "ptx-kernel" fn kernel(params: forward_params!(Fa3Params $(, $grid)?)) {
+                let packed = params.packed($crate::kernel_parameters_address!(name!()));
+                fa3::kernel::forward::<element!($dtype), Config>(params.family(), packed)
             }
         };
     };
@@ -210,11 +277,19 @@ macro_rules! entry_point {
             fa2_tc_config!(Config, $d, $warps, $rows, $stages, $cols);
             type const PACKED: bool = const { $crate::forward_form!($($form)?).is_packed() };
             type const LOCAL: bool = const { $crate::forward_form!($($form)?).is_local() };
-            #[unsafe(export_name = concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w",
-                $warps, "r", $rows, "s", $stages, "c", $cols,
-                $crate::forward_form_suffix!($($form)?)))]
-            unsafe extern "ptx-kernel" fn kernel(params: Fa2Params) {
-                fa2_tc::kernel::forward::<element!($dtype), Config, PACKED, LOCAL>(&params)
+            macro_rules! name {
+                () => {
+                    concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w", $warps, "r",
+                        $rows, "s", $stages, "c", $cols, $crate::forward_form_suffix!($($form)?))
+                };
+            }
+            #[unsafe(export_name = name!())]
+            unsafe extern "ptx-kernel" fn kernel(params: forward_params!(Fa2Params $(, $form)?)) {
+                let packed = params.packed($crate::kernel_parameters_address!(name!()));
+                fa2_tc::kernel::forward::<element!($dtype), Config, PACKED, LOCAL>(
+                    params.family(),
+                    packed,
+                )
             }
         };
     };

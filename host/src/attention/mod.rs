@@ -22,9 +22,7 @@ pub mod plan;
 pub mod problem;
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::common::params::{
-    Fa1Params, Fa2Params, Fa3Params, Operands, PackedSequences, StandardParams,
-};
+use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, StandardParams};
 use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
@@ -331,7 +329,6 @@ fn fa3_params<T: Element>(
         } else {
             0
         },
-        packed: PackedSequences::default(),
     })
 }
 
@@ -343,7 +340,6 @@ fn fa2_params(operands: Operands, problem: &Problem, logsumexp: u64, block_rows:
         logsumexp,
         block_rows,
         _pad: 0,
-        packed: PackedSequences::default(),
     }
 }
 

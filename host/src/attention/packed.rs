@@ -15,11 +15,13 @@
 //! the other algorithms refuse a packed batch.
 
 use cudarc::driver::CudaSlice;
-use flash_kernels::common::params::{Fa2Params, Fa3Params, Operands, PackedSequences};
+use flash_kernels::common::params::{
+    Fa2Params, Fa3Params, MAX_SEQUENCES_PER_LAUNCH, Operands, PackedParams, PackedSequences,
+};
 use ndarray::Array2;
 
-use super::plan::{Blocks, Plan};
-use super::{Algorithm, AttentionOptions, Problem, fa2_params, fa3_params, launch_plan};
+use super::plan::{Blocks, Launch, Plan, PlannedLaunch};
+use super::{Algorithm, AttentionOptions, Problem, fa2_params, fa3_params};
 use crate::device::Gpu;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -125,6 +127,28 @@ impl PackedBatch {
         })
     }
 
+    /// The tables of the launches that run this batch, in order, each with its number of
+    /// sequences: at most [`MAX_SEQUENCES_PER_LAUNCH`] sequences per launch, each table holding
+    /// its sequences' offsets into the whole packed tensors (the kernels read them from their
+    /// parameter block, `PackedSequences`).
+    pub fn launch_tables(&self) -> Vec<(u32, PackedSequences)> {
+        let total_q = self.totals()[0] as u32;
+        (0..self.sequences())
+            .step_by(MAX_SEQUENCES_PER_LAUNCH)
+            .map(|first| {
+                let last = (first + MAX_SEQUENCES_PER_LAUNCH).min(self.sequences());
+                let offsets = first..=last;
+                let table = PackedSequences::new(
+                    total_q,
+                    &self.cu_seqlens_q[offsets.clone()],
+                    &self.cu_seqlens_k[offsets],
+                )
+                .expect("a launch's offsets fit its table");
+                ((last - first) as u32, table)
+            })
+            .collect()
+    }
+
     pub fn cu_seqlens_q(&self) -> &[u32] {
         &self.cu_seqlens_q
     }
@@ -161,6 +185,13 @@ impl PackedBatch {
             options,
         )
     }
+}
+
+/// A packed call's family parameter block, before each launch's shape and table.
+#[derive(Clone, Copy)]
+enum FamilyParams {
+    Fa2Tc(Fa2Params),
+    Fa3(Fa3Params),
 }
 
 /// Cumulative offsets 0, l₀, l₀ + l₁, … of `lengths`, in u32 (an error past it).
@@ -269,34 +300,61 @@ pub fn attention_packed_into<T: Element>(
         o: output.o.view(gpu),
     };
     let plan = Plan::new(gpu, algorithm, T::DTYPE, &problem, options, Some(&operands))?;
-    // Dropped at the end of this call: freed in stream order, after the kernel that reads them.
-    let cu_seqlens_q = gpu.upload(batch.cu_seqlens_q(), "cu_seqlens_q")?;
-    let cu_seqlens_k = gpu.upload(batch.cu_seqlens_k(), "cu_seqlens_k")?;
-    let packed = PackedSequences {
-        cu_seqlens_q: gpu.address(&cu_seqlens_q),
-        cu_seqlens_k: gpu.address(&cu_seqlens_k),
-        total_q: total_q as u32,
-        _pad: 0,
-    };
     let logsumexp = gpu.address(&output.logsumexp);
-    match plan.blocks {
-        Blocks::Fa2Tc(tiling) => {
-            let params = Fa2Params {
-                packed,
-                ..fa2_params(operands, &problem, logsumexp, tiling.block_rows())
-            };
-            launch_plan(gpu, &plan, params)?;
-        }
+    let family = match plan.blocks {
+        Blocks::Fa2Tc(tiling) => FamilyParams::Fa2Tc(fa2_params(
+            operands,
+            &problem,
+            logsumexp,
+            tiling.block_rows(),
+        )),
         Blocks::Fa3 { tiling, .. } => {
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
             let dims = [q.dims(), k.dims(), v.dims()];
-            let params = Fa3Params {
-                packed,
-                ..fa3_params::<T>(gpu, &operands, dims, tiling, problem.shape(), logsumexp)?
-            };
-            launch_plan(gpu, &plan, params)?;
+            let shape = problem.shape();
+            FamilyParams::Fa3(fa3_params::<T>(
+                gpu, &operands, dims, tiling, shape, logsumexp,
+            )?)
         }
         _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),
+    };
+    // One launch per table of at most MAX_SEQUENCES_PER_LAUNCH sequences, each over its own
+    // sequences' heads; the grid's row blocks stay the longest sequence's of the whole batch.
+    for (sequences, table) in batch.launch_tables() {
+        for PlannedLaunch { kernel, launch } in &plan.launches {
+            let launch = Launch {
+                grid: (
+                    launch.grid.0,
+                    sequences * problem.heads as u32,
+                    launch.grid.2,
+                ),
+                ..*launch
+            };
+            match family {
+                FamilyParams::Fa2Tc(mut family) => {
+                    family.shape.batch = sequences;
+                    gpu.launch(
+                        *kernel,
+                        launch,
+                        PackedParams {
+                            family,
+                            sequences: table,
+                        },
+                    )?
+                }
+                FamilyParams::Fa3(mut family) => {
+                    family.shape.batch = sequences;
+                    gpu.launch(
+                        *kernel,
+                        launch,
+                        PackedParams {
+                            family,
+                            sequences: table,
+                        },
+                    )?
+                }
+            }
+        }
     }
     output.plan = Some(plan.clone());
     Ok(plan)

@@ -19,6 +19,7 @@ impl ParamBlock for flash_kernels::common::params::StandardBackwardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa1Params {}
 impl ParamBlock for flash_kernels::common::params::Fa2Params {}
 impl ParamBlock for flash_kernels::common::params::Fa3Params {}
+impl<P: ParamBlock> ParamBlock for flash_kernels::common::params::PackedParams<P> {}
 impl ParamBlock for flash_kernels::common::params::Fa2BackwardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa2TcBackwardParams {}
 impl ParamBlock for flash_kernels::common::params::Fa3BackwardParams {}

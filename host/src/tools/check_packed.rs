@@ -123,6 +123,22 @@ pub fn standard_packed_cases(dtype: DType) -> Vec<PackedCheckCase> {
         layout: Layout::BatchSeqHeadDim,
         dtype,
     });
+    // More sequences than one launch's table holds (`MAX_SEQUENCES_PER_LAUNCH`): three
+    // launches, the last of 10 sequences.
+    let many: Vec<(usize, usize)> = (0..520).map(|i| (i * 5 % 41, 1 + i * 11 % 70)).collect();
+    for (d, window) in [(64, None), (128, Some((20, 0)))] {
+        cases.push(PackedCheckCase {
+            heads: 2,
+            heads_kv: 1,
+            head_dim: d,
+            lengths: many.clone(),
+            causal: true,
+            window,
+            softcap: 0.0,
+            layout: Layout::BatchSeqHeadDim,
+            dtype,
+        });
+    }
     for (d, heads_kv) in [(64, 4), (128, 2)] {
         for (causal, window, softcap, lengths) in [
             (true, Some((100, 0)), 0.0, &mixed),

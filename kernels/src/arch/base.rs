@@ -467,3 +467,36 @@ pub fn permute_bytes(low: u32, high: u32, selector: u32) -> u32 {
     }
     out
 }
+
+/// The address, in the `.param` state space, of the kernel's parameter block (its first and only
+/// parameter, which LLVM names `<kernel>_param_0`): `mov.b64` of the parameter's symbol. Expanded
+/// in a kernel's entry point, whose exported name `$kernel` must be.
+#[macro_export]
+macro_rules! kernel_parameters_address {
+    ($kernel:expr) => {{
+        let address: u64;
+        // SAFETY: moves a symbol's address into a register; reads nothing.
+        unsafe {
+            core::arch::asm!(concat!("mov.b64 {a}, ", $kernel, "_param_0;"), a = out(reg64) address,
+                options(pure, nomem, nostack));
+        }
+        address
+    }};
+}
+
+/// `ld.param.u32` at a `.param` address ([`kernel_parameters_address`] plus an offset): a word
+/// of the parameter block at an index known only at run time. ptxas reads it from the constant
+/// bank (`ULDC` with a uniform index, when the index is the same for the warp).
+///
+/// # Safety
+/// `address` must lie inside the kernel's parameter block, 4-byte aligned.
+#[inline(always)]
+pub unsafe fn load_parameter_u32(address: u64) -> u32 {
+    let value: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.param.u32 {v}, [{a}];", v = out(reg32) value, a = in(reg64) address,
+             options(pure, readonly, nostack));
+    }
+    value
+}

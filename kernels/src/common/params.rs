@@ -157,26 +157,66 @@ pub struct Fa2Params {
     /// B_r (a multiple of `fwd::fa2::config::ROWS_PER_WARP`, one warp per that many rows).
     pub block_rows: u32,
     pub _pad: u32,
-    /// Where each sequence of a packed batch starts (the `_varlen` FA2-TC kernels); all zero
-    /// otherwise. Last, so that the other kernels' parameters keep their offsets.
-    pub packed: PackedSequences,
 }
 
 /// A packed batch of sequences of different lengths (flash-attn's varlen call): Q and O are one
 /// (total_q, heads, d) tensor, K and V one (total_k, heads_kv, d), seen by the kernels as batch
 /// 1; sequence b's queries are rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` and its keys rows
 /// `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`, each causal mask aligned within its own sequence.
-/// `AttentionShape::batch` counts the sequences and its seqlens are the longest ones (the grid).
+/// `AttentionShape::batch` counts the launch's sequences and its seqlens are the longest ones
+/// (the grid).
+///
+/// The offsets travel in the parameter block itself, not in device memory: a kernel reads them
+/// from the constant bank at an index the whole warp shares (`ULDC`), so a block knows its
+/// sequence's rows without a round trip to memory before its first load, and what it derives
+/// from them stays in uniform registers. A launch holds at most [`MAX_SEQUENCES_PER_LAUNCH`]
+/// sequences; the host splits a longer batch into several launches, each table holding its
+/// sequences' offsets into the whole packed tensors.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PackedSequences {
-    /// Device address of batch + 1 u32 offsets into Q's rows, from 0 to total_q.
-    pub cu_seqlens_q: u64,
-    /// Device address of batch + 1 u32 offsets into K's and V's rows, from 0 to total_k.
-    pub cu_seqlens_k: u64,
-    /// Q's rows: L is (heads, total_q) for a packed batch, as flash-attn's.
+    /// Q's rows in the whole packed tensor: L is (heads, total_q), as flash-attn's.
     pub total_q: u32,
     pub _pad: u32,
+    /// This launch's sequences' batch + 1 offsets into Q's rows (absolute rows); unused entries 0.
+    pub cu_seqlens_q: [u32; SEQUENCE_TABLE_LEN],
+    /// The same into K's and V's rows.
+    pub cu_seqlens_k: [u32; SEQUENCE_TABLE_LEN],
+}
+
+/// Offsets per tensor in one launch's [`PackedSequences`]: 2 KiB for both tables, so that a
+/// packed parameter block stays under CUDA's 4 KiB for kernel parameters.
+pub type const SEQUENCE_TABLE_LEN: usize = 256;
+
+/// The sequences one packed launch holds.
+pub const MAX_SEQUENCES_PER_LAUNCH: usize = SEQUENCE_TABLE_LEN - 1;
+
+impl PackedSequences {
+    /// The table of the sequences whose offsets are `cu_seqlens_q` and `cu_seqlens_k` (as many
+    /// each, at most [`SEQUENCE_TABLE_LEN`]; entries past them are 0), in a packed batch of
+    /// `total_q` query rows. `None` if the offsets do not fit.
+    pub fn new(total_q: u32, cu_seqlens_q: &[u32], cu_seqlens_k: &[u32]) -> Option<Self> {
+        let table = |offsets: &[u32]| {
+            let mut table = [0; SEQUENCE_TABLE_LEN];
+            table.get_mut(..offsets.len())?.copy_from_slice(offsets);
+            Some(table)
+        };
+        Some(Self {
+            total_q,
+            _pad: 0,
+            cu_seqlens_q: table(cu_seqlens_q)?,
+            cu_seqlens_k: table(cu_seqlens_k)?,
+        })
+    }
+}
+
+/// The parameter block of a packed form's kernel (`_varlen`, `_varlen_local`): its family's
+/// block (`Fa2Params`, `Fa3Params`), then the launch's sequences.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PackedParams<P> {
+    pub family: P,
+    pub sequences: PackedSequences,
 }
 
 /// FlashAttention-3 forward (Hopper): Q, K and V arrive by TMA through tensor maps the host
@@ -195,10 +235,6 @@ pub struct Fa3Params {
     /// Device address of two zeroed u32s (`tile::global::TileCounters`), for the persistent grid;
     /// unused on the one-tile-per-block grid.
     pub tile_counters: u64,
-    /// Where each sequence of a packed batch starts (the `_varlen` kernels, whose tensor maps
-    /// span the packed tensors: batch 1, every sequence's rows); all zero otherwise. Last, so
-    /// that the other fields keep their offsets.
-    pub packed: PackedSequences,
 }
 
 /// FlashAttention-2 backward: one parameter block for its three kernels (pre-pass, main loop,

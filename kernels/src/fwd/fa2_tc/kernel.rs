@@ -49,7 +49,7 @@ use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, key_pair_col,
     key_pair_row,
 };
-use crate::tile::global::{HeadRows16, HeadVector, packed_sequence_rows_uniform};
+use crate::tile::global::{HeadRows16, HeadVector, PackedTable};
 use crate::tile::shared::SharedTile16;
 
 /// One row tile's running state: for the lane's two rows (`l/4` and `l/4 + 8`), m and partial ℓ,
@@ -114,13 +114,14 @@ fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddr
 /// `C::Q_CHUNKS` = d/16, `C::O_TILES` = d/8, `C::KEY_TILES` = B_c/8 tiles of S per row tile and
 /// K/V block, `C::KEY_CHUNKS` = B_c/16 k-steps of P̃·V). Grid (⌈seqlen_q/B_r⌉, batch·heads),
 /// `C::TILING.threads()` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
-/// `PACKED`: a packed batch of sequences of different lengths (`PackedSequences`): each block
-/// reads its sequence's rows, and the row blocks past its length return at once (the grid is the
+/// `PACKED`: a packed batch of sequences of different lengths (`PackedSequences`, the launch's
+/// table in `packed`; [`PackedTable::NONE`] otherwise): each block reads its sequence's rows, and the row blocks past its length return at once (the grid is the
 /// longest sequence's). `LOCAL`: a sliding window and soft-capping, read from the parameters
 /// (else the causal mask or none, and no capping, as constants: `registry::ForwardForm`).
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const LOCAL: bool>(
     p: &Fa2Params,
+    packed: PackedTable,
 ) {
     let () = C::CHECKED;
     let block_cols = C::KEY_TILES as u32 * MMA_N; // B_c: KEY_TILES tiles of MMA_N keys
@@ -131,7 +132,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
     let batch_head = arch::block_idx_y();
     let info = if PACKED {
         let sequence = batch_head / shape.heads;
-        let (query_rows, key_rows) = packed_sequence_rows_uniform(&p.packed, sequence);
+        let (query_rows, key_rows) = packed.rows(sequence);
         BlockInfo::packed(shape, batch_head, query_rows, key_rows, LOCAL)
     } else {
         BlockInfo::of_form(shape, batch_head, LOCAL)
@@ -262,7 +263,13 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
     }
     arch::copy_async_wait_all(); // Nothing may be in flight when the block exits.
     for (tile, tile_state) in state.iter_mut().enumerate() {
-        store_output::<T, C, PACKED>(p, &info, row_start + warp_rows.tile_row(tile), tile_state);
+        store_output::<T, C, PACKED>(
+            p,
+            packed,
+            &info,
+            row_start + warp_rows.tile_row(tile),
+            tile_state,
+        );
     }
 }
 
@@ -424,6 +431,7 @@ impl BlockStep<'_> {
 #[inline(always)]
 fn store_output<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(
     p: &Fa2Params,
+    packed: PackedTable,
     info: &BlockInfo,
     first_row: u32,
     state: &RowTileState<C>,
@@ -431,7 +439,7 @@ fn store_output<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(
     let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q)
         .starting_at(info.q_start);
     let logsumexp = if PACKED {
-        HeadVector::packed(p.logsumexp, info.head, p.packed.total_q, info.q_start)
+        HeadVector::packed(p.logsumexp, info.head, packed.total_q(), info.q_start)
     } else {
         HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q)
     };

@@ -39,9 +39,7 @@ use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
-use crate::tile::global::{
-    HeadRows16, HeadVector, TileCounters, packed_sequence_rows, packed_sequence_rows_uniform,
-};
+use crate::tile::global::{HeadRows16, HeadVector, PackedTable, TileCounters};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 
 /// The block's shared memory: tiles and barriers.
@@ -160,14 +158,15 @@ impl Fa3Sram {
 
 /// The kernel body for one config `C`. Grid (⌈seqlen_q/B_r⌉, batch·heads), or on the persistent
 /// grid (`C::PERSISTENT`) (min(tiles, SMs), 1); `C::TILING.threads()` threads,
-/// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
+/// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory. `packed`: a packed form's
+/// sequences (`C::PACKED`), else [`PackedTable::NONE`].
 #[inline(always)]
-pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
+pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: PackedTable) {
     let () = C::CHECKED;
     if C::PACKED {
         // A row block past its sequence's queries: the whole block returns before any barrier.
         let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
-        if tile_at::<C>(p, &scheduler, scheduler.first(), WHOLE_WARPS)
+        if tile_at::<C>(p, packed, &scheduler, scheduler.first())
             .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
         {
             return;
@@ -177,37 +176,26 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params) {
     split_roles!(
         C,
         sram.init_barriers::<C>(),
-        produce_tiles::<C>(p, &sram),
-        |consumer| consume_tiles::<T, C>(p, &sram, consumer)
+        produce_tiles::<C>(p, packed, &sram),
+        |consumer| consume_tiles::<T, C>(p, packed, &sram, consumer)
     );
 }
 
-/// Who calls [`tile_at`]: every thread of whole warps (the consumers, the block's prologue), or
-/// the producer's one thread.
-const WHOLE_WARPS: bool = true;
-const ONE_THREAD: bool = false;
-
 /// Tile `t`: the scheduler's, or in a packed batch (`C::PACKED`, one tile per block) the one
-/// of its sequence's own rows (`BlockInfo::packed`, from the sequence's offsets; in warp-uniform
-/// registers where whole warps call it, `packed_sequence_rows_uniform`).
+/// of its sequence's own rows (`BlockInfo::packed`, from the launch's table of offsets).
 #[inline(always)]
 fn tile_at<C: Fa3Config>(
     p: &Fa3Params,
+    packed: PackedTable,
     scheduler: &TileScheduler,
     t: u32,
-    whole_warps: bool,
 ) -> Option<Tile> {
     if !C::PACKED {
         return scheduler.tile(t);
     }
     let tile = scheduler.tile(t)?;
     let batch_head = tile.info.batch_head;
-    let sequence = batch_head / p.shape.heads;
-    let (query_rows, key_rows) = if whole_warps {
-        packed_sequence_rows_uniform(&p.packed, sequence)
-    } else {
-        packed_sequence_rows(&p.packed, sequence)
-    };
+    let (query_rows, key_rows) = packed.rows(batch_head / p.shape.heads);
     let info = BlockInfo::packed(&p.shape, batch_head, query_rows, key_rows, C::LOCAL);
     Some(scheduler.for_sequence(tile, info))
 }
@@ -244,12 +232,12 @@ impl TileWalk {
 /// until none is left. Each tile's number goes to the consumers through shared memory with its
 /// Q (an end mark, a number past the problem, arrives alone).
 #[inline(always)]
-fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
+fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: PackedTable, sram: &Fa3Sram) {
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let counters = TileCounters::new(p.tile_counters);
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
-        let tile = tile_at::<C>(p, &scheduler, t, ONE_THREAD);
+        let tile = tile_at::<C>(p, packed, &scheduler, t);
         if C::PERSISTENT {
             // The consumers are done with the previous Q_i, and read its number long before.
             sram.q_empty().wait(walk.q_phase() ^ 1);
@@ -278,7 +266,12 @@ fn produce_tiles<C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram) {
 
 /// One consumer warpgroup: each tile the producer hands it, as [`consume`].
 #[inline(always)]
-fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sram, consumer: u32) {
+fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
+    p: &Fa3Params,
+    packed: PackedTable,
+    sram: &Fa3Sram,
+    consumer: u32,
+) {
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
     turns.start();
@@ -288,10 +281,10 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, sram: &Fa3Sr
         if C::PERSISTENT {
             t = sram.tile();
         }
-        let Some(tile) = tile_at::<C>(p, &scheduler, t, WHOLE_WARPS) else {
+        let Some(tile) = tile_at::<C>(p, packed, &scheduler, t) else {
             break;
         };
-        consume::<T, C>(p, tile, sram, consumer, turns, walk);
+        consume::<T, C>(p, packed, tile, sram, consumer, turns, walk);
         if !C::PERSISTENT {
             break;
         }
@@ -342,6 +335,7 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3Config>(
     p: &Fa3Params,
+    packed: PackedTable,
     tile: Tile,
     sram: &Fa3Sram,
     consumer: u32,
@@ -433,7 +427,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     }
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
     let (o, logsumexp) = if C::PACKED {
-        let logsumexp = HeadVector::packed(p.logsumexp, info.head, p.packed.total_q, info.q_start);
+        let logsumexp = HeadVector::packed(p.logsumexp, info.head, packed.total_q(), info.q_start);
         (o.starting_at(info.q_start), logsumexp)
     } else {
         (
