@@ -908,3 +908,88 @@ fn every_fa3_tiling_takes_grouped_kv_heads() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Issue 17's prefill target for grouped heads: the forward with K/V shared by 4 query heads
+/// (GQA) and by all of them (MQA) against the same problem with as many K/V heads as query
+/// heads, each call's default plan, on fresh random bf16 inputs in flash-attn's layout (the
+/// benchmark's B·N = 16384 tokens and H·d = 2048), FA3 (where it runs) and FA2-TC, causal both
+/// ways, N = 2k and 8k: the median of ten timed runs each, and grouped / ungrouped TFLOP/s (the
+/// FLOPs are the query heads', the same for all three). GPU time: run with `--ignored`.
+#[test]
+#[ignore]
+fn time_grouped_heads_against_ungrouped() {
+    let test = "gqa_timing";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    const RUNS: usize = 10;
+    let algorithms = if gpu.has_hopper_module() {
+        vec![Algorithm::Fa3, Algorithm::Fa2Tc]
+    } else {
+        vec![Algorithm::Fa2Tc]
+    };
+    let median = |mut times: Vec<f32>| {
+        times.sort_by(f32::total_cmp);
+        f64::from(times[RUNS / 2])
+    };
+    for algorithm in algorithms {
+        for head_dim in [64usize, 128] {
+            for seqlen in [2048usize, 8192] {
+                for causal in [false, true] {
+                    let (batch, heads) = (16384 / seqlen, 2048 / head_dim);
+                    let tensor = |heads: usize, rng: &mut rand::rngs::StdRng| {
+                        let host = flash_attn::tools::check::random_tensor::<bf16>(
+                            [batch, heads, seqlen, head_dim],
+                            rng,
+                        );
+                        DeviceTensor::from_array(&gpu, host.view(), Layout::BatchSeqHeadDim)
+                            .expect("upload")
+                    };
+                    let q = tensor(heads, &mut rng);
+                    let options = AttentionOptions {
+                        causal,
+                        ..Default::default()
+                    };
+                    let mut time = |kv_heads: usize| {
+                        let (k, v) = (tensor(kv_heads, &mut rng), tensor(kv_heads, &mut rng));
+                        let mut out = flash_attn::attention::new_output(
+                            &gpu, algorithm, &q, &k, &v, &options,
+                        )
+                        .expect("output");
+                        let plan = flash_attn::attention::attention_into(
+                            &gpu, algorithm, &q, &k, &v, &mut out, &options,
+                        )
+                        .expect("warm-up");
+                        let ms = median(
+                            gpu.time_each_ms(RUNS, |_| {
+                                flash_attn::attention::attention_into(
+                                    &gpu, algorithm, &q, &k, &v, &mut out, &options,
+                                )
+                                .map(|_| ())
+                            })
+                            .expect("timed runs"),
+                        );
+                        (ms, plan.kernel_names())
+                    };
+                    let (dense_ms, dense_kernel) = time(heads);
+                    let flops =
+                        4.0 * (batch * heads) as f64 * (seqlen * seqlen) as f64 * head_dim as f64
+                            / if causal { 2.0 } else { 1.0 };
+                    let tflops = |ms: f64| flops / (ms * 1e-3) / 1e12;
+                    for (name, kv_heads) in [("gqa", heads / 4), ("mqa", 1)] {
+                        let (ms, kernel) = time(kv_heads);
+                        println!(
+                            "{algorithm} d = {head_dim}, N = {seqlen}, causal = {causal}, {name} \
+                             {heads}/{kv_heads}: {:.1} TFLOP/s ({ms:.3} ms) [{kernel}], ungrouped \
+                             {:.1} ({dense_ms:.3} ms) [{dense_kernel}], grouped / ungrouped {:.3}",
+                            tflops(ms),
+                            tflops(dense_ms),
+                            dense_ms / ms,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -76,8 +76,8 @@ impl BlockInfo {
     ) -> Self {
         Self {
             batch: 0,
-            seqlen_q: query_rows[1].saturating_sub(query_rows[0]),
-            seqlen_k: key_rows[1].saturating_sub(key_rows[0]),
+            seqlen_q: query_rows[1].wrapping_sub(query_rows[0]),
+            seqlen_k: key_rows[1].wrapping_sub(key_rows[0]),
             q_start: query_rows[0],
             k_start: key_rows[0],
             ..Self::of_form(shape, batch_head, local)

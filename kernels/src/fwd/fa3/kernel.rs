@@ -194,9 +194,15 @@ fn tile_at<C: Fa3Config>(
         return scheduler.tile(t);
     }
     let tile = scheduler.tile(t)?;
-    let batch_head = tile.info.batch_head;
-    let (query_rows, key_rows) = packed.rows(batch_head / p.shape.heads);
-    let info = BlockInfo::packed(&p.shape, batch_head, query_rows, key_rows, C::LOCAL);
+    // The scheduler's batch is the launch's sequence.
+    let (query_rows, key_rows) = packed.rows(tile.info.batch);
+    let info = BlockInfo::packed(
+        &p.shape,
+        tile.info.batch_head,
+        query_rows,
+        key_rows,
+        C::LOCAL,
+    );
     Some(scheduler.for_sequence(tile, info))
 }
 
