@@ -133,7 +133,8 @@ impl<P> ForwardParams for PackedParams<P> {
     #[inline(always)]
     fn packed(&self, block: u64) -> PackedTable {
         let table = core::mem::offset_of!(Self, sequences.cu_seqlens_q) as u64;
-        PackedTable::new(block + table, self.sequences.total_q)
+        let sequences = &self.sequences;
+        PackedTable::new(block + table, sequences.total_q, sequences.min_seqlen_q)
     }
 }
 

@@ -71,9 +71,7 @@ impl Fa3Sram {
     }
 
     /// The producer hands tile `t`'s number to the consumers (before Q_i's arrival on q_full,
-    /// whose release orders this store before their acquire of the barrier). On the packed grid
-    /// thread 0 writes it once, before the block barrier that follows the barriers' init
-    /// ([`EMPTY_BLOCK`] or 0), and nobody rewrites it.
+    /// whose release orders this store before their acquire of the barrier).
     #[inline(always)]
     fn set_tile(&self, t: u32) {
         // SAFETY: a word of the block's shared memory past the barriers (`shared_bytes` counts
@@ -165,23 +163,23 @@ impl Fa3Sram {
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: PackedTable) {
     let () = C::CHECKED;
+    // A row block past its sequence's queries: the whole block returns before any barrier. Only
+    // a launch with a sequence shorter than the grid's last row block's start has such blocks
+    // (a batch of equal lengths has none): the test itself, in every warp before the split,
+    // costs 76 instructions a warp (call 33's ncu, d = 64: 1.4% of the kernel's).
+    let last_row_start = (arch::grid_dim_x() - 1) * C::BLOCK_ROWS;
+    if C::PACKED && packed.may_be_past_a_sequence(last_row_start) {
+        let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
+        if tile_at::<C>(p, packed, &scheduler, scheduler.first())
+            .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
+        {
+            return;
+        }
+    }
     let sram = Fa3Sram::new::<C>();
     split_roles!(
         C,
-        {
-            sram.init_barriers::<C>();
-            if C::PACKED {
-                // Whether the block's row block is past its sequence's queries, found by thread
-                // 0 alone and published with the barriers: worked out by every warp before the
-                // split, it cost 76 instructions a warp (call 33's ncu, d = 64), 1.4% of the
-                // kernel's. The tile slot is free on the packed (one-tile) grid.
-                let scheduler =
-                    TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
-                let empty = tile_at::<C>(p, packed, &scheduler, scheduler.first())
-                    .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q);
-                sram.set_tile(if empty { EMPTY_BLOCK } else { 0 });
-            }
-        },
+        sram.init_barriers::<C>(),
         produce_tiles::<C>(p, packed, &sram),
         |consumer| consume_tiles::<T, C>(p, packed, &sram, consumer)
     );
@@ -211,10 +209,6 @@ fn tile_at<C: Fa3Config>(
     );
     Some(scheduler.for_sequence(tile, info))
 }
-
-/// The tile slot's mark, on the packed grid, of a block whose row block is past its sequence's
-/// queries: its roles return at once.
-const EMPTY_BLOCK: u32 = u32::MAX;
 
 /// Where a block is in its walk over tiles: the ring's blocks are counted across tiles (stage and
 /// phase continue), and Q's barriers alternate phase per tile.
@@ -249,9 +243,6 @@ impl TileWalk {
 /// Q (an end mark, a number past the problem, arrives alone).
 #[inline(always)]
 fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: PackedTable, sram: &Fa3Sram) {
-    if C::PACKED && sram.tile() == EMPTY_BLOCK {
-        return;
-    }
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let counters = TileCounters::new(p.tile_counters);
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
@@ -292,9 +283,6 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
     consumer: u32,
 ) {
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
-    if C::PACKED && sram.tile() == EMPTY_BLOCK {
-        return; // Before the turns: every consumer warpgroup of the block returns here.
-    }
     let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
     turns.start();
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
