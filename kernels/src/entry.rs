@@ -133,8 +133,7 @@ impl<P> ForwardParams for PackedParams<P> {
     #[inline(always)]
     fn packed(&self, block: u64) -> PackedTable {
         let table = core::mem::offset_of!(Self, sequences.cu_seqlens_q) as u64;
-        let sequences = &self.sequences;
-        PackedTable::new(block + table, sequences.total_q, sequences.min_seqlen_q)
+        PackedTable::new(block + table, self.sequences.total_q)
     }
 }
 

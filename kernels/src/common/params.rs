@@ -177,9 +177,7 @@ pub struct Fa2Params {
 pub struct PackedSequences {
     /// Q's rows in the whole packed tensor: L is (heads, total_q), as flash-attn's.
     pub total_q: u32,
-    /// The shortest query length of this launch's sequences: while it exceeds the longest's last
-    /// row block's start, no block of the grid is past its sequence's queries.
-    pub min_seqlen_q: u32,
+    pub _pad: u32,
     /// This launch's sequences' batch + 1 offsets into Q's rows (absolute rows); unused entries 0.
     pub cu_seqlens_q: [u32; SEQUENCE_TABLE_LEN],
     /// The same into K's and V's rows.
@@ -203,14 +201,9 @@ impl PackedSequences {
             table.get_mut(..offsets.len())?.copy_from_slice(offsets);
             Some(table)
         };
-        let min_seqlen_q = cu_seqlens_q
-            .windows(2)
-            .map(|w| w[1].saturating_sub(w[0]))
-            .min()
-            .unwrap_or(0);
         Some(Self {
             total_q,
-            min_seqlen_q,
+            _pad: 0,
             cu_seqlens_q: table(cu_seqlens_q)?,
             cu_seqlens_k: table(cu_seqlens_k)?,
         })

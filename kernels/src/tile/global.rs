@@ -138,8 +138,6 @@ pub struct PackedTable {
     cu_seqlens_q: u64,
     /// Q's rows in the whole packed tensor.
     total_q: u32,
-    /// The launch's shortest query length (`PackedSequences::min_seqlen_q`).
-    min_seqlen_q: u32,
 }
 
 impl PackedTable {
@@ -147,26 +145,17 @@ impl PackedTable {
     pub const NONE: Self = Self {
         cu_seqlens_q: 0,
         total_q: 0,
-        min_seqlen_q: 0,
     };
 
     /// The table whose `cu_seqlens_q` starts at `.param` address `cu_seqlens_q`
     /// (`arch::kernel_parameters_address!` plus the field's offset), the `cu_seqlens_k`
-    /// table right after it; `min_seqlen_q` the launch's shortest query length.
+    /// table right after it.
     #[inline(always)]
-    pub fn new(cu_seqlens_q: u64, total_q: u32, min_seqlen_q: u32) -> Self {
+    pub fn new(cu_seqlens_q: u64, total_q: u32) -> Self {
         Self {
             cu_seqlens_q,
             total_q,
-            min_seqlen_q,
         }
-    }
-
-    /// Whether a row block of `block_rows` rows from `row_start` may lie past its sequence's
-    /// queries: only if the launch's shortest sequence ends before it. A dense kernel's never.
-    #[inline(always)]
-    pub fn may_be_past_a_sequence(&self, row_start: u32) -> bool {
-        row_start >= self.min_seqlen_q
     }
 
     /// Q's rows in the whole packed tensor (L's row length).

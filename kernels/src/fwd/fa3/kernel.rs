@@ -163,12 +163,8 @@ impl Fa3Sram {
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: PackedTable) {
     let () = C::CHECKED;
-    // A row block past its sequence's queries: the whole block returns before any barrier. Only
-    // a launch with a sequence shorter than the grid's last row block's start has such blocks
-    // (a batch of equal lengths has none): the test itself, in every warp before the split,
-    // costs 76 instructions a warp (call 33's ncu, d = 64: 1.4% of the kernel's).
-    let last_row_start = (arch::grid_dim_x() - 1) * C::BLOCK_ROWS;
-    if C::PACKED && packed.may_be_past_a_sequence(last_row_start) {
+    if C::PACKED {
+        // A row block past its sequence's queries: the whole block returns before any barrier.
         let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
         if tile_at::<C>(p, packed, &scheduler, scheduler.first())
             .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
