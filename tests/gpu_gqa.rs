@@ -923,17 +923,7 @@ fn time_grouped_heads_against_ungrouped() {
         return;
     };
     let mut rng = common::seeded_rng(test);
-    const RUNS: usize = 10;
-    let algorithms = if gpu.has_hopper_module() {
-        vec![Algorithm::Fa3, Algorithm::Fa2Tc]
-    } else {
-        vec![Algorithm::Fa2Tc]
-    };
-    let median = |mut times: Vec<f32>| {
-        times.sort_by(f32::total_cmp);
-        f64::from(times[RUNS / 2])
-    };
-    for algorithm in algorithms {
+    for algorithm in common::timed_algorithms(&gpu) {
         for head_dim in [64usize, 128] {
             for seqlen in [2048usize, 8192] {
                 for causal in [false, true] {
@@ -961,8 +951,8 @@ fn time_grouped_heads_against_ungrouped() {
                             &gpu, algorithm, &q, &k, &v, &mut out, &options,
                         )
                         .expect("warm-up");
-                        let ms = median(
-                            gpu.time_each_ms(RUNS, |_| {
+                        let ms = common::median_ms(
+                            gpu.time_each_ms(common::TIMED_RUNS, |_| {
                                 flash_attn::attention::attention_into(
                                     &gpu, algorithm, &q, &k, &v, &mut out, &options,
                                 )

@@ -219,13 +219,8 @@ fn time_packed_batches_against_the_dense_call() {
         return;
     };
     let mut rng = common::seeded_rng(test);
-    const RUNS: usize = 10;
-    let algorithms = if gpu.has_hopper_module() {
-        vec![Algorithm::Fa3, Algorithm::Fa2Tc]
-    } else {
-        vec![Algorithm::Fa2Tc]
-    };
-    for algorithm in algorithms {
+    const RUNS: usize = common::TIMED_RUNS;
+    for algorithm in common::timed_algorithms(&gpu) {
         for head_dim in [64usize, 128] {
             for seqlen in [2048usize, 4096] {
                 for causal in [false, true] {
@@ -297,12 +292,7 @@ fn time_packed_batches_against_the_dense_call() {
                         &dense_options,
                     )
                     .expect("output");
-                    let median = |times: Vec<f32>| {
-                        let mut times = times;
-                        times.sort_by(f32::total_cmp);
-                        f64::from(times[RUNS / 2])
-                    };
-                    let packed_ms = median(
+                    let packed_ms = common::median_ms(
                         gpu.time_each_ms(RUNS, |_| {
                             attention_packed_into(
                                 &gpu,
@@ -318,7 +308,7 @@ fn time_packed_batches_against_the_dense_call() {
                         })
                         .expect("timed packed runs"),
                     );
-                    let dense_ms = median(
+                    let dense_ms = common::median_ms(
                         gpu.time_each_ms(RUNS, |_| {
                             flash_attn::attention::attention_into(
                                 &gpu,

@@ -24,6 +24,24 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     }
 }
 
+/// Timed runs of the timing tests (`--ignored`): each point is the median of this many.
+pub const TIMED_RUNS: usize = 10;
+
+/// The tensor-core families a timing test compares on this GPU: FA3 where it runs, then FA2-TC.
+pub fn timed_algorithms(gpu: &Gpu) -> Vec<flash_attn::Algorithm> {
+    if gpu.has_hopper_module() {
+        vec![flash_attn::Algorithm::Fa3, flash_attn::Algorithm::Fa2Tc]
+    } else {
+        vec![flash_attn::Algorithm::Fa2Tc]
+    }
+}
+
+/// The median of [`TIMED_RUNS`] times, in ms.
+pub fn median_ms(mut times: Vec<f32>) -> f64 {
+    times.sort_by(f32::total_cmp);
+    f64::from(times[times.len() / 2])
+}
+
 /// A tensor-core family (`fa2-tc`, `fa3`) ran its own kernels, not a fallback's.
 pub fn assert_own_kernels(result: &flash_attn::tools::check::CheckResult) {
     let family = match result.algorithm {

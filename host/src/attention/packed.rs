@@ -16,13 +16,13 @@
 
 use cudarc::driver::CudaSlice;
 use flash_kernels::common::params::{
-    Fa2Params, Fa3Params, MAX_SEQUENCES_PER_LAUNCH, Operands, PackedParams, PackedSequences,
+    AttentionShape, MAX_SEQUENCES_PER_LAUNCH, Operands, PackedParams, PackedSequences,
 };
 use ndarray::Array2;
 
 use super::plan::{Blocks, Launch, Plan, PlannedLaunch};
 use super::{Algorithm, AttentionOptions, Problem, fa2_params, fa3_params};
-use crate::device::Gpu;
+use crate::device::{Gpu, ParamBlock};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{DeviceTensor, Layout};
@@ -187,11 +187,31 @@ impl PackedBatch {
     }
 }
 
-/// A packed call's family parameter block, before each launch's shape and table.
-#[derive(Clone, Copy)]
-enum FamilyParams {
-    Fa2Tc(Fa2Params),
-    Fa3(Fa3Params),
+/// The plan's kernels over `batch`: one launch per table of at most MAX_SEQUENCES_PER_LAUNCH
+/// sequences, each over its own sequences' heads (`family`'s shape, reached by `shape`, gets the
+/// launch's sequence count); the grid's row blocks stay the longest sequence's of the whole batch.
+fn launch_sequences<P: ParamBlock>(
+    gpu: &Gpu,
+    plan: &Plan,
+    problem: &Problem,
+    batch: &PackedBatch,
+    family: P,
+    shape: impl Fn(&mut P) -> &mut AttentionShape,
+) -> Result<()> {
+    for (sequences, table) in batch.launch_tables() {
+        let mut family = family;
+        shape(&mut family).batch = sequences;
+        let params = PackedParams {
+            family,
+            sequences: table,
+        };
+        for PlannedLaunch { kernel, launch } in &plan.launches {
+            let (x, _, z) = launch.grid;
+            let grid = (x, sequences * problem.heads as u32, z);
+            gpu.launch(*kernel, Launch { grid, ..*launch }, params)?;
+        }
+    }
+    Ok(())
 }
 
 /// Cumulative offsets 0, l₀, l₀ + l₁, … of `lengths`, in u32 (an error past it).
@@ -301,60 +321,19 @@ pub fn attention_packed_into<T: Element>(
     };
     let plan = Plan::new(gpu, algorithm, T::DTYPE, &problem, options, Some(&operands))?;
     let logsumexp = gpu.address(&output.logsumexp);
-    let family = match plan.blocks {
-        Blocks::Fa2Tc(tiling) => FamilyParams::Fa2Tc(fa2_params(
-            operands,
-            &problem,
-            logsumexp,
-            tiling.block_rows(),
-        )),
+    match plan.blocks {
+        Blocks::Fa2Tc(tiling) => {
+            let family = fa2_params(operands, &problem, logsumexp, tiling.block_rows());
+            launch_sequences(gpu, &plan, &problem, batch, family, |p| &mut p.shape)?
+        }
         Blocks::Fa3 { tiling, .. } => {
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
             let dims = [q.dims(), k.dims(), v.dims()];
             let shape = problem.shape();
-            FamilyParams::Fa3(fa3_params::<T>(
-                gpu, &operands, dims, tiling, shape, logsumexp,
-            )?)
+            let family = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
+            launch_sequences(gpu, &plan, &problem, batch, family, |p| &mut p.shape)?
         }
         _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),
-    };
-    // One launch per table of at most MAX_SEQUENCES_PER_LAUNCH sequences, each over its own
-    // sequences' heads; the grid's row blocks stay the longest sequence's of the whole batch.
-    for (sequences, table) in batch.launch_tables() {
-        for PlannedLaunch { kernel, launch } in &plan.launches {
-            let launch = Launch {
-                grid: (
-                    launch.grid.0,
-                    sequences * problem.heads as u32,
-                    launch.grid.2,
-                ),
-                ..*launch
-            };
-            match family {
-                FamilyParams::Fa2Tc(mut family) => {
-                    family.shape.batch = sequences;
-                    gpu.launch(
-                        *kernel,
-                        launch,
-                        PackedParams {
-                            family,
-                            sequences: table,
-                        },
-                    )?
-                }
-                FamilyParams::Fa3(mut family) => {
-                    family.shape.batch = sequences;
-                    gpu.launch(
-                        *kernel,
-                        launch,
-                        PackedParams {
-                            family,
-                            sequences: table,
-                        },
-                    )?
-                }
-            }
-        }
     }
     output.plan = Some(plan.clone());
     Ok(plan)
