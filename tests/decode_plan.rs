@@ -407,3 +407,24 @@ fn the_reference_maps_heads_and_pages() {
     assert_eq!(expected.logsumexp[[1, 0, 0]], f64::NEG_INFINITY);
     assert!(expected.o.slice(s![1, 0, 0, ..]).iter().all(|&x| x == 0.0));
 }
+
+#[test]
+fn the_benchmark_runs_the_shapes_it_is_given_and_names_one_it_lacks() {
+    use flash_attn::tools::bench::decode::{anchor_shapes, select_shapes};
+    let all = anchor_shapes(false);
+    assert_eq!(select_shapes(all.clone(), &[]).unwrap(), all);
+    let picked = select_shapes(all.clone(), &["32768x64".into(), "131072x16".into()]).unwrap();
+    let picked: Vec<_> = picked.iter().map(|s| (s.kv_len, s.batch)).collect();
+    assert_eq!(picked, [(32_768, 64), (131_072, 16)]);
+    match select_shapes(all, &["1000x3".into()]) {
+        Err(Error::InvalidArgument {
+            name,
+            value,
+            allowed,
+        }) => {
+            assert_eq!((name, value.as_str()), ("--decode-shapes", "1000x3"));
+            assert!(allowed.contains("131072x16"), "{allowed}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,18 +1,35 @@
-"""The ``torch.autograd.Function``: the forward saves Q, K, V, O and L; ``loss.backward()`` runs
-the GPU backward (FA2's, recomputing P from L) into gradients PyTorch allocates. Built on first
-use, so importing flash_attn_rs needs no PyTorch."""
+"""The ``torch.autograd.Function``s: the forward saves Q, K, V, O and L; ``loss.backward()`` runs
+the GPU backward (FA2's, recomputing P from L) into gradients PyTorch allocates. The packed
+(varlen) forward has no backward yet: its Function raises one clear error when backward reaches
+it. Built on first use, so importing flash_attn_rs needs no PyTorch."""
 
 from . import _launch
 
-_function = None
+#: Why ``flash_attn_varlen_func`` has no gradient (raised when ``backward`` reaches it).
+PACKED_BACKWARD_MISSING = (
+    "flash_attn_varlen_func has no backward yet: the packed (varlen) backward is not built in "
+    "the Rust library (only its forward is). Call it under torch.no_grad(), on inputs that do not "
+    "require grad, or use flash_attn_func (differentiable) per sequence"
+)
+
+_functions = {}
+
+
+def _built(make):
+    """The Function class ``make`` creates (once, on first call)."""
+    if make not in _functions:
+        _functions[make] = make()
+    return _functions[make]
 
 
 def attention_function():
-    """The autograd Function class (created once, on first call)."""
-    global _function
-    if _function is None:
-        _function = _make_function()
-    return _function
+    """The autograd Function class of dense batches."""
+    return _built(_make_function)
+
+
+def packed_attention_function():
+    """The autograd Function class of packed batches (forward only)."""
+    return _built(_make_packed_function)
 
 
 def _make_function():
@@ -45,3 +62,29 @@ def _make_function():
             return dq, dk, dv, None, None, None, None, None, None, None
 
     return FlashAttention
+
+
+def _make_packed_function():
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class FlashAttentionVarlen(torch.autograd.Function):
+        """O, L = attention over packed sequences. A Function (not a plain call) so that O of
+        inputs that require grad has a grad_fn, whose backward raises NotImplementedError: never
+        a silently missing gradient. It saves nothing, since nothing would use it."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
+                    causal, algorithm, window, softcap):
+            o, lse = _launch.forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens,
+                                            dtype, softmax_scale, causal, algorithm,
+                                            window=window, softcap=softcap)
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_o, _d_lse):
+            raise NotImplementedError(PACKED_BACKWARD_MISSING)
+
+    return FlashAttentionVarlen

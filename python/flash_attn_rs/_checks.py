@@ -15,10 +15,18 @@ DEVICE_TYPES = ("cuda",)
 FLASH_ATTN = "(batch, seqlen, heads, head_dim)"
 SDPA = "(batch, heads, seqlen, head_dim)"
 AXES = {FLASH_ATTN: (0, 2, 1, 3), SDPA: (0, 1, 2, 3)}
+# flash-attn's varlen layout: every sequence's rows in one tensor, which the native half takes as
+# flash-attn's layout at batch 1 (the offsets say where each sequence starts).
+PACKED = "(total_tokens, heads, head_dim)"
+NDIMS = {FLASH_ATTN: 4, SDPA: 4, PACKED: 3}
+
+# The dtypes of the offsets (cu_seqlens): flash-attn's int32, and int64 (torch.cumsum's default).
+OFFSET_DTYPES = ("torch.int32", "torch.int64")
 
 
 def _check_one(name, tensor, layout):
-    """One tensor alone: a CUDA tensor of a supported dtype, 4-D, last dim contiguous."""
+    """One tensor alone: a CUDA tensor of a supported dtype, with the layout's dims (4, or 3 for
+    packed sequences), last dim contiguous."""
     if not all(hasattr(tensor, a) for a in ("device", "dtype", "shape", "stride", "data_ptr")):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type not in DEVICE_TYPES:
@@ -28,9 +36,9 @@ def _check_one(name, tensor, layout):
         )
     if str(tensor.dtype) not in DTYPES:
         raise TypeError(f"{name} has dtype {tensor.dtype}; allowed: {ALLOWED_DTYPES}")
-    if len(tensor.shape) != 4:
+    if len(tensor.shape) != NDIMS[layout]:
         raise ValueError(
-            f"{name} has shape {tuple(tensor.shape)}; expected 4 dims {layout}"
+            f"{name} has shape {tuple(tensor.shape)}; expected {NDIMS[layout]} dims {layout}"
         )
     if tensor.stride(-1) != 1:
         raise ValueError(
@@ -40,9 +48,12 @@ def _check_one(name, tensor, layout):
 
 
 def dims_and_strides(tensor, layout):
-    """(batch, heads, seqlen, head_dim) dims and strides (in elements) of a tensor in `layout`."""
-    axes = AXES[layout]
+    """(batch, heads, seqlen, head_dim) dims and strides (in elements) of a tensor in `layout`;
+    a packed (total_tokens, heads, head_dim) tensor is batch 1 of flash-attn's layout."""
     shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    if layout == PACKED:
+        shape, strides, layout = (1, *shape), (shape[0] * strides[0], *strides), FLASH_ATTN
+    axes = AXES[layout]
     return [shape[a] for a in axes], [strides[a] for a in axes]
 
 
@@ -90,3 +101,20 @@ def check_inputs(q, k, v, layout):
                 f"equal (layout {layout})"
             )
     return DTYPES[str(q.dtype)]
+
+
+def check_offsets(name, offsets, q):
+    """flash-attn's cumulative offsets ``cu_seqlens_q`` or ``cu_seqlens_k``: a 1-D int32 (or int64)
+    tensor on q's device or on the CPU. Their values (batch + 1 of them, from 0, never decreasing,
+    the last one the rows of q or k) are the native half's to check, once read on the host."""
+    if not all(hasattr(offsets, a) for a in ("device", "dtype", "shape", "tolist")):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 offsets, got "
+                        f"{type(offsets).__name__}")
+    if str(offsets.dtype) not in OFFSET_DTYPES:
+        raise TypeError(f"{name} has dtype {offsets.dtype}; allowed: torch.int32 (flash-attn's) "
+                        "or torch.int64")
+    if len(offsets.shape) != 1:
+        raise ValueError(f"{name} has shape {tuple(offsets.shape)}; expected 1 dim (batch + 1,)")
+    if offsets.device != q.device and offsets.device.type != "cpu":
+        raise ValueError(f"{name} is on {offsets.device} but q is on {q.device}; the offsets must "
+                         "be on q's device or on the CPU")

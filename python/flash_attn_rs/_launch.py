@@ -3,7 +3,7 @@ PyTorch's current stream. The arguments have passed ``_checks`` already; the nat
 the integers again before it launches anything."""
 
 from . import _native
-from ._checks import dims_and_strides
+from ._checks import PACKED, dims_and_strides
 
 #: The plans of the last forward and backward calls on this process (one line each, or None).
 plans = {"forward": None, "backward": None}
@@ -14,18 +14,26 @@ def _operand(tensor, layout):
     return (tensor.data_ptr(), dims, strides)
 
 
+def operands(layout, **tensors):
+    """Each tensor as the native half takes it: (address, dims, strides) in `layout`."""
+    return {name: _operand(tensor, layout) for name, tensor in tensors.items()}
+
+
+def _on_stream(torch, device):
+    """Where a native call launches: the device and its current stream."""
+    return dict(device=device.index, stream=torch.cuda.current_stream(device).cuda_stream)
+
+
 def _common(torch, q, k, v, o, layout, dtype):
     """The arguments every native call takes: the dtype, the device and its current stream, and
     Q, K, V, O as (address, dims, strides)."""
-    return dict(
-        dtype=dtype,
-        device=q.device.index,
-        stream=torch.cuda.current_stream(q.device).cuda_stream,
-        q=_operand(q, layout),
-        k=_operand(k, layout),
-        v=_operand(v, layout),
-        o=_operand(o, layout),
-    )
+    return dict(dtype=dtype, **_on_stream(torch, q.device),
+                **operands(layout, q=q, k=k, v=v, o=o))
+
+
+def scores(softmax_scale, causal, window, softcap):
+    """How every call forms its scores, as the native half's keywords."""
+    return dict(softmax_scale=softmax_scale, causal=causal, window=window, softcap=softcap)
 
 
 def _refuse_graph_capture(torch):
@@ -58,10 +66,7 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=Non
             **_common(torch, q, k, v, o, layout, dtype),
             stats=[s.data_ptr() for s in stats],
             algorithm=algorithm,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window=window,
-            softcap=softcap,
+            **scores(softmax_scale, causal, window, softcap),
         )
         if fa1:
             m, l = stats
@@ -89,13 +94,46 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
         plans["backward"] = _native.backward(
             **_common(torch, q, k, v, o, layout, dtype),
             lse=(lse.data_ptr(), list(lse.shape), list(lse.stride())),
-            d_o=_operand(d_o, layout),
-            dq=_operand(dq, layout),
-            dk=_operand(dk, layout),
-            dv=_operand(dv, layout),
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window=window,
-            softcap=softcap,
+            **operands(layout, d_o=d_o, dq=dq, dk=dk, dv=dv),
+            **scores(softmax_scale, causal, window, softcap),
         )
     return dq, dk, dv
+
+
+def packed_arguments(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype):
+    """The native packed forward's tensors and offsets: Q, K, V, O as batch 1, L's address, and
+    the offsets read on the host (``tolist``: from a CUDA tensor, a copy that waits for the work
+    queued before it on the current stream, i.e. a synchronization)."""
+    max_seqlen_q, max_seqlen_k = max_seqlens
+    return dict(
+        dtype=dtype,
+        **operands(PACKED, q=q, k=k, v=v, o=o),
+        lse=lse.data_ptr(),
+        cu_seqlens_q=cu_seqlens_q.tolist(),
+        cu_seqlens_k=cu_seqlens_k.tolist(),
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )
+
+
+def forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale, causal,
+                   algorithm, window=None, softcap=0.0):
+    """flash-attn's varlen forward: allocates O (q's (total_q, heads, head_dim) shape,
+    contiguous) and L (float32 (heads, total_q), contiguous) with PyTorch, reads the offsets on
+    the host and launches the packed forward on the current stream of q's device. Returns
+    (O, L)."""
+    import torch
+
+    with torch.cuda.device(q.device):
+        # Before the offsets' copy: waiting for a capturing stream would invalidate its capture.
+        _refuse_graph_capture(torch)
+        total_q, heads, _ = q.shape
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
+        plans["forward"] = _native.forward_packed(
+            **packed_arguments(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype),
+            **_on_stream(torch, q.device),
+            algorithm=algorithm,
+            **scores(softmax_scale, causal, window, softcap),
+        )
+    return o, lse

@@ -1,17 +1,20 @@
 //! `flash_attn_rs._native`: the native half of the Python package. The Python half
 //! (`flash_attn_rs/__init__.py`) checks PyTorch's tensors, allocates the outputs with PyTorch and
 //! passes addresses, dims, strides and the current stream here as plain integers; this half checks
-//! them again with the host crate's checks ([`BorrowedArguments::check`]) before it opens a GPU,
-//! then launches on that stream.
+//! them again with the host crate's checks ([`BorrowedArguments::check`]; for a packed batch,
+//! [`PackedBatch`]'s) before it opens a GPU, then launches on that stream.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::{LazyLock, Mutex};
 
+use flash_attn::attention::{PackedBatch, PackedOutput, Plan, attention_packed_into};
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
     Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BorrowedArguments,
-    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, DType, Error, Gpu, Gradients,
-    StatisticsAddresses, attention_backward_borrowed, attention_borrowed,
+    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, DType, DeviceTensor, Element, Error,
+    Gpu, Gradients, StatisticsAddresses, attention_backward_borrowed, attention_borrowed,
+    with_element,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -183,6 +186,174 @@ pub fn parse_backward(
     Ok(call)
 }
 
+/// One packed-batch forward call's arguments (flash-attn's varlen call), parsed and checked
+/// without a device: every sequence's rows in one Q (1, heads, total_q, d) and one K and V
+/// (1, heads_kv, total_k, d), O with Q's dims, L an f32 (heads, total_q) at `logsumexp`.
+#[derive(Debug)]
+pub struct PackedCall {
+    pub algorithm: Algorithm,
+    pub dtype: DType,
+    pub q: BorrowedTensor,
+    pub k: BorrowedTensor,
+    pub v: BorrowedTensor,
+    pub o: BorrowedTensor,
+    pub logsumexp: u64,
+    pub batch: PackedBatch,
+    pub options: AttentionOptions,
+}
+
+/// The algorithms that run a packed batch. The host's plan refuses the others too, but only
+/// once a device is open; checked here so that the error comes without one.
+pub const PACKED_ALGORITHMS: [Algorithm; 2] = [Algorithm::Fa3, Algorithm::Fa2Tc];
+
+fn invalid(name: &'static str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        name,
+        value: value.to_string(),
+        allowed: allowed.into(),
+    }
+}
+
+/// Offsets as the Python half passes them (ints from `cu_seqlens.tolist()`) in the host's u32.
+fn host_offsets(name: &'static str, offsets: &[i64]) -> flash_attn::Result<Vec<u32>> {
+    offsets
+        .iter()
+        .enumerate()
+        .map(|(i, &offset)| {
+            u32::try_from(offset).map_err(|_| {
+                invalid(
+                    name,
+                    format!("entry {i} = {offset}"),
+                    format!("offsets from 0 to at most {}", u32::MAX),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The elements of the buffer that `tensor` spans: its last element's offset + 1. Also checks
+/// what [`DeviceTensor::from_parts`] requires (non-null, a contiguous last dim, no zero dim), so
+/// that wrapping it cannot fail: a failed `from_parts` would drop, and so free, the buffer.
+fn buffer_len(name: &'static str, tensor: &BorrowedTensor) -> flash_attn::Result<usize> {
+    if tensor.address == 0 {
+        return Err(invalid(name, "address 0x0", "a device address, non-null"));
+    }
+    if tensor.strides[3] != 1 {
+        return Err(invalid(
+            name,
+            format!("strides {:?}", tensor.strides),
+            "the last dimension (head_dim) must be contiguous: stride 1",
+        ));
+    }
+    if tensor.dims.contains(&0) {
+        return Err(invalid(
+            name,
+            format!("shape {:?}", tensor.dims),
+            "every dimension must be at least 1",
+        ));
+    }
+    tensor
+        .dims
+        .iter()
+        .zip(tensor.strides)
+        .try_fold(1usize, |len, (&n, stride)| {
+            (n - 1).checked_mul(stride)?.checked_add(len)
+        })
+        .ok_or_else(|| {
+            invalid(
+                name,
+                format!("strides {:?} for dims {:?}", tensor.strides, tensor.dims),
+                "every element's offset must fit in 64 bits",
+            )
+        })
+}
+
+/// The packed forward's arguments: Q, K, V, O (address, logical (1, heads, total, d) dims,
+/// strides), L's address, the offsets `cu_seqlens_q` and `cu_seqlens_k` and flash-attn's
+/// `max_seqlen_q` and `max_seqlen_k`, each at least its offsets' longest sequence (the grid is
+/// sized by that longest one, which the offsets give).
+#[allow(clippy::too_many_arguments)]
+pub fn parse_packed(
+    dtype: &str,
+    [q, k, v, o]: [TensorArgument; 4],
+    logsumexp: u64,
+    [cu_seqlens_q, cu_seqlens_k]: [&[i64]; 2],
+    max_seqlens: [usize; 2],
+    algorithm: Option<&str>,
+    scores: Scores,
+) -> flash_attn::Result<PackedCall> {
+    let dtype: DType = dtype.parse()?;
+    if dtype == DType::F32 {
+        return Err(invalid(
+            "dtype",
+            dtype,
+            "f16 or bf16: packed batches run on tensor cores only",
+        ));
+    }
+    let algorithm = algorithm.map_or(Ok(DEFAULT_ALGORITHM), str::parse)?;
+    if !PACKED_ALGORITHMS.contains(&algorithm) {
+        return Err(invalid(
+            "algorithm",
+            algorithm,
+            "allowed for a packed batch of sequences: fa3 (which falls back to fa2-tc), fa2-tc",
+        ));
+    }
+    let batch = PackedBatch::new(
+        &host_offsets("cu_seqlens_q", cu_seqlens_q)?,
+        &host_offsets("cu_seqlens_k", cu_seqlens_k)?,
+    )?;
+    let [q, k, v, o] = [q, k, v, o].map(tensor);
+    let options = scores.options();
+    // Shapes, heads, head dim, the options, and each list's last offset against Q's (K's) rows.
+    batch.problem([q.dims, k.dims, v.dims], &options)?;
+    for ((name, given), longest) in [
+        ("max_seqlen_q", max_seqlens[0]),
+        ("max_seqlen_k", max_seqlens[1]),
+    ]
+    .into_iter()
+    .zip(batch.max_seqlens())
+    {
+        if given < longest {
+            return Err(invalid(
+                name,
+                given,
+                format!(
+                    "at least the longest sequence in its offsets ({longest}): flash-attn sizes \
+                     its grid by it, and a smaller one would leave rows unwritten"
+                ),
+            ));
+        }
+    }
+    if o.dims != q.dims {
+        return Err(invalid(
+            "o",
+            format!("shape {:?}", o.dims),
+            format!("must equal q's shape {:?}", q.dims),
+        ));
+    }
+    for (name, tensor) in [("q", &q), ("k", &k), ("v", &v), ("o", &o)] {
+        buffer_len(name, tensor)?;
+    }
+    if logsumexp == 0 || !logsumexp.is_multiple_of(4) {
+        return Err(invalid(
+            "lse",
+            format!("address {logsumexp:#x}"),
+            "a device address, non-null and a multiple of 4 bytes",
+        ));
+    }
+    Ok(PackedCall {
+        algorithm,
+        dtype,
+        q,
+        k,
+        v,
+        o,
+        logsumexp,
+        batch,
+        options,
+    })
+}
+
 /// One open GPU per device ordinal, kept for the process: opening loads the kernel modules.
 static GPUS: LazyLock<Mutex<HashMap<usize, Gpu>>> = LazyLock::new(Default::default);
 
@@ -323,6 +494,113 @@ fn backward(
     }
 }
 
+/// Checks the arguments (raising before anything is launched), then runs attention over a packed
+/// batch (the host crate's [`attention_packed_into`], flash-attn's varlen call) on device
+/// `device` on stream `stream`, writing O and L (f32 (heads, total_q), contiguous, at `lse`), and
+/// returns the plan as one line; without `device`, only checks. `q`, `k`, `v`, `o` are the
+/// packed (total, heads, d) tensors viewed as (1, heads, total, d); `cu_seqlens_q` and
+/// `cu_seqlens_k` the offsets, read on the host; `max_seqlen_q` and `max_seqlen_k` flash-attn's
+/// bounds, checked against them. Private, like `forward`.
+#[pyfunction]
+#[pyo3(signature = (*, dtype, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm=None, softmax_scale=None, causal=false, window=None, softcap=0.0, device=None, stream=0))]
+#[allow(clippy::too_many_arguments)]
+fn forward_packed(
+    py: Python<'_>,
+    dtype: &str,
+    q: TensorArgument,
+    k: TensorArgument,
+    v: TensorArgument,
+    o: TensorArgument,
+    lse: u64,
+    cu_seqlens_q: Vec<i64>,
+    cu_seqlens_k: Vec<i64>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    algorithm: Option<&str>,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window: Option<(i64, i64)>,
+    softcap: f64,
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
+    let scores = Scores {
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+    };
+    let call = parse_packed(
+        dtype,
+        [q, k, v, o],
+        lse,
+        [&cu_seqlens_q, &cu_seqlens_k],
+        [max_seqlen_q, max_seqlen_k],
+        algorithm,
+        scores,
+    )
+    .map_err(to_py)?;
+    // SAFETY: as `forward`; O and L are fresh PyTorch tensors, L of heads·total_q f32.
+    unsafe {
+        launch_on(
+            py,
+            device,
+            StreamHandle(stream),
+            |gpu| with_element!(call.dtype, T => run_packed::<T>(gpu, &call)),
+        )
+    }
+}
+
+/// Runs the host crate's packed path on PyTorch's memory. That path takes the host's own buffers
+/// (`DeviceTensor`, `CudaSlice`), not addresses, so each tensor is wrapped as one for this call
+/// (cudarc's `upgrade_device_ptr`) and never dropped, on every path (a panic's too): dropping
+/// would free PyTorch's memory. What that leaks is a reference count on the stream per tensor.
+///
+/// # Safety
+///
+/// As [`on_device`], for `gpu`'s current stream: every address of `call` is live device memory of
+/// `gpu`'s device holding every element its dims and strides reach (L: heads·total_q f32), and O
+/// and L alias nothing else.
+unsafe fn run_packed<T: Element>(gpu: &Gpu, call: &PackedCall) -> flash_attn::Result<Plan> {
+    let stream = gpu.stream();
+    let wrap = |name, tensor: &BorrowedTensor| {
+        // Checked before the buffer exists: `from_parts` cannot fail (and free it) after this.
+        let len = buffer_len(name, tensor)?;
+        // SAFETY: the caller's contract: `len` elements of T from `tensor.address`.
+        let buffer = unsafe { stream.upgrade_device_ptr::<T>(tensor.address, len) };
+        DeviceTensor::from_parts(buffer, tensor.dims, tensor.strides).map(ManuallyDrop::new)
+    };
+    let (q, k, v, o) = (
+        wrap("q", &call.q)?,
+        wrap("k", &call.k)?,
+        wrap("v", &call.v)?,
+        wrap("o", &call.o)?,
+    );
+    let [_, heads, total_q, _] = call.q.dims;
+    // SAFETY: the caller's contract: heads·total_q f32 at `call.logsumexp`.
+    let logsumexp = ManuallyDrop::new(unsafe {
+        stream.upgrade_device_ptr::<f32>(call.logsumexp, heads * total_q)
+    });
+    let mut output = ManuallyDrop::new(PackedOutput {
+        o: ManuallyDrop::into_inner(o),
+        logsumexp: ManuallyDrop::into_inner(logsumexp),
+        plan: None,
+    });
+    let plan = attention_packed_into(
+        gpu,
+        call.algorithm,
+        &q,
+        &k,
+        &v,
+        &call.batch,
+        &mut output,
+        &call.options,
+    );
+    // The host's copy of the plan is an ordinary value: free it, and only it.
+    output.plan = None;
+    plan
+}
+
 /// Runs `work` on `device` (if given) without the GIL (the first call opens the device: loads and
 /// JIT-compiles the modules) and returns its plan's line.
 ///
@@ -370,10 +648,15 @@ fn reset_workspace_peak(device: usize) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_packed, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_peak_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reset_workspace_peak, m)?)?;
     m.add("DEFAULT_ALGORITHM", DEFAULT_ALGORITHM.name())?;
     m.add("ALGORITHMS", Algorithm::ALL.map(Algorithm::name).to_vec())?;
+    m.add(
+        "PACKED_ALGORITHMS",
+        PACKED_ALGORITHMS.map(Algorithm::name).to_vec(),
+    )?;
     m.add("GRAPH_CAPTURE_UNSUPPORTED", GRAPH_CAPTURE_UNSUPPORTED)?;
     Ok(())
 }
@@ -532,6 +815,150 @@ mod tests {
         match error {
             Error::InvalidArgument { name, .. } => (name, kind),
             other => panic!("expected an invalid argument, got {other:?}"),
+        }
+    }
+
+    /// A packed call on flash-attn's (total, heads, d) storage viewed as (1, heads, total, d):
+    /// three sequences of 5, 0 and 11 queries on 7, 3 and 9 keys, 4 query heads on `heads_kv`.
+    struct PackedCase {
+        dtype: &'static str,
+        heads_kv: usize,
+        cu_seqlens_q: Vec<i64>,
+        cu_seqlens_k: Vec<i64>,
+        max_seqlens: [usize; 2],
+        algorithm: Option<&'static str>,
+        scores: Scores,
+    }
+
+    impl Default for PackedCase {
+        fn default() -> Self {
+            Self {
+                dtype: "bf16",
+                heads_kv: 2,
+                cu_seqlens_q: vec![0, 5, 5, 16],
+                cu_seqlens_k: vec![0, 7, 10, 19],
+                max_seqlens: [11, 9],
+                algorithm: None,
+                scores: Scores::default(),
+            }
+        }
+    }
+
+    fn packed(address: u64, [total, heads, d]: [usize; 3]) -> TensorArgument {
+        (
+            address,
+            [1, heads, total, d],
+            [total * heads * d, d, heads * d, 1],
+        )
+    }
+
+    impl PackedCase {
+        fn parse(&self) -> flash_attn::Result<PackedCall> {
+            let (total_q, total_k) = (16, 19);
+            let q = packed(BASE, [total_q, 4, 64]);
+            let kv = |i: u64| packed(BASE + (i << 30), [total_k, self.heads_kv, 64]);
+            let o = packed(BASE + (3 << 30), [total_q, 4, 64]);
+            parse_packed(
+                self.dtype,
+                [q, kv(1), kv(2), o],
+                BASE + (4 << 30),
+                [&self.cu_seqlens_q, &self.cu_seqlens_k],
+                self.max_seqlens,
+                self.algorithm,
+                self.scores,
+            )
+        }
+
+        fn rejected(&self) -> (&'static str, ExceptionKind) {
+            let error = self.parse().expect_err("expected an error");
+            let kind = exception_kind(&error);
+            match error {
+                Error::InvalidArgument { name, .. } => (name, kind),
+                other => panic!("expected an invalid argument, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn packed_accepts_a_valid_call_and_takes_its_lengths_from_the_offsets() {
+        let call = PackedCase::default().parse().expect("valid");
+        assert_eq!(call.algorithm, Algorithm::Fa3);
+        assert_eq!(call.batch.sequences(), 3);
+        assert_eq!(call.batch.max_seqlens(), [11, 9]);
+        // A larger max_seqlen is an upper bound, as in flash-attn: accepted.
+        let loose = PackedCase {
+            max_seqlens: [4096, 4096],
+            algorithm: Some("fa2-tc"),
+            ..Default::default()
+        };
+        assert_eq!(loose.parse().expect("valid").algorithm, Algorithm::Fa2Tc);
+        let windowed = PackedCase {
+            scores: Scores {
+                causal: true,
+                window: Some((8, 0)),
+                softcap: 30.0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let call = windowed.parse().expect("valid");
+        assert_eq!(
+            (call.options.window, call.options.softcap),
+            (Some((8, 0)), 30.0)
+        );
+    }
+
+    /// Edits one argument of a packed call.
+    type PackedEdit = fn(&mut PackedCase);
+
+    #[test]
+    fn packed_errors_name_the_argument() {
+        let cases: [(&str, PackedEdit); 12] = [
+            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![1, 5, 5, 16]), // not from 0
+            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![0, 5, 4, 16]), // decreasing
+            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![0, 5, 5, 15]), // last != q's rows
+            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![0, -5, 5, 16]), // not a u32
+            ("cu_seqlens_k", |c| c.cu_seqlens_k = vec![0, 7, 10, 20]),
+            ("cu_seqlens_k", |c| c.cu_seqlens_k = vec![0, 19]), // one sequence, q has three
+            ("max_seqlen_q", |c| c.max_seqlens = [10, 9]),      // the longest is 11
+            ("max_seqlen_k", |c| c.max_seqlens = [11, 8]),      // and 9
+            ("k", |c| c.heads_kv = 3),                          // does not divide 4
+            ("algorithm", |c| c.algorithm = Some("fa2")),       // no packed kernels
+            ("algorithm", |c| c.algorithm = Some("fa4")),
+            ("window", |c| c.scores.window = Some((-2, 0))),
+        ];
+        for (name, edit) in cases {
+            let mut case = PackedCase::default();
+            edit(&mut case);
+            assert_eq!(case.rejected(), (name, ExceptionKind::Value), "{name}");
+        }
+        for dtype in ["f32", "f64"] {
+            let case = PackedCase {
+                dtype,
+                ..Default::default()
+            };
+            assert_eq!(case.rejected(), ("dtype", ExceptionKind::Type));
+        }
+    }
+
+    /// What `DeviceTensor::from_parts` would refuse is refused first, naming the tensor, so that
+    /// wrapping PyTorch's memory never fails (a failed wrap would free that memory).
+    #[test]
+    fn packed_tensors_are_checked_before_they_are_wrapped() {
+        let q = packed(BASE, [16, 4, 64]);
+        assert_eq!(buffer_len("q", &tensor(q)).expect("valid"), 16 * 4 * 64);
+        let cases = [
+            ("q", (0, q.1, q.2)),
+            ("q", (q.0, q.1, [0, 64, 256, 2])),
+            ("q", (q.0, [1, 4, 0, 64], q.2)),
+            ("q", (q.0, q.1, [0, 64, usize::MAX / 2, 1])),
+        ];
+        for (name, argument) in cases {
+            let error = buffer_len(name, &tensor(argument)).expect_err("refused");
+            assert!(
+                matches!(error, Error::InvalidArgument { name: "q", .. }),
+                "{error}"
+            );
         }
     }
 

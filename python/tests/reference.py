@@ -82,6 +82,42 @@ def attention64(q, k, v, causal, scale, window=None, softcap=0.0):
     return p @ repeat_kv(v, q.shape[1]), lse
 
 
+def _per_sequence(attend, q, k, v, cu_seqlens_q, cu_seqlens_k):
+    """``attend`` on each sequence of a packed batch (flash-attn's varlen layout: q (total_q,
+    heads, d), k and v (total_k, heads_kv, d), the offsets as lists), each given in SDPA layout
+    (1, heads, seqlen, d)."""
+    def as_sdpa(t):
+        return t.transpose(0, 1)[None]
+
+    bounds = zip(cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k, cu_seqlens_k[1:])
+    return [attend(as_sdpa(q[q0:q1]), as_sdpa(k[k0:k1]), as_sdpa(v[k0:k1]))
+            for q0, q1, k0, k1 in bounds]
+
+
+def _packed_rows(per_sequence_o):
+    """Each sequence's O (1, heads, seqlen, d) back into one (total_q, heads, d)."""
+    return torch.cat([o[0].transpose(0, 1) for o in per_sequence_o])
+
+
+def packed_attention64(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window=None,
+                       softcap=0.0):
+    """O (total_q, heads, d) and L (heads, total_q) of a packed batch in float64, sequence by
+    sequence (each its own mask corner; no keys: O = 0, L = -inf)."""
+    results = _per_sequence(lambda *t: attention64(*t, causal, scale, window, softcap),
+                            q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return (_packed_rows(o for o, _ in results),
+            torch.cat([lse[0] for _, lse in results], dim=1))
+
+
+def packed_attention_in_dtype(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, dtype,
+                              window=None, softcap=0.0):
+    """``attention_in_dtype`` (the forward baseline) of a packed batch, sequence by sequence."""
+    return _packed_rows(_per_sequence(
+        lambda *t: attention_in_dtype(*t, causal, scale, dtype, window, softcap),
+        q, k, v, cu_seqlens_q, cu_seqlens_k,
+    ))
+
+
 def _round(x, dtype):
     return x.to(dtype).to(torch.float64)
 

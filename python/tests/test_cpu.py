@@ -5,7 +5,9 @@ import pytest
 
 import flash_attn_rs
 from flash_attn_rs import _native
-from flash_attn_rs._checks import FLASH_ATTN, SDPA, check_inputs, dims_and_strides
+from flash_attn_rs._checks import (
+    FLASH_ATTN, PACKED, SDPA, check_inputs, check_offsets, dims_and_strides,
+)
 
 BASE = 0x7F00_0000_0000
 
@@ -232,3 +234,127 @@ def test_native_backward_takes_grouped_kv_heads():
     assert native_backward(dims_kv=(1, 1, 24, 64)) is None
     with pytest.raises(ValueError, match="`dk`"):
         native_backward(dims_kv=(1, 1, 24, 64), dk=sdpa(6, (1, 2, 24, 64)))
+
+
+# -- packed batches (flash_attn_varlen_func): the native checks, then the Python half's -----
+
+
+def packed(i, total, heads, d=64):
+    """(total, heads, d) storage as the native half takes it: (1, heads, total, d)."""
+    return (BASE + (i << 30), [1, heads, total, d], [total * heads * d, d, heads * d, 1])
+
+
+def native_packed(cu_seqlens_q=(0, 5, 5, 16), cu_seqlens_k=(0, 7, 10, 19), max_seqlen_q=11,
+                  max_seqlen_k=9, heads_kv=2, dtype="bf16", **kwargs):
+    """Three sequences (5, 0 and 11 queries on 7, 3 and 9 keys), 4 query heads on `heads_kv`."""
+    total_q, total_k = 16, 19
+    return _native.forward_packed(
+        dtype=dtype, q=packed(0, total_q, 4), k=packed(1, total_k, heads_kv),
+        v=packed(2, total_k, heads_kv), o=packed(3, total_q, 4), lse=BASE + (4 << 30),
+        cu_seqlens_q=list(cu_seqlens_q), cu_seqlens_k=list(cu_seqlens_k),
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kwargs,
+    )
+
+
+def test_native_packed_accepts_a_valid_call():
+    assert native_packed() is None  # checked, nothing launched
+    assert native_packed(algorithm="fa2-tc", causal=True, window=(8, 0), softcap=30.0) is None
+    # max_seqlen is an upper bound, as in flash-attn: a larger one is fine.
+    assert native_packed(max_seqlen_q=4096, max_seqlen_k=4096, heads_kv=1) is None
+    assert flash_attn_rs.PACKED_ALGORITHMS == ("fa3", "fa2-tc")
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(cu_seqlens_q=(1, 5, 5, 16)), "cu_seqlens_q"),  # not from 0
+        (dict(cu_seqlens_q=(0, 6, 5, 16)), "cu_seqlens_q"),  # decreasing
+        (dict(cu_seqlens_q=(0, 5, 5, 15)), "cu_seqlens_q"),  # last != q's rows
+        (dict(cu_seqlens_q=(0, -1, 5, 16)), "cu_seqlens_q"),  # negative
+        (dict(cu_seqlens_q=(0,)), "cu_seqlens_q"),  # no sequence
+        (dict(cu_seqlens_k=(0, 7, 10, 20)), "cu_seqlens_k"),  # last != k's rows
+        (dict(cu_seqlens_k=(0, 19)), "cu_seqlens_k"),  # not one per query sequence
+        (dict(max_seqlen_q=10), "max_seqlen_q"),  # below the longest (11)
+        (dict(max_seqlen_k=8), "max_seqlen_k"),
+        (dict(heads_kv=3), "k"),  # does not divide 4
+        (dict(algorithm="fa2"), "algorithm"),  # no packed kernels
+        (dict(algorithm="standard"), "algorithm"),
+        (dict(window=(-2, 0)), "window"),
+        (dict(softcap=-1.0), "softcap"),
+        (dict(softmax_scale=float("nan")), "softmax_scale"),
+    ],
+)
+def test_native_packed_value_errors_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        native_packed(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_native_packed_needs_half_precision(dtype):
+    with pytest.raises(TypeError, match="`dtype`"):
+        native_packed(dtype=dtype)
+
+
+def test_native_packed_checks_before_it_opens_a_device():
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        native_packed(cu_seqlens_q=(0, 6, 5, 16), device=0, stream=0)
+
+
+class FakeOffsets:
+    """What the checks read of an offsets tensor."""
+
+    def __init__(self, values, dtype="torch.int32", device=None, shape=None):
+        self.values, self.dtype, self.device = list(values), dtype, device or Device()
+        self.shape = (len(self.values),) if shape is None else shape
+
+    def tolist(self):
+        return self.values
+
+
+def test_packed_layout_is_batch_one_of_flash_attns():
+    q = FakeTensor((100, 8, 64))
+    dims, strides = dims_and_strides(q, PACKED)
+    assert dims == [1, 8, 100, 64]
+    assert strides == [100 * 8 * 64, 64, 8 * 64, 1]
+    # Grouped K/V heads, other rows: only heads and head_dim are compared with q's.
+    k = v = FakeTensor((37, 2, 64))
+    assert check_inputs(q, k, v, PACKED) == "bf16"
+
+
+@pytest.mark.parametrize(
+    "q_shape, k_shape, v_shape, message",
+    [
+        ((100, 8, 64), (37, 3, 64), (37, 3, 64), r"^k .* heads \(3\) must divide q's \(8\)"),
+        ((100, 8, 64), (37, 2, 32), (37, 2, 32), "^k .* head_dim must be equal"),
+        ((100, 8, 64), (37, 2, 64), (36, 2, 64), "^v .* seqlen must be equal"),
+        ((1, 100, 8, 64), (37, 2, 64), (37, 2, 64), r"^q has shape .*; expected 3 dims"),
+    ],
+)
+def test_packed_shapes_that_disagree_are_value_errors(q_shape, k_shape, v_shape, message):
+    with pytest.raises(ValueError, match=message):
+        check_inputs(FakeTensor(q_shape), FakeTensor(k_shape), FakeTensor(v_shape), PACKED)
+
+
+def test_offsets_may_be_int32_or_int64_on_qs_device_or_the_cpu():
+    q = FakeTensor((16, 4, 64))
+    for dtype in ("torch.int32", "torch.int64"):
+        check_offsets("cu_seqlens_q", FakeOffsets([0, 16], dtype), q)
+    check_offsets("cu_seqlens_q", FakeOffsets([0, 16], device=Device("cpu")), q)
+
+
+@pytest.mark.parametrize(
+    "offsets, error, message",
+    [
+        ([0, 16], TypeError, "^cu_seqlens_k must be a torch.Tensor of int32 offsets, got list"),
+        (FakeOffsets([0, 16], "torch.float32"), TypeError,
+         "^cu_seqlens_k has dtype torch.float32; allowed: torch.int32"),
+        (FakeOffsets([0, 16], "torch.int16"), TypeError, "^cu_seqlens_k has dtype torch.int16"),
+        (FakeOffsets([0, 16], shape=(1, 2)), ValueError,
+         r"^cu_seqlens_k has shape \(1, 2\); expected 1 dim"),
+        (FakeOffsets([0, 16], device=Device("cuda", 1)), ValueError,
+         "^cu_seqlens_k is on cuda:1 but q is on cuda:0"),
+    ],
+)
+def test_bad_offsets_tensors_are_named(offsets, error, message):
+    with pytest.raises(error, match=message):
+        check_offsets("cu_seqlens_k", offsets, FakeTensor((16, 4, 64)))

@@ -5,7 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flash_attn_rs import flash_attn_func, scaled_dot_product_attention  # noqa: E402
+from flash_attn_rs import (  # noqa: E402
+    flash_attn_func, flash_attn_varlen_func, scaled_dot_product_attention,
+)
 
 
 def test_cpu_tensors_are_rejected_naming_the_argument():
@@ -14,6 +16,9 @@ def test_cpu_tensors_are_rejected_naming_the_argument():
         flash_attn_func(q, q, q)
     with pytest.raises(ValueError, match="^q is on cpu"):
         scaled_dot_product_attention(q, q, q)
+    packed, offsets = q[0], torch.tensor([0, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^q is on cpu"):
+        flash_attn_varlen_func(packed, packed, packed, offsets, offsets, 16, 16)
 
 
 def test_meta_tensors_are_not_cuda():

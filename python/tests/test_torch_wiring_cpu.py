@@ -1,5 +1,6 @@
-"""The PyTorch-facing wiring on the CPU, with the two launches replaced by float64 math: the
-autograd Function (what it saves, what backward returns, which layout each tensor is in), the
+"""The PyTorch-facing wiring on the CPU, with the launches replaced by float64 math: the autograd
+Function (what it saves, what backward returns, which layout each tensor is in), the varlen call
+(the native checks on what reaches its launch, each sequence's result, its refused backward), the
 transformers registration (layouts, grouped-query heads, scaling, the mask and dropout refusals),
 the tolerance rule's slack, and the example's agreement check. The kernels themselves are the GPU
 tests' job (test_gpu_*.py). Skipped where PyTorch (or transformers) is not installed."""
@@ -14,7 +15,7 @@ torch = pytest.importorskip("torch")
 import reference as ref  # noqa: E402
 
 import flash_attn_rs  # noqa: E402
-from flash_attn_rs import _checks, _launch  # noqa: E402
+from flash_attn_rs import _checks, _launch, _native  # noqa: E402
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "01_train_tiny_llama.py"
 
@@ -51,11 +52,33 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
     return [to_sdpa(g, layout).to(t.dtype) for g, t in zip(grads, (q, k, v))]
 
 
+def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
+                        causal, algorithm, window=None, softcap=0.0):
+    """The packed launch's contract: the native half's real checks on what the real launch passes
+    it (without a device: nothing launches), then float64 math sequence by sequence: O in q's
+    shape and dtype, L f32 (heads, total_q)."""
+    total_q, heads, d = q.shape
+    o = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty((heads, total_q), dtype=torch.float32)
+    arguments = _launch.packed_arguments(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlens, dtype)
+    assert _native.forward_packed(**arguments, algorithm=algorithm,
+                                  **_launch.scores(softmax_scale, causal, window, softcap)) is None
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    o64, lse64 = ref.packed_attention64(
+        *(t.detach().double() for t in (q, k, v)), arguments["cu_seqlens_q"],
+        arguments["cu_seqlens_k"], causal, scale, window, softcap,
+    )
+    _launch.plans["forward"] = f"fake packed {algorithm}"
+    return o64.to(q.dtype), lse64.float()
+
+
 @pytest.fixture
 def cpu_launches(monkeypatch):
     monkeypatch.setattr(_checks, "DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(_launch, "forward", fake_forward)
     monkeypatch.setattr(_launch, "backward", fake_backward)
+    monkeypatch.setattr(_launch, "forward_packed", fake_forward_packed)
 
 
 @pytest.mark.parametrize("layout", ["flash", "sdpa"])
@@ -196,3 +219,99 @@ def test_bad_window_or_softcap_is_named(cpu_launches, kwargs, error, match):
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(error, match=match):
         flash_attn_rs.flash_attn_func(q, q, q, **kwargs)
+
+
+# -- flash_attn_varlen_func ------------------------------------------------------------------
+
+# (query, key) lengths of a packed batch: uneven, a sequence without keys, one without queries,
+# and seqlen_q > seqlen_k (with causal, its first rows see no key).
+LENGTHS = [(5, 9), (0, 4), (12, 12), (3, 0), (7, 2)]
+
+
+def packed_batch(lengths=LENGTHS, heads=4, heads_kv=2, d=8, dtype=torch.bfloat16,
+                 offsets_dtype=torch.int32):
+    torch.manual_seed(2)
+    cu_q, cu_k = ([0, *torch.tensor(n).cumsum(0).tolist()] for n in zip(*lengths))
+    q = torch.randn(cu_q[-1], heads, d).to(dtype)
+    k, v = (torch.randn(cu_k[-1], heads_kv, d).to(dtype) for _ in range(2))
+    offsets = [torch.tensor(c, dtype=offsets_dtype) for c in (cu_q, cu_k)]
+    maxes = [max(n) for n in zip(*lengths)]
+    return q, k, v, *offsets, *maxes
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scores", [((-1, -1), 0.0), ((2, 1), 3.0)], ids=["plain", "w2_1c3"])
+def test_varlen_is_flash_attn_func_on_each_sequence(cpu_launches, causal, scores):
+    """Each sequence's O and L are the dense call's on that sequence alone (its own mask corner,
+    grouped K/V heads); a sequence without keys gets O = 0 and L = -inf; L is (heads, total_q)."""
+    window, softcap = scores
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
+    o, lse = flash_attn_rs.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=window, softcap=softcap,
+        return_lse=True,
+    )
+    assert flash_attn_rs.last_plan() == "fake packed None"
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert torch.count_nonzero(o[q0:q1]) == 0
+            assert torch.all(lse[:, q0:q1] == float("-inf"))
+            continue
+        want, want_lse = flash_attn_rs.flash_attn_func(
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal, window_size=window,
+            softcap=softcap, return_lse=True,
+        )
+        assert torch.allclose(o[q0:q1].float(), want[0].float(), atol=1e-2)
+        assert ref.logsumexp_error(lse[:, q0:q1], want_lse[0].double()) <= 1e-5
+    # return_lse=False returns O alone; int64 offsets (torch.cumsum's) are taken too.
+    o_only = flash_attn_rs.flash_attn_varlen_func(q, k, v, torch.tensor(cu_q), torch.tensor(cu_k),
+                                                  max_q, max_k, causal=causal,
+                                                  window_size=window, softcap=softcap)
+    assert torch.equal(o_only, o)
+
+
+def test_varlen_backward_raises_naming_the_function(cpu_launches):
+    """Inputs that require grad give O a grad_fn whose backward raises NotImplementedError (no
+    packed backward yet), never a silently missing gradient; under no_grad there is none."""
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
+    q.requires_grad_(True)
+    o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    assert o.requires_grad
+    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func has no backward"):
+        o.float().sum().backward()
+    with torch.no_grad():
+        o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
+    assert o.grad_fn is None and not o.requires_grad
+
+
+@pytest.mark.parametrize("edit, error, match", [
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 5, 4, 27, 30, 27], dtype=torch.int32)),
+     ValueError, "`cu_seqlens_q`.*never decrease"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([1, 5, 5, 17, 20, 27], dtype=torch.int32)),
+     ValueError, "`cu_seqlens_q`.*starting at 0"),
+    (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 9, 13, 25, 25, 26], dtype=torch.int32)),
+     ValueError, "`cu_seqlens_k`.*last offset"),
+    (lambda a: a.update(cu_seqlens_k=torch.tensor([0.0, 27.0])), TypeError,
+     "^cu_seqlens_k has dtype torch.float32"),
+    (lambda a: a.update(cu_seqlens_q=[0, 27]), TypeError, "^cu_seqlens_q must be a torch.Tensor"),
+    (lambda a: a.update(max_seqlen_q=11), ValueError, "`max_seqlen_q`.*longest"),
+    (lambda a: a.update(max_seqlen_k=12.0), TypeError, "^max_seqlen_k must be an int"),
+    (lambda a: a.update(max_seqlen_k=-1), ValueError, "^max_seqlen_k is -1"),
+    (lambda a: a.update(algorithm="fa2"), ValueError, "`algorithm`.*packed"),
+    (lambda a: a.update(q=a["q"].float(), k=a["k"].float(), v=a["v"].float()), TypeError,
+     "`dtype`.*f16 or bf16"),
+    (lambda a: a.update(k=a["k"][:, :1].expand(-1, 3, -1)), ValueError, "^k .* must divide"),
+    (lambda a: a.update(q=a["q"][None]), ValueError, "^q has shape .*; expected 3 dims"),
+    (lambda a: a.update(window_size=(-2, 0)), ValueError, "window_size"),
+])
+def test_varlen_bad_arguments_are_named(cpu_launches, edit, error, match):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
+    arguments = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                     max_seqlen_k=max_k)
+    edit(arguments)
+    with pytest.raises(error, match=match):
+        flash_attn_rs.flash_attn_varlen_func(**arguments)

@@ -129,7 +129,30 @@ pub const RESCALE_THRESHOLD: f32 = 2.0;
 /// block (m = −∞); never for a fully masked or NaN block max.
 #[inline(always)]
 pub fn needs_rescale(running_max: f32, block_max: f32) -> bool {
+    // Written out, not through `needs_rescale_past`: LLVM then canonicalizes the comparison as
+    // it did before that existed, and the dense kernels' SASS stays the same instruction for
+    // instruction.
     block_max > running_max + RESCALE_THRESHOLD
+}
+
+/// [`needs_rescale`] against a threshold held in a register: [`RESCALE_THRESHOLD`] for a row
+/// that takes part in its warp's decision, +∞ for one that must not move it (no block max
+/// passes it, and against a running max of −∞ the sum is NaN, which none passes either). A
+/// kernel computes the threshold once per row before its loop, so the rule costs its loop
+/// nothing beside the dense kernel's test.
+#[inline(always)]
+pub fn needs_rescale_past(running_max: f32, block_max: f32, threshold: f32) -> bool {
+    block_max > running_max + threshold
+}
+
+/// The threshold [`needs_rescale_past`] takes for a row that votes, or one that does not.
+#[inline(always)]
+pub fn rescale_threshold(votes: bool) -> f32 {
+    if votes {
+        RESCALE_THRESHOLD
+    } else {
+        f32::INFINITY
+    }
 }
 
 /// 2^x for x ≤ 2^22 by a cubic on the FMA units instead of the SFU's `ex2.approx`
@@ -312,6 +335,11 @@ mod tests {
         );
         assert!(!needs_rescale(RowStats::EMPTY.max, f32::NEG_INFINITY));
         assert!(!needs_rescale(0.0, f32::NAN));
+        // A row that does not vote never moves the decision, whatever its maxima.
+        let abstain = rescale_threshold(false);
+        assert!(!needs_rescale_past(RowStats::EMPTY.max, 1e30, abstain));
+        assert!(!needs_rescale_past(-1e30, f32::MAX, abstain));
+        assert!(needs_rescale_past(0.0, 2.5, rescale_threshold(true)));
     }
 
     /// Every element enters the tree exactly once, for widths that are and are not powers of two

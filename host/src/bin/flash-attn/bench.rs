@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// e.g. `two-launch,s16,s64+one-launch`. Each is a column beside the plan's `decode`.
     #[arg(long, value_delimiter = ',', requires = "decode")]
     decode_variants: Vec<String>,
+    /// With --decode: only these of its shapes, as KEYSxBATCH, comma-separated, e.g.
+    /// `131072x16,32768x64` (default: all).
+    #[arg(long, value_delimiter = ',', requires = "decode")]
+    decode_shapes: Vec<String>,
     /// The backward benchmark instead of the sweep: each of --backward-variants at the sweep's
     /// shapes (default N = 2k–16k), the backward alone and forward + backward, TFLOP/s = 2.5 ×
     /// (3.5 ×) the forward's FLOPs / time; `--torch` then names
@@ -247,10 +251,10 @@ pub fn main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
 /// `bench --decode`: our decode at ANCHORS.md's shapes, merged with PyTorch's.
 fn decode_main(device: usize, args: &BenchArgs) -> flash_attn::Result<ExitCode> {
     use flash_attn::tools::bench::decode::{
-        DecodeVariant, anchor_shapes, decode_table, read_decode_records, time_decode,
+        DecodeVariant, anchor_shapes, decode_table, read_decode_records, select_shapes, time_decode,
     };
     let dtype: DType = args.dtype.parse()?;
-    let shapes = anchor_shapes(args.quick);
+    let shapes = select_shapes(anchor_shapes(args.quick), &args.decode_shapes)?;
     let mut variants = vec![DecodeVariant::PLAN];
     for text in &args.decode_variants {
         variants.push(text.parse()?);

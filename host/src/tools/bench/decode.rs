@@ -139,9 +139,9 @@ impl std::str::FromStr for DecodeVariant {
 }
 
 /// Times our decode at `shape` as `variant`: the median of back-to-back calls (CUDA events
-/// between them), rotating over enough caches that each call reads from HBM, not L2. The caches
-/// are zeros (a device memset: the timing of a streaming kernel does not depend on the values,
-/// and 8 GB of random numbers would take minutes to draw); Q is N(0, 1).
+/// between them), rotating over enough caches that each call reads from HBM, not L2. Q and the
+/// caches hold N(0, 1) values, as PyTorch's side does (the caches a drawn block repeated:
+/// [`random_cache`]).
 pub fn time_decode(
     gpu: &Gpu,
     dtype: DType,
@@ -172,6 +172,51 @@ pub fn time_decode(
     }
 }
 
+/// The shapes of `shapes` that `selection` names as `KEYSxBATCH` (e.g. `131072x16`), in
+/// `shapes`' order; all of them when `selection` is empty. A name that is not one of them is an
+/// error listing those that are.
+pub fn select_shapes(shapes: Vec<DecodeShape>, selection: &[String]) -> Result<Vec<DecodeShape>> {
+    if selection.is_empty() {
+        return Ok(shapes);
+    }
+    let name = |s: &DecodeShape| format!("{}x{}", s.kv_len, s.batch);
+    if let Some(unknown) = selection
+        .iter()
+        .find(|text| !shapes.iter().any(|s| &name(s) == *text))
+    {
+        let allowed: Vec<String> = shapes.iter().map(name).collect();
+        return Err(Error::invalid(
+            "--decode-shapes",
+            unknown,
+            allowed.join(", "),
+        ));
+    }
+    Ok(shapes
+        .into_iter()
+        .filter(|s| selection.contains(&name(s)))
+        .collect())
+}
+
+/// A cache of `dims` (in `Layout::BatchSeqHeadDim`) of N(0, 1) values: a block of
+/// [`RANDOM_BLOCK`] drawn values repeated over it. Drawing every value of the largest shapes'
+/// 4 GB caches would take minutes on the host; a repeated block gives the kernel the same work
+/// (scores of random size, the running max moving now and then), which zeros do not.
+fn random_cache<T: Element>(gpu: &Gpu, dims: [usize; 4]) -> Result<DeviceTensor<T>> {
+    let block = crate::tools::check::random_tensor::<T>([1, 1, 1, RANDOM_BLOCK], &mut rand::rng());
+    let values: Vec<T> = block
+        .iter()
+        .copied()
+        .cycle()
+        .take(dims.iter().product())
+        .collect();
+    let data = gpu.upload(&values, "a decode benchmark cache")?;
+    DeviceTensor::from_parts(data, dims, Layout::BatchSeqHeadDim.strides(dims))
+}
+
+/// Values drawn for [`random_cache`]: not a multiple of a head's row (128 or 64 elements), so
+/// rows and heads do not repeat one another.
+const RANDOM_BLOCK: usize = (1 << 20) + 7;
+
 fn time_typed<T: Element>(
     gpu: &Gpu,
     shape: DecodeShape,
@@ -189,8 +234,8 @@ fn time_typed<T: Element>(
     let caches = (0..copies)
         .map(|_| {
             Ok((
-                DeviceTensor::<T>::filled(gpu, cache_dims, Layout::BatchSeqHeadDim, T::default())?,
-                DeviceTensor::<T>::filled(gpu, cache_dims, Layout::BatchSeqHeadDim, T::default())?,
+                random_cache::<T>(gpu, cache_dims)?,
+                random_cache::<T>(gpu, cache_dims)?,
             ))
         })
         .collect::<Result<Vec<_>>>()?;

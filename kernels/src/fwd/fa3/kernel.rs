@@ -35,7 +35,9 @@ use crate::common::block::{BlockInfo, KeyBlocks};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
 use crate::common::softcap::Softcap;
-use crate::common::softmax::{LOG2_E, RowStats, needs_rescale};
+use crate::common::softmax::{
+    LOG2_E, RESCALE_THRESHOLD, RowStats, needs_rescale, needs_rescale_past, rescale_threshold,
+};
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
@@ -163,15 +165,6 @@ impl Fa3Sram {
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: PackedTable) {
     let () = C::CHECKED;
-    if C::PACKED {
-        // A row block past its sequence's queries: the whole block returns before any barrier.
-        let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
-        if tile_at::<C>(p, packed, &scheduler, scheduler.first())
-            .is_none_or(|tile| tile.row_start >= tile.info.seqlen_q)
-        {
-            return;
-        }
-    }
     let sram = Fa3Sram::new::<C>();
     split_roles!(
         C,
@@ -182,7 +175,11 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: Packed
 }
 
 /// Tile `t`: the scheduler's, or in a packed batch (`C::PACKED`, one tile per block) the one
-/// of its sequence's own rows (`BlockInfo::packed`, from the launch's table of offsets).
+/// of its sequence's own rows (`BlockInfo::packed`, from the launch's table of offsets), none
+/// for a row block past the sequence's queries. Each role finds that with the tile it computes
+/// anyway: the producer sends the end mark alone and the consumers stop at it, so an empty
+/// block costs its barriers' setup, and the others no test before the roles split (call 33:
+/// there, in all 16 warps, it was 76 instructions a warp).
 #[inline(always)]
 fn tile_at<C: Fa3Config>(
     p: &Fa3Params,
@@ -203,7 +200,8 @@ fn tile_at<C: Fa3Config>(
         key_rows,
         C::LOCAL,
     );
-    Some(scheduler.for_sequence(tile, info))
+    let tile = scheduler.for_sequence(tile, info);
+    (tile.row_start < tile.info.seqlen_q).then_some(tile)
 }
 
 /// Where a block is in its walk over tiles: the ring's blocks are counted across tiles (stage and
@@ -355,14 +353,23 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     } = tile;
     // Warp-uniform as ptxas sees it, so the Q descriptors built from it stay in uniform registers.
     let group_row = arch::warp_uniform(consumer) * WARPGROUP_ROWS;
+    // The sequence row of this warp's first row of the accumulators.
+    let warp_row = row_start + group_row + arch::warp_idx() % 4 * MMA_M;
+    let threshold = |h| rescale_threshold(row_votes::<C>(warp_row, h, info.seqlen_q));
     let warpgroup = Consumer {
         sram,
         group_row,
         group_first_row: row_start + group_row,
-        // The sequence row of this warp's first row of the accumulators.
-        warp_row: row_start + group_row + arch::warp_idx() % 4 * MMA_M,
+        warp_row,
         blocks: &blocks,
         seqlen_q: info.seqlen_q,
+        // Only where `jumps` reads them: LLVM would otherwise merge the dense local form's test
+        // per block with this one and keep its rows live across the loop.
+        rescale_thresholds: if C::PACKED {
+            [threshold(0), threshold(1)]
+        } else {
+            [RESCALE_THRESHOLD; 2]
+        },
         seqlen_k: info.seqlen_k,
         softcap: Softcap::of_form(&p.shape, C::LOCAL),
         score_scale: p.shape.softmax_scale * LOG2_E,
@@ -473,9 +480,11 @@ struct Consumer<'a> {
     /// The sequence row of this warp's first row.
     warp_row: u32,
     blocks: &'a KeyBlocks,
-    /// The sequence's queries: in a packed batch the rows past them are the next sequence's
-    /// (TMA reads them), and must not move the warp's rescale decision.
+    /// The sequence's queries (`row_votes`).
     seqlen_q: u32,
+    /// The lane's two rows' thresholds for the warp's rescale decision in the packed forms
+    /// (`softmax::rescale_threshold` of `row_votes`), computed once before the loop.
+    rescale_thresholds: [f32; 2],
     seqlen_k: u32,
     softcap: Softcap,
     score_scale: f32,
@@ -624,20 +633,9 @@ impl Consumer<'_> {
         }
         let scores = &mut probabilities;
         let block_max = [block.row_max(scores, 0), block.row_max(scores, 1)];
-        // A packed batch's rows past the sequence hold the next sequence's queries: they do not
-        // vote, so a sequence's result does not depend on its neighbour's. A dense batch's are
-        // zero, and never jump past the first block under the causal mask or none; a window can
-        // hide a block from them and show them a later one, so in the local forms they do not
-        // vote either (and packed and dense calls agree bit for bit there too).
-        let row_votes = |h: usize| {
-            !(C::PACKED || C::LOCAL)
-                || self.warp_row + accumulator_row(arch::lane_idx()) + h as u32 * LDMATRIX_SIDE
-                    < self.seqlen_q
-        };
-        let jumps = (needs_rescale(stats[0].max, block_max[0]) && row_votes(0))
-            || (needs_rescale(stats[1].max, block_max[1]) && row_votes(1));
         // One decision per warp: the branches are warp-uniform.
-        let rescale = !conditional_rescale(C::HEAD_DIM) || arch::vote_any(jumps);
+        let rescale =
+            !conditional_rescale(C::HEAD_DIM) || arch::vote_any(self.jumps::<C>(stats, block_max));
         let mut alpha = [1.0f32; 2];
         block.softmax_rows(
             scores,
@@ -649,6 +647,39 @@ impl Consumer<'_> {
         );
         (probabilities, rescale.then_some(alpha))
     }
+}
+
+impl Consumer<'_> {
+    /// Whether one of the lane's voting rows (`row_votes`) must move its max for a block whose
+    /// row maxima are `block_max`. The packed forms test against thresholds computed before the
+    /// loop (call 33: testing the rows each block cost 6 instructions a block); the dense local
+    /// form keeps the test per block, as the two more registers live across its loop make its
+    /// d = 64 kernel spill (37 local loads and stores).
+    #[inline(always)]
+    fn jumps<C: Fa3Config>(&self, stats: &[RowStats; 2], block_max: [f32; 2]) -> bool {
+        if C::PACKED {
+            let [threshold_0, threshold_1] = self.rescale_thresholds;
+            needs_rescale_past(stats[0].max, block_max[0], threshold_0)
+                || needs_rescale_past(stats[1].max, block_max[1], threshold_1)
+        } else {
+            let votes = |h| row_votes::<C>(self.warp_row, h, self.seqlen_q);
+            (needs_rescale(stats[0].max, block_max[0]) && votes(0))
+                || (needs_rescale(stats[1].max, block_max[1]) && votes(1))
+        }
+    }
+}
+
+/// Whether the lane's row `h` (of the two its accumulators hold, in the warp whose first row is
+/// `warp_row`) takes part in its warp's rescale decision. A packed batch's rows past the
+/// sequence hold the next sequence's queries: they do not vote, so a sequence's result does not
+/// depend on its neighbour's. A dense batch's are zero, and never jump past the first block
+/// under the causal mask or none; a window can hide a block from them and show them a later
+/// one, so in the local forms they do not vote either (and packed and dense calls agree bit for
+/// bit there too).
+#[inline(always)]
+fn row_votes<C: Fa3Config>(warp_row: u32, h: u32, seqlen_q: u32) -> bool {
+    !(C::PACKED || C::LOCAL)
+        || warp_row + accumulator_row(arch::lane_idx()) + h * LDMATRIX_SIDE < seqlen_q
 }
 
 /// P̃ packed as the A fragments of P̃·V.

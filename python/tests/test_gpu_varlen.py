@@ -1,0 +1,199 @@
+"""flash_attn_varlen_func (packed batches of sequences of different lengths) against the float64
+reference built sequence by sequence (``reference.packed_attention64``), with the tolerance rule
+of test_gpu_numerics.py: fa3 (the default; it runs fa2-tc off compute capability 9.0) and fa2-tc,
+float16 and bfloat16, causal and not, grouped K/V heads, a window and soft-capping, uneven
+lengths with empty sequences, more sequences than one launch's table, sliced inputs, and L.
+Forward only: the library has no packed backward yet (its refusal is checked here too).
+
+FLASH_ATTN_PY_RESULTS=path appends one line per checked tensor, as test_gpu_numerics.py does."""
+
+import itertools
+import random
+
+from gpu_support import DEVICE, generator, randn, torch
+
+import pytest
+import reference as ref
+from test_gpu_numerics import DTYPES, assert_within, record, seed_of
+
+import flash_attn_rs
+
+# (query, key) lengths of each sequence. SELF: packed prompts (equal lengths), uneven, block
+# tails, an empty sequence and a one-token one. CROSS: different query and key lengths, a
+# sequence without queries, one without keys (O = 0, L = -inf), seqlen_q > seqlen_k (with causal
+# its first rows see no key), and lengths past one block.
+SELF = [(1, 1), (130, 130), (0, 0), (77, 77), (300, 300), (64, 64)]
+CROSS = [(17, 40), (0, 5), (200, 150), (64, 0), (1, 1), (129, 257)]
+LENGTHS = {"self": SELF, "cross": CROSS}
+
+# (window_size, softcap, causal), as test_gpu_numerics.SCORES: a causal window, a two-sided
+# window with Gemma 2's capping, capping alone.
+SCORES = [((64, 0), 0.0, True), ((32, 16), 30.0, False), ((-1, -1), 20.0, True)]
+
+ALGORITHMS = [None, "fa2-tc"]
+
+
+def offsets(lengths):
+    """cu_seqlens_q and cu_seqlens_k, as lists, of (query, key) lengths."""
+    return ([0, *itertools.accumulate(n)] for n in zip(*lengths))
+
+
+def packed_inputs(test, lengths, heads, heads_kv, d, dtype):
+    """Q (total_q, heads, d), K and V (total_k, heads_kv, d) drawn N(0, 1), and the offsets."""
+    cu_q, cu_k = offsets(lengths)
+    g = generator(seed_of(test))
+    q = randn((cu_q[-1], heads, d), dtype, g)
+    k, v = (randn((cu_k[-1], heads_kv, d), dtype, g) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def run(q, k, v, cu_q, cu_k, offsets_dtype=torch.int32, offsets_device=DEVICE, **kwargs):
+    """flash_attn_varlen_func with the offsets as tensors and the true longest lengths."""
+    cu_seqlens = [torch.tensor(c, dtype=offsets_dtype, device=offsets_device) for c in (cu_q, cu_k)]
+    longest = [max(b - a for a, b in zip(c, c[1:])) for c in (cu_q, cu_k)]
+    return flash_attn_rs.flash_attn_varlen_func(q, k, v, *cu_seqlens, *longest, return_lse=True,
+                                                **kwargs)
+
+
+def check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal, window=None, softcap=0.0):
+    """O and L of a packed call against the float64 reference, sequence by sequence."""
+    plan = flash_attn_rs.last_plan()
+    assert "_varlen" in plan, plan
+    dtype, scale = q.dtype, q.shape[-1] ** -0.5
+    assert o.shape == q.shape and o.dtype == dtype
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
+    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    o_ref, lse_ref = ref.packed_attention64(q64, k64, v64, cu_q, cu_k, causal, scale, window,
+                                            softcap)
+    o_dtype = ref.packed_attention_in_dtype(q64, k64, v64, cu_q, cu_k, causal, scale, dtype,
+                                            window, softcap)
+    assert_within(test, "o", o, o_ref, ref.forward_bound(o_ref, o_dtype, dtype), plan)
+    lse_error = ref.logsumexp_error(lse, lse_ref)
+    record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, plan)
+    assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e} ({plan})"
+
+
+def assert_algorithm(algorithm):
+    plan = flash_attn_rs.last_plan()
+    if algorithm is not None:
+        assert plan.startswith(f"{algorithm}:"), plan
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("lengths", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=["default", "fa2-tc"])
+def test_varlen_matches_the_reference(algorithm, dtype, causal, lengths, head_dim):
+    test = f"varlen {algorithm} {dtype} causal={causal} {lengths} d={head_dim}"
+    q, k, v, cu_q, cu_k = packed_inputs(test, LENGTHS[lengths], 3, 3, head_dim, DTYPES[dtype])
+    o, lse = run(q, k, v, cu_q, cu_k, causal=causal, algorithm=algorithm)
+    assert_algorithm(algorithm)
+    check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal)
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (4, 1)], ids=lambda h: f"{h[0]}on{h[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=["default", "fa2-tc"])
+def test_varlen_grouped_kv_heads(algorithm, causal, heads):
+    """K and V with fewer heads than Q (groups of 2, MQA), read in place."""
+    test = f"varlen gqa {algorithm} {heads} causal={causal}"
+    q, k, v, cu_q, cu_k = packed_inputs(test, CROSS, *heads, 64, torch.bfloat16)
+    o, lse = run(q, k, v, cu_q, cu_k, causal=causal, algorithm=algorithm)
+    assert_algorithm(algorithm)
+    check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal)
+
+
+@pytest.mark.parametrize("scores", SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=["default", "fa2-tc"])
+def test_varlen_windows_and_softcap(algorithm, dtype, scores):
+    """window_size and softcap on each sequence alone (the `_varlen_local` kernels), each window
+    at its own sequence's bottom-right corner."""
+    window, softcap, causal = scores
+    test = f"varlen scores {algorithm} {dtype} {scores}"
+    q, k, v, cu_q, cu_k = packed_inputs(test, CROSS, 4, 2, 64, DTYPES[dtype])
+    o, lse = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
+                 algorithm=algorithm)
+    assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
+    check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal,
+                 None if window == (-1, -1) else window, softcap)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=["default", "fa2-tc"])
+def test_varlen_more_sequences_than_one_launch_holds(algorithm):
+    """600 sequences of 0-40 tokens: more than one launch's table of 255, so several launches."""
+    test = f"varlen many {algorithm}"
+    draw = random.Random(seed_of(test))
+    lengths = [(draw.randint(0, 40), draw.randint(0, 40)) for _ in range(600)]
+    q, k, v, cu_q, cu_k = packed_inputs(test, lengths, 2, 1, 64, torch.bfloat16)
+    o, lse = run(q, k, v, cu_q, cu_k, causal=True, algorithm=algorithm)
+    check_packed(test, q, k, v, cu_q, cu_k, o, lse, True)
+
+
+def test_varlen_sliced_inputs_cpu_int64_offsets_and_a_loose_bound():
+    """Q, K, V sliced from one (total, 3, heads, head_dim + 8) tensor (no stride contiguous but
+    the last), int64 offsets on the CPU (no synchronization), max_seqlen far above the longest
+    sequence (an upper bound, as in flash-attn), and return_lse=False."""
+    test = "varlen sliced"
+    cu, h, d = [0, 100, 100, 357, 420], 3, 64
+    qkv = randn((cu[-1], 3, h, d + 8), torch.bfloat16, generator(seed_of(test)))
+    q, k, v = (qkv[:, i, :, :d] for i in range(3))
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    cu_cpu = torch.tensor(cu, dtype=torch.int64)
+    o, lse = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_cpu, cu_cpu, 4096, 4096,
+                                                  causal=True, return_lse=True)
+    check_packed(test, q, k, v, cu, cu, o, lse, True)
+    o_only = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_cpu, cu_cpu, 4096, 4096,
+                                                  causal=True)
+    assert torch.equal(o_only, o)
+
+
+def test_varlen_default_is_fa3_on_hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("not a compute capability 9.0 device")
+    q, k, v, cu_q, cu_k = packed_inputs("varlen fa3", SELF, 2, 2, 128, torch.bfloat16)
+    run(q, k, v, cu_q, cu_k)
+    plan = flash_attn_rs.last_plan()
+    assert plan.startswith("fa3:") and "fa3_forward_bf16_d128" in plan and "_varlen" in plan, plan
+
+
+def test_varlen_backward_raises_not_implemented():
+    """Inputs that require grad: O has a grad_fn whose backward raises NotImplementedError naming
+    flash_attn_varlen_func (no packed backward yet), never a missing gradient."""
+    q, k, v, cu_q, cu_k = packed_inputs("varlen backward", SELF, 2, 2, 64, torch.bfloat16)
+    q.requires_grad_(True)
+    o, _ = run(q, k, v, cu_q, cu_k, causal=True)
+    assert o.requires_grad
+    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func has no backward"):
+        o.float().sum().backward()
+
+
+@pytest.mark.parametrize("cu_q, max_q, name", [
+    ([0, 1, 131, 130, 207, 507, 571], 300, "cu_seqlens_q"),  # decreasing
+    ([0, 1, 131, 131, 208, 508, 571], 300, "cu_seqlens_q"),  # last != q's rows (572)
+    ([0, 1, 131, 131, 208, 508, 572], 299, "max_seqlen_q"),  # below the longest (300)
+])
+def test_varlen_bad_offsets_raise_before_anything_launches(cu_q, max_q, name):
+    q, k, v, _, cu_k = packed_inputs("varlen bad", SELF, 2, 2, 64, torch.bfloat16)
+    flash_attn_rs.flash_attn_varlen_func(q[:1], k[:1], v[:1], *[torch.tensor([0, 1])] * 2, 1, 1)
+    before = flash_attn_rs.last_plan()
+    cu_seqlens_q = torch.tensor(cu_q, dtype=torch.int32, device=DEVICE)
+    cu_seqlens_k = torch.tensor(cu_k, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, 300)
+    assert flash_attn_rs.last_plan() == before, "a plan ran"
+
+
+def test_varlen_cuda_graph_capture_is_refused_before_the_offsets_are_read():
+    """Inside a capture the call raises RuntimeError before copying the CUDA offsets to the host
+    (a synchronization that would invalidate the capture); the GPU stays usable and right."""
+    q, k, v, cu_q, cu_k = packed_inputs("varlen capture", SELF, 2, 2, 64, torch.bfloat16)
+    run(q, k, v, cu_q, cu_k)  # the device is open: only the capture can be refused now
+    cu_seqlens = [torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in (cu_q, cu_k)]
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="capturing a CUDA graph"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            flash_attn_rs.flash_attn_varlen_func(q, k, v, *cu_seqlens, 300, 300)
+    o, lse = run(q, k, v, cu_q, cu_k)
+    check_packed("varlen after capture", q, k, v, cu_q, cu_k, o, lse, False)
