@@ -27,7 +27,7 @@ pub use attention::{
     BackwardProblem, BorrowedArguments, BorrowedBackwardArguments, BorrowedRows, BorrowedTensor,
     Gradients, Problem, RowStatistics, StatisticsAddresses, Workspace, attention,
     attention_backward, attention_backward_borrowed, attention_backward_into, attention_borrowed,
-    attention_into, attention_with_workspace, new_output,
+    attention_into, attention_packed_borrowed, attention_with_workspace, new_output,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

@@ -5,16 +5,15 @@
 //! [`PackedBatch`]'s) before it opens a GPU, then launches on that stream.
 
 use std::collections::HashMap;
-use std::mem::ManuallyDrop;
 use std::sync::{LazyLock, Mutex};
 
-use flash_attn::attention::{PackedBatch, PackedOutput, Plan, attention_packed_into};
+use flash_attn::attention::PackedBatch;
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
     Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BorrowedArguments,
-    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, DType, DeviceTensor, Element, Error,
-    Gpu, Gradients, StatisticsAddresses, attention_backward_borrowed, attention_borrowed,
-    with_element,
+    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, DType, Error, Gpu, Gradients,
+    StatisticsAddresses, attention_backward_borrowed, attention_borrowed,
+    attention_packed_borrowed,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -94,6 +93,21 @@ pub struct Scores {
 }
 
 impl Scores {
+    /// The four keyword arguments of every call, as the Python half passes them.
+    fn of(
+        softmax_scale: Option<f64>,
+        causal: bool,
+        window: Option<(i64, i64)>,
+        softcap: f64,
+    ) -> Self {
+        Self {
+            softmax_scale,
+            causal,
+            window,
+            softcap,
+        }
+    }
+
     fn options(self) -> AttentionOptions {
         AttentionOptions {
             causal: self.causal,
@@ -192,12 +206,8 @@ pub fn parse_backward(
 #[derive(Debug)]
 pub struct PackedCall {
     pub algorithm: Algorithm,
-    pub dtype: DType,
-    pub q: BorrowedTensor,
-    pub k: BorrowedTensor,
-    pub v: BorrowedTensor,
-    pub o: BorrowedTensor,
-    pub logsumexp: u64,
+    /// Q, K, V, O and L (`StatisticsAddresses::LogSumExp`), checked for the batch.
+    pub arguments: BorrowedArguments,
     pub batch: PackedBatch,
     pub options: AttentionOptions,
 }
@@ -229,43 +239,6 @@ fn host_offsets(name: &'static str, offsets: &[i64]) -> flash_attn::Result<Vec<u
             })
         })
         .collect()
-}
-
-/// The elements of the buffer that `tensor` spans: its last element's offset + 1. Also checks
-/// what [`DeviceTensor::from_parts`] requires (non-null, a contiguous last dim, no zero dim), so
-/// that wrapping it cannot fail: a failed `from_parts` would drop, and so free, the buffer.
-fn buffer_len(name: &'static str, tensor: &BorrowedTensor) -> flash_attn::Result<usize> {
-    if tensor.address == 0 {
-        return Err(invalid(name, "address 0x0", "a device address, non-null"));
-    }
-    if tensor.strides[3] != 1 {
-        return Err(invalid(
-            name,
-            format!("strides {:?}", tensor.strides),
-            "the last dimension (head_dim) must be contiguous: stride 1",
-        ));
-    }
-    if tensor.dims.contains(&0) {
-        return Err(invalid(
-            name,
-            format!("shape {:?}", tensor.dims),
-            "every dimension must be at least 1",
-        ));
-    }
-    tensor
-        .dims
-        .iter()
-        .zip(tensor.strides)
-        .try_fold(1usize, |len, (&n, stride)| {
-            (n - 1).checked_mul(stride)?.checked_add(len)
-        })
-        .ok_or_else(|| {
-            invalid(
-                name,
-                format!("strides {:?} for dims {:?}", tensor.strides, tensor.dims),
-                "every element's offset must fit in 64 bits",
-            )
-        })
 }
 
 /// The packed forward's arguments: Q, K, V, O (address, logical (1, heads, total, d) dims,
@@ -303,9 +276,18 @@ pub fn parse_packed(
         &host_offsets("cu_seqlens_k", cu_seqlens_k)?,
     )?;
     let [q, k, v, o] = [q, k, v, o].map(tensor);
+    let arguments = BorrowedArguments {
+        dtype,
+        q,
+        k,
+        v,
+        o,
+        stats: StatisticsAddresses::LogSumExp(logsumexp),
+    };
     let options = scores.options();
-    // Shapes, heads, head dim, the options, and each list's last offset against Q's (K's) rows.
-    batch.problem([q.dims, k.dims, v.dims], &options)?;
+    // Every check of the tensors, their shapes, the options, and each list's last offset
+    // against Q's (K's) rows.
+    arguments.check_packed(&batch, &options)?;
     for ((name, given), longest) in [
         ("max_seqlen_q", max_seqlens[0]),
         ("max_seqlen_k", max_seqlens[1]),
@@ -324,31 +306,9 @@ pub fn parse_packed(
             ));
         }
     }
-    if o.dims != q.dims {
-        return Err(invalid(
-            "o",
-            format!("shape {:?}", o.dims),
-            format!("must equal q's shape {:?}", q.dims),
-        ));
-    }
-    for (name, tensor) in [("q", &q), ("k", &k), ("v", &v), ("o", &o)] {
-        buffer_len(name, tensor)?;
-    }
-    if logsumexp == 0 || !logsumexp.is_multiple_of(4) {
-        return Err(invalid(
-            "lse",
-            format!("address {logsumexp:#x}"),
-            "a device address, non-null and a multiple of 4 bytes",
-        ));
-    }
     Ok(PackedCall {
         algorithm,
-        dtype,
-        q,
-        k,
-        v,
-        o,
-        logsumexp,
+        arguments,
         batch,
         options,
     })
@@ -478,12 +438,7 @@ fn backward(
         lse,
         d_o,
         gradients,
-        Scores {
-            softmax_scale,
-            causal,
-            window,
-            softcap,
-        },
+        Scores::of(softmax_scale, causal, window, softcap),
     )
     .map_err(to_py)?;
     // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
@@ -495,7 +450,7 @@ fn backward(
 }
 
 /// Checks the arguments (raising before anything is launched), then runs attention over a packed
-/// batch (the host crate's [`attention_packed_into`], flash-attn's varlen call) on device
+/// batch (the host crate's [`attention_packed_borrowed`], flash-attn's varlen call) on device
 /// `device` on stream `stream`, writing O and L (f32 (heads, total_q), contiguous, at `lse`), and
 /// returns the plan as one line; without `device`, only checks. `q`, `k`, `v`, `o` are the
 /// packed (total, heads, d) tensors viewed as (1, heads, total, d); `cu_seqlens_q` and
@@ -524,12 +479,7 @@ fn forward_packed(
     device: Option<usize>,
     stream: usize,
 ) -> PyResult<Option<String>> {
-    let scores = Scores {
-        softmax_scale,
-        causal,
-        window,
-        softcap,
-    };
+    let scores = Scores::of(softmax_scale, causal, window, softcap);
     let call = parse_packed(
         dtype,
         [q, k, v, o],
@@ -542,63 +492,16 @@ fn forward_packed(
     .map_err(to_py)?;
     // SAFETY: as `forward`; O and L are fresh PyTorch tensors, L of heads·total_q f32.
     unsafe {
-        launch_on(
-            py,
-            device,
-            StreamHandle(stream),
-            |gpu| with_element!(call.dtype, T => run_packed::<T>(gpu, &call)),
-        )
+        launch_on(py, device, StreamHandle(stream), |gpu| {
+            attention_packed_borrowed(
+                gpu,
+                call.algorithm,
+                &call.arguments,
+                &call.batch,
+                &call.options,
+            )
+        })
     }
-}
-
-/// Runs the host crate's packed path on PyTorch's memory. That path takes the host's own buffers
-/// (`DeviceTensor`, `CudaSlice`), not addresses, so each tensor is wrapped as one for this call
-/// (cudarc's `upgrade_device_ptr`) and never dropped, on every path (a panic's too): dropping
-/// would free PyTorch's memory. What that leaks is a reference count on the stream per tensor.
-///
-/// # Safety
-///
-/// As [`on_device`], for `gpu`'s current stream: every address of `call` is live device memory of
-/// `gpu`'s device holding every element its dims and strides reach (L: heads·total_q f32), and O
-/// and L alias nothing else.
-unsafe fn run_packed<T: Element>(gpu: &Gpu, call: &PackedCall) -> flash_attn::Result<Plan> {
-    let stream = gpu.stream();
-    let wrap = |name, tensor: &BorrowedTensor| {
-        // Checked before the buffer exists: `from_parts` cannot fail (and free it) after this.
-        let len = buffer_len(name, tensor)?;
-        // SAFETY: the caller's contract: `len` elements of T from `tensor.address`.
-        let buffer = unsafe { stream.upgrade_device_ptr::<T>(tensor.address, len) };
-        DeviceTensor::from_parts(buffer, tensor.dims, tensor.strides).map(ManuallyDrop::new)
-    };
-    let (q, k, v, o) = (
-        wrap("q", &call.q)?,
-        wrap("k", &call.k)?,
-        wrap("v", &call.v)?,
-        wrap("o", &call.o)?,
-    );
-    let [_, heads, total_q, _] = call.q.dims;
-    // SAFETY: the caller's contract: heads·total_q f32 at `call.logsumexp`.
-    let logsumexp = ManuallyDrop::new(unsafe {
-        stream.upgrade_device_ptr::<f32>(call.logsumexp, heads * total_q)
-    });
-    let mut output = ManuallyDrop::new(PackedOutput {
-        o: ManuallyDrop::into_inner(o),
-        logsumexp: ManuallyDrop::into_inner(logsumexp),
-        plan: None,
-    });
-    let plan = attention_packed_into(
-        gpu,
-        call.algorithm,
-        &q,
-        &k,
-        &v,
-        &call.batch,
-        &mut output,
-        &call.options,
-    );
-    // The host's copy of the plan is an ordinary value: free it, and only it.
-    output.plan = None;
-    plan
 }
 
 /// Runs `work` on `device` (if given) without the GIL (the first call opens the device: loads and
@@ -941,23 +844,42 @@ mod tests {
         }
     }
 
-    /// What `DeviceTensor::from_parts` would refuse is refused first, naming the tensor, so that
-    /// wrapping PyTorch's memory never fails (a failed wrap would free that memory).
+    /// The tensors go through the host's checks of borrowed memory (`check_packed`) before any
+    /// device is opened, each error naming its tensor.
     #[test]
-    fn packed_tensors_are_checked_before_they_are_wrapped() {
+    fn packed_tensors_are_checked_without_a_device() {
         let q = packed(BASE, [16, 4, 64]);
-        assert_eq!(buffer_len("q", &tensor(q)).expect("valid"), 16 * 4 * 64);
+        let k = packed(BASE + (1 << 30), [19, 2, 64]);
+        let o = packed(BASE + (3 << 30), [16, 4, 64]);
+        let parse = |[q, k, v, o]: [TensorArgument; 4], lse| {
+            parse_packed(
+                "bf16",
+                [q, k, v, o],
+                lse,
+                [&[0, 5, 5, 16], &[0, 7, 10, 19]],
+                [11, 9],
+                None,
+                Scores::default(),
+            )
+        };
+        let v = (BASE + (2 << 30), k.1, k.2);
+        assert!(parse([q, k, v, o], BASE + (4 << 30)).is_ok());
         let cases = [
-            ("q", (0, q.1, q.2)),
-            ("q", (q.0, q.1, [0, 64, 256, 2])),
-            ("q", (q.0, [1, 4, 0, 64], q.2)),
-            ("q", (q.0, q.1, [0, 64, usize::MAX / 2, 1])),
+            ("q", [(0, q.1, q.2), k, v, o], BASE + (4 << 30)),
+            (
+                "k",
+                [q, (k.0, k.1, [0, 64, 128, 2]), v, o],
+                BASE + (4 << 30),
+            ),
+            ("v", [q, k, (v.0 + 1, v.1, v.2), o], BASE + (4 << 30)),
+            ("o", [q, k, v, (o.0, o.1, [0, 0, 0, 1])], BASE + (4 << 30)),
+            ("lse", [q, k, v, o], 0),
         ];
-        for (name, argument) in cases {
-            let error = buffer_len(name, &tensor(argument)).expect_err("refused");
+        for (name, tensors, lse) in cases {
+            let error = parse(tensors, lse).expect_err("refused");
             assert!(
-                matches!(error, Error::InvalidArgument { name: "q", .. }),
-                "{error}"
+                matches!(error, Error::InvalidArgument { name: n, .. } if n == name),
+                "{name}: {error}"
             );
         }
     }

@@ -52,19 +52,9 @@ impl BorrowedArguments {
     /// Every check that needs no device; returns the problem. The errors name the argument
     /// (`q`, `k`, `v`, `o`, `lse`, `m`, `l`, or an option) and say what is allowed.
     pub fn check(&self, algorithm: Algorithm, options: &AttentionOptions) -> Result<Problem> {
-        let element_bytes = self.dtype.size_bytes() as u64;
-        for (name, tensor) in self.tensors() {
-            check_tensor(name, tensor, element_bytes)?;
-        }
+        self.check_tensors()?;
         let problem = Problem::new(self.q.dims, self.k.dims, self.v.dims, options)?;
-        if self.o.dims != self.q.dims {
-            return Err(Error::invalid(
-                "o",
-                format!("shape {:?}", self.o.dims),
-                format!("must equal q's shape {:?}", self.q.dims),
-            ));
-        }
-        check_no_overlap("o", &self.o)?;
+        self.check_output()?;
         let addresses = match (StatisticsKind::of(algorithm), self.stats) {
             (StatisticsKind::LogSumExp, StatisticsAddresses::LogSumExp(l)) => vec![("lse", l)],
             (StatisticsKind::MaxAndSum, StatisticsAddresses::MaxAndSum { max, sum }) => {
@@ -82,6 +72,27 @@ impl BorrowedArguments {
             check_address(name, address, std::mem::size_of::<f32>() as u64)?;
         }
         Ok(problem)
+    }
+
+    /// Each of Q, K, V, O: non-null, aligned, a contiguous head dim, every address in 64 bits.
+    pub(super) fn check_tensors(&self) -> Result<()> {
+        let element_bytes = self.dtype.size_bytes() as u64;
+        for (name, tensor) in self.tensors() {
+            check_tensor(name, tensor, element_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// O: Q's dims, and no two elements at one address.
+    pub(super) fn check_output(&self) -> Result<()> {
+        if self.o.dims != self.q.dims {
+            return Err(Error::invalid(
+                "o",
+                format!("shape {:?}", self.o.dims),
+                format!("must equal q's shape {:?}", self.q.dims),
+            ));
+        }
+        check_no_overlap("o", &self.o)
     }
 
     fn tensors(&self) -> [(&'static str, &BorrowedTensor); 4] {

@@ -16,6 +16,7 @@ pub mod backward_gpu;
 pub mod backward_plan;
 pub mod borrowed;
 pub mod borrowed_backward;
+pub mod borrowed_packed;
 pub mod decode;
 pub mod packed;
 pub mod plan;
@@ -31,6 +32,7 @@ pub use backward_gpu::{attention_backward, attention_backward_into};
 pub use backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
 pub use borrowed_backward::{BorrowedBackwardArguments, BorrowedRows, attention_backward_borrowed};
+pub use borrowed_packed::attention_packed_borrowed;
 pub use packed::{
     PackedBatch, PackedOutput, attention_packed, attention_packed_into, new_packed_output,
 };

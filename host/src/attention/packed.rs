@@ -319,22 +319,42 @@ pub fn attention_packed_into<T: Element>(
         v: v.view(gpu),
         o: output.o.view(gpu),
     };
-    let plan = Plan::new(gpu, algorithm, T::DTYPE, &problem, options, Some(&operands))?;
+    let dims = [q.dims(), k.dims(), v.dims()];
     let logsumexp = gpu.address(&output.logsumexp);
+    let plan = launch_packed::<T>(
+        gpu, algorithm, &problem, operands, dims, logsumexp, batch, options,
+    )?;
+    output.plan = Some(plan.clone());
+    Ok(plan)
+}
+
+/// Plans a checked packed call (`problem` from [`PackedBatch::problem`], O with Q's dims, L of
+/// heads·total_q floats at `logsumexp`) against the device and launches it: the one body of
+/// [`attention_packed_into`] and [`super::attention_packed_borrowed`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_packed<T: Element>(
+    gpu: &Gpu,
+    algorithm: Algorithm,
+    problem: &Problem,
+    operands: Operands,
+    dims: [[usize; 4]; 3],
+    logsumexp: u64,
+    batch: &PackedBatch,
+    options: &AttentionOptions,
+) -> Result<Plan> {
+    let plan = Plan::new(gpu, algorithm, T::DTYPE, problem, options, Some(&operands))?;
     match plan.blocks {
         Blocks::Fa2Tc(tiling) => {
-            let family = fa2_params(operands, &problem, logsumexp, tiling.block_rows());
-            launch_sequences(gpu, &plan, &problem, batch, family, |p| &mut p.shape)?
+            let family = fa2_params(operands, problem, logsumexp, tiling.block_rows());
+            launch_sequences(gpu, &plan, problem, batch, family, |p| &mut p.shape)?
         }
         Blocks::Fa3 { tiling, .. } => {
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
-            let dims = [q.dims(), k.dims(), v.dims()];
             let shape = problem.shape();
             let family = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
-            launch_sequences(gpu, &plan, &problem, batch, family, |p| &mut p.shape)?
+            launch_sequences(gpu, &plan, problem, batch, family, |p| &mut p.shape)?
         }
         _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),
     }
-    output.plan = Some(plan.clone());
     Ok(plan)
 }
