@@ -374,12 +374,7 @@ fn forward(
     device: Option<usize>,
     stream: usize,
 ) -> PyResult<Option<String>> {
-    let scores = Scores {
-        softmax_scale,
-        causal,
-        window,
-        softcap,
-    };
+    let scores = Scores::of(softmax_scale, causal, window, softcap);
     let call = parse(dtype, q, k, v, o, &stats, algorithm, scores).map_err(to_py)?;
     // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
     // device for all), which PyTorch keeps allocated until the work on their stream is done, and
