@@ -105,7 +105,7 @@ impl BlockInfo {
         }
     }
 
-    /// The block of a tensor-core forward kernel (`registry::ForwardForm`): its window as the
+    /// The block of a tensor-core forward kernel (`fwd::form::ForwardForm`): its window as the
     /// parameters give it in the `local` form, else [`BlockInfo::causal_only`].
     #[inline(always)]
     pub fn of_form(shape: &AttentionShape, batch_head: u32, local: bool) -> Self {

@@ -47,7 +47,7 @@ impl Softcap {
         }
     }
 
-    /// The multipliers of a tensor-core forward kernel (`registry::ForwardForm`): the parameter
+    /// The multipliers of a tensor-core forward kernel (`fwd::form::ForwardForm`): the parameter
     /// block's in the `local` form, else [`Softcap::OFF`] as a constant, so the capping compiles
     /// away.
     #[inline(always)]

@@ -9,6 +9,7 @@ use crate::decode::config as decode;
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
+use crate::fwd::form::ForwardForm;
 use crate::fwd::{fa1, standard};
 
 /// The element type of Q, K, V and O a kernel is compiled for.
@@ -238,80 +239,6 @@ pub enum Family {
     /// The grouped backward's last kernel (any head dim, any group): each K/V head's dK and dV
     /// as the sum of its query heads' rows of the expanded workspace.
     GroupSum,
-}
-
-/// Which calls a forward kernel of the tensor-core families serves. Each form is its own entry,
-/// compiled from the same kernel body with the form's features as constants, so the dense
-/// kernels carry none of the others' work: the window and soft-capping cost FA2-TC up to 11% and
-/// FA3 up to 8% when they were runtime options of every kernel (call 20, PERF.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ForwardForm {
-    /// One length per batch, the causal mask or none, no soft-capping.
-    Dense,
-    /// A packed batch of sequences of different lengths (`common::params::PackedSequences`;
-    /// entry suffix `_varlen`), at each head dim's default tiling.
-    Packed,
-    /// A sliding window and/or logit soft-capping (`common::mask::KeyWindow`,
-    /// `common::softcap`; entry suffix `_local`), at each head dim's default tiling.
-    Local,
-    /// Both: a packed batch with a window and/or soft-capping, each sequence's window aligned to
-    /// its own bottom-right corner (entry suffix `_varlen_local`), at each head dim's default
-    /// tiling.
-    PackedLocal,
-}
-
-impl ForwardForm {
-    pub const ALL: [ForwardForm; 4] = [
-        ForwardForm::Dense,
-        ForwardForm::Packed,
-        ForwardForm::Local,
-        ForwardForm::PackedLocal,
-    ];
-
-    /// The entry-name suffix.
-    pub const fn suffix(self) -> &'static str {
-        match self {
-            ForwardForm::Dense => "",
-            ForwardForm::Packed => "_varlen",
-            ForwardForm::Local => "_local",
-            ForwardForm::PackedLocal => "_varlen_local",
-        }
-    }
-
-    /// The form of a call: packed or not, with a window or soft-capping or not.
-    pub const fn of(packed: bool, local: bool) -> Self {
-        match (packed, local) {
-            (false, false) => ForwardForm::Dense,
-            (true, false) => ForwardForm::Packed,
-            (false, true) => ForwardForm::Local,
-            (true, true) => ForwardForm::PackedLocal,
-        }
-    }
-
-    /// Whether the kernel reads a packed batch's sequence offsets (`PackedSequences`).
-    pub const fn is_packed(self) -> bool {
-        matches!(self, ForwardForm::Packed | ForwardForm::PackedLocal)
-    }
-
-    /// Whether the kernel reads the window and soft-capping from its parameters (else it takes
-    /// the causal mask or none, and no capping, as constants).
-    pub const fn is_local(self) -> bool {
-        matches!(self, ForwardForm::Local | ForwardForm::PackedLocal)
-    }
-
-    // Constructors named as the kernel lists spell the forms (`for_each_kernel!`).
-    pub const fn dense() -> Self {
-        ForwardForm::Dense
-    }
-    pub const fn varlen() -> Self {
-        ForwardForm::Packed
-    }
-    pub const fn local() -> Self {
-        ForwardForm::Local
-    }
-    pub const fn varlen_local() -> Self {
-        ForwardForm::PackedLocal
-    }
 }
 
 /// How a KV cache is stored.

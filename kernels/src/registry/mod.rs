@@ -11,10 +11,13 @@ mod id;
 mod name;
 
 pub use id::{
-    BackwardStage, CacheLayout, ElementType, Family, ForwardForm, KernelId, Module,
-    StandardBackwardStage, StandardStage,
+    BackwardStage, CacheLayout, ElementType, Family, KernelId, Module, StandardBackwardStage,
+    StandardStage,
 };
 pub use name::ParseKernelIdError;
+// Defined beside the forward families (whose configs need it); re-exported here with the rest of
+// a kernel id's parts, where the host names it.
+pub use crate::fwd::form::ForwardForm;
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 
@@ -230,40 +233,6 @@ macro_rules! backward_grouped_suffix {
     };
     (grouped) => {
         "_grouped"
-    };
-}
-
-/// The [`ForwardForm`] of a forward list entry: its last word (`varlen`, `local`,
-/// `varlen_local`), dense
-/// without one or on the persistent grid.
-#[macro_export]
-macro_rules! forward_form {
-    () => {
-        $crate::registry::ForwardForm::Dense
-    };
-    (persistent) => {
-        $crate::registry::ForwardForm::Dense
-    };
-    ($form:ident) => {
-        $crate::registry::ForwardForm::$form()
-    };
-}
-
-/// The entry-name suffix of a forward list entry's form (`ForwardForm::suffix`, as a literal
-/// for `concat!`).
-#[macro_export]
-macro_rules! forward_form_suffix {
-    () => {
-        ""
-    };
-    (varlen) => {
-        "_varlen"
-    };
-    (local) => {
-        "_local"
-    };
-    (varlen_local) => {
-        "_varlen_local"
     };
 }
 

@@ -5,11 +5,11 @@ use core::fmt;
 use core::str::FromStr;
 
 use super::id::{
-    BackwardStage, CacheLayout, ElementType, Family, ForwardForm, KernelId, StandardBackwardStage,
-    StandardStage,
+    BackwardStage, CacheLayout, ElementType, Family, KernelId, StandardBackwardStage, StandardStage,
 };
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
+use crate::fwd::form::ForwardForm;
 
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,

@@ -4,7 +4,7 @@
 
 use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
 use crate::common::softmax::Exp2Split;
-use crate::registry::ForwardForm;
+use crate::fwd::form::ForwardForm;
 
 /// Threads of a warpgroup: the 4 warps that issue one `wgmma` together.
 pub const WARPGROUP_THREADS: u32 = 128;
@@ -194,7 +194,7 @@ pub trait Fa3Config {
     /// Whether the block walks tiles from the counter (the persistent grid) or computes the one
     /// tile its block index names.
     const PERSISTENT: bool = Self::TILING.persistent;
-    /// Which calls the kernel serves (`registry::ForwardForm`): a packed batch of sequences of
+    /// Which calls the kernel serves ([`ForwardForm`]): a packed batch of sequences of
     /// different lengths (`common::params::PackedSequences`), or a sliding window and
     /// soft-capping; both on the one-tile grid only.
     const FORM: ForwardForm;
@@ -277,7 +277,7 @@ macro_rules! fa3_config {
         struct $name;
         impl $crate::fwd::fa3::config::Fa3Config for $name {
             const HEAD_DIM: u32 = $d;
-            const FORM: $crate::registry::ForwardForm = $crate::forward_form!($($grid)?);
+            const FORM: $crate::fwd::form::ForwardForm = $crate::forward_form!($($grid)?);
             const TILING: $crate::fwd::fa3::config::Fa3Tiling =
                 $crate::fa3_tiling!($consumers, $cols $(, $grid)?);
             type const S_TILES: usize = const { $cols / 8 };
