@@ -207,7 +207,11 @@ fn names_parse_or_list_the_allowed_values() {
     assert_eq!("fa2".parse::<Algorithm>().unwrap(), Algorithm::Fa2);
     assert_eq!("bf16".parse::<DType>().unwrap(), DType::Bf16);
     let message = "fa9".parse::<Algorithm>().unwrap_err().to_string();
-    assert!(message.contains("standard, fa1, fa2"), "{message}");
+    assert!(
+        message.contains("auto, fa3, fa2-tc, fa2, fa1, standard"),
+        "{message}"
+    );
+    assert_eq!("auto".parse::<Algorithm>().unwrap(), Algorithm::default());
 }
 
 #[test]

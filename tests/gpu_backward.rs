@@ -17,13 +17,10 @@
 
 mod common;
 
-use flash_attn::attention::{
-    BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, attention, attention_backward_into,
-};
+use flash_attn::attention::backward_plan::BackwardOptions;
+use flash_attn::attention::{BackwardAlgorithm, BackwardPlan, Gradients};
 use flash_attn::tools::check::{random_tensor, to_f64};
-use flash_attn::tools::check_backward::{
-    BackwardInputs, GradientCheck, check_gradients, run_backward_poisoned,
-};
+use flash_attn::tools::check_backward::{BackwardInputs, GradientCheck, check_gradients};
 use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
 use half::{bf16, f16};
 use ndarray::Array4;
@@ -113,7 +110,7 @@ fn check_shape<T: Element>(
         ..Default::default()
     };
     // Poisoned, in the other layout: an element the kernels forget stays NaN.
-    let (gradients, plan) = run_backward_poisoned(
+    let (gradients, plan) = common::run_backward_poisoned(
         gpu,
         [&q_gpu, &k_gpu, &v_gpu, &d_o_gpu],
         &options,
@@ -236,7 +233,7 @@ fn the_standard_backward_reports_out_of_memory_with_the_bytes() {
         || DeviceTensor::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ZERO).expect("alloc");
     let (q, k, v, d_o) = (zeros(), zeros(), zeros(), zeros());
     let options = AttentionOptions::default();
-    let forward = attention(&gpu, Algorithm::Fa2, &q, &k, &v, &options).expect("fwd");
+    let forward = common::forward(&gpu, Algorithm::Fa2, &q, &k, &v, &options).expect("fwd");
     let mut gradients = Gradients {
         dq: zeros(),
         dk: zeros(),
@@ -247,7 +244,7 @@ fn the_standard_backward_reports_out_of_memory_with_the_bytes() {
         deterministic: false,
     };
     let mut run = |backward: &BackwardOptions| {
-        attention_backward_into(
+        common::backward_into(
             &gpu,
             &q,
             &k,
@@ -548,7 +545,8 @@ fn time_the_tensor_core_backward_at_the_benchmark_shapes() {
                     causal,
                     ..Default::default()
                 };
-                let forward = attention(&gpu, Algorithm::Fa2Tc, &q, &k, &v, &options).expect("fwd");
+                let forward =
+                    common::forward(&gpu, Algorithm::Fa2Tc, &q, &k, &v, &options).expect("fwd");
                 let zeros = |_| {
                     DeviceTensor::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ZERO)
                         .expect("alloc")
@@ -568,7 +566,7 @@ fn time_the_tensor_core_backward_at_the_benchmark_shapes() {
                         ..FA2_TC
                     };
                     let run = |gradients: &mut Gradients<DeviceTensor<bf16>>| {
-                        attention_backward_into(
+                        common::backward_into(
                             &gpu, &q, &k, &v, &forward, &d_o, gradients, &options, &backward,
                         )
                         .map(|_| ())

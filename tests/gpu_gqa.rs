@@ -9,9 +9,10 @@
 
 mod common;
 
+use flash_attn::attention::backward_plan::{BackwardOptions, BackwardViews};
 use flash_attn::attention::{
-    BackwardAlgorithm, BackwardArguments, BackwardOptions, BackwardPlan, BackwardProblem,
-    BackwardViews, CompiledLimits, Gradients, Plan, TensorSpec,
+    BackwardAlgorithm, BackwardArguments, BackwardPlan, BackwardProblem, CompiledLimits,
+    ForwardPlan, Gradients, TensorSpec,
 };
 use flash_attn::model::fa2_backward::{BackwardInputs as EmulatorInputs, emulate_fa2_backward};
 use flash_attn::model::reference::attention_reference;
@@ -20,7 +21,7 @@ use flash_attn::model::reference_backward::{
 };
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe, to_f64};
 use flash_attn::tools::check_backward::{
-    BackwardInputs, BackwardReference, random_backward_tensors, run_backward_poisoned,
+    BackwardInputs, BackwardReference, random_backward_tensors,
 };
 use flash_attn::{
     Algorithm, AttentionOptions, DType, DeviceTensor, Element, Error, Gpu, Layout, Problem,
@@ -173,7 +174,8 @@ fn every_forward_plan_runs_its_own_kernel_with_grouped_heads() {
                 (Algorithm::Fa2Tc, "fa2tc_forward_"),
             ] {
                 let plan =
-                    Plan::new(&CompiledLimits::H200, algorithm, DType::Bf16, &p, &o, None).unwrap();
+                    ForwardPlan::new(&CompiledLimits::H200, algorithm, DType::Bf16, &p, &o, None)
+                        .unwrap();
                 assert_eq!(plan.fallback, None, "{algorithm} {heads}/{heads_kv} d {d}");
                 assert!(
                     plan.kernel_names().starts_with(family),
@@ -620,7 +622,7 @@ fn check_grouped_backward<T: Element>(
                 continue; // The scalar kernels refuse deterministic mode (by design).
             }
             let run = || {
-                let (gradients, plan) = run_backward_poisoned(
+                let (gradients, plan) = common::run_backward_poisoned(
                     gpu,
                     [q_gpu, k_gpu, v_gpu, d_o_gpu],
                     &options,
@@ -747,14 +749,14 @@ fn the_expanded_workspace_past_memory_is_a_named_out_of_memory_error() {
     };
     let (q, k, v, d_o) = (zeros(q_dims), zeros(kv_dims), zeros(kv_dims), zeros(q_dims));
     let options = AttentionOptions::default();
-    let forward = flash_attn::attention::attention(&gpu, Algorithm::Fa2Tc, &q, &k, &v, &options)
-        .expect("the forward");
+    let forward =
+        common::forward(&gpu, Algorithm::Fa2Tc, &q, &k, &v, &options).expect("the forward");
     let mut gradients = Gradients {
         dq: zeros(q_dims),
         dk: zeros(kv_dims),
         dv: zeros(kv_dims),
     };
-    let error = flash_attn::attention::attention_backward_into(
+    let error = common::backward_into(
         &gpu,
         &q,
         &k,
@@ -943,20 +945,14 @@ fn time_grouped_heads_against_ungrouped() {
                     };
                     let mut time = |kv_heads: usize| {
                         let (k, v) = (tensor(kv_heads, &mut rng), tensor(kv_heads, &mut rng));
-                        let mut out = flash_attn::attention::new_output(
-                            &gpu, algorithm, &q, &k, &v, &options,
-                        )
-                        .expect("output");
-                        let plan = flash_attn::attention::attention_into(
-                            &gpu, algorithm, &q, &k, &v, &mut out, &options,
-                        )
-                        .expect("warm-up");
+                        let call = flash_attn::Attention::new(&q, &k, &v)
+                            .options(options)
+                            .algorithm(algorithm);
+                        let mut out = call.forward(&gpu).expect("warm-up");
+                        let plan = out.plan.clone();
                         let ms = common::median_ms(
                             gpu.time_each_ms(common::TIMED_RUNS, |_| {
-                                flash_attn::attention::attention_into(
-                                    &gpu, algorithm, &q, &k, &v, &mut out, &options,
-                                )
-                                .map(|_| ())
+                                call.forward_into(&gpu, out.tensors()).map(|_| ())
                             })
                             .expect("timed runs"),
                         );

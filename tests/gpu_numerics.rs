@@ -221,14 +221,11 @@ fn out_of_memory_is_an_error_that_leaves_the_gpu_usable() {
     let tensor = DeviceTensor::<bf16>::filled(&gpu, dims, Layout::BatchHeadSeqDim, bf16::ONE)
         .expect("inputs fit");
     let options = AttentionOptions::default();
-    match flash_attn::attention(
-        &gpu,
-        Algorithm::Standard,
-        &tensor,
-        &tensor,
-        &tensor,
-        &options,
-    ) {
+    match flash_attn::Attention::new(&tensor, &tensor, &tensor)
+        .options(options)
+        .algorithm(Algorithm::Standard)
+        .forward(&gpu)
+    {
         Err(Error::OutOfMemory {
             requested, free, ..
         }) => {

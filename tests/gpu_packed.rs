@@ -11,7 +11,7 @@
 
 mod common;
 
-use flash_attn::attention::{Blocks, PackedBatch, PackedOutput, attention, attention_packed_into};
+use flash_attn::attention::{Attention, Blocks, PackedBatch, PassPlan, Plan};
 use flash_attn::tools::check::random_tensor;
 use flash_attn::tools::check_packed::{PACKED_DTYPES, PackedCheckCase, standard_packed_cases};
 use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
@@ -48,17 +48,14 @@ fn check_typed<T: Element>(
         upload(&v).map_err(fail)?,
     );
     let options = case.options();
-    let mut output = PackedOutput {
-        o: DeviceTensor::filled(gpu, dq.dims(), case.layout, T::poison()).map_err(fail)?,
-        logsumexp: gpu
-            .upload(&vec![f32::NAN; case.heads * total_q], "L")
-            .map_err(fail)?,
-        plan: None,
-    };
-    let plan = attention_packed_into(gpu, algorithm, &dq, &dk, &dv, &batch, &mut output, &options)
+    let output = Attention::new(&dq, &dk, &dv)
+        .options(options)
+        .algorithm(algorithm)
+        .packed(&batch)
+        .forward_filled(gpu, T::poison())
         .map_err(fail)?;
     // The dense kernel of the same family and tiling, per sequence.
-    let (dense_algorithm, dense_options) = match plan.blocks {
+    let (dense_algorithm, dense_options) = match blocks(&output.plan) {
         Blocks::Fa3 { tiling, .. } => (
             Algorithm::Fa3,
             AttentionOptions {
@@ -69,7 +66,11 @@ fn check_typed<T: Element>(
         _ => (Algorithm::Fa2Tc, options),
     };
     let o = output.o.to_array(gpu).map_err(fail)?;
-    let l = output.logsumexp(gpu, case.heads).map_err(fail)?;
+    let l = output
+        .stats
+        .logsumexp(gpu)
+        .map_err(fail)?
+        .index_axis_move(ndarray::Axis(0), 0);
     for b in 0..batch.sequences() {
         let (queries, keys) = batch.rows(b);
         if queries.is_empty() {
@@ -95,12 +96,10 @@ fn check_typed<T: Element>(
             part(&k, keys.clone()).map_err(fail)?,
             part(&v, keys.clone()).map_err(fail)?,
         );
-        let dense = attention(gpu, dense_algorithm, &sq, &sk, &sv, &dense_options).map_err(fail)?;
+        let dense =
+            common::forward(gpu, dense_algorithm, &sq, &sk, &sv, &dense_options).map_err(fail)?;
         let dense_o = dense.o.to_array(gpu).map_err(fail)?;
-        let dense_l = dense
-            .stats
-            .logsumexp(gpu, [1, case.heads, queries.len()])
-            .map_err(fail)?;
+        let dense_l = dense.stats.logsumexp(gpu).map_err(fail)?;
         let packed_o = o.slice(s![0..1, .., queries.clone(), ..]);
         let differ = packed_o
             .iter()
@@ -121,7 +120,8 @@ fn check_typed<T: Element>(
     }
     Ok(format!(
         "{} [{}]",
-        plan.launches[0].kernel, plan.launches[0].launch.grid.0
+        output.plan.launches()[0].kernel,
+        output.plan.launches()[0].launch.grid.0
     ))
 }
 
@@ -256,70 +256,36 @@ fn time_packed_batches_against_the_dense_call() {
                         causal,
                         ..Default::default()
                     };
-                    let mut packed_out = flash_attn::attention::new_packed_output(
-                        &gpu,
-                        &pq,
-                        &pk,
-                        &pv,
-                        &batch_offsets,
-                        &options,
-                    )
-                    .expect("output");
-                    let plan = attention_packed_into(
-                        &gpu,
-                        algorithm,
-                        &pq,
-                        &pk,
-                        &pv,
-                        &batch_offsets,
-                        &mut packed_out,
-                        &options,
-                    )
-                    .expect("warm-up");
-                    let dense_options = match plan.blocks {
+                    let packed_call = Attention::new(&pq, &pk, &pv)
+                        .options(options)
+                        .algorithm(algorithm)
+                        .packed(&batch_offsets);
+                    let mut packed_out = packed_call.forward(&gpu).expect("warm-up");
+                    let plan = packed_out.plan.clone();
+                    let dense_options = match blocks(&plan) {
                         Blocks::Fa3 { tiling, .. } => AttentionOptions {
                             fa3_tiling: Some(tiling),
                             ..options
                         },
                         _ => options,
                     };
-                    let mut dense_out = flash_attn::attention::new_output(
-                        &gpu,
-                        algorithm,
-                        &dq,
-                        &dk,
-                        &dv,
-                        &dense_options,
-                    )
-                    .expect("output");
+                    let dense_call = Attention::new(&dq, &dk, &dv)
+                        .options(dense_options)
+                        .algorithm(algorithm);
+                    let mut dense_out = dense_call.forward(&gpu).expect("output");
                     let packed_ms = common::median_ms(
                         gpu.time_each_ms(RUNS, |_| {
-                            attention_packed_into(
-                                &gpu,
-                                algorithm,
-                                &pq,
-                                &pk,
-                                &pv,
-                                &batch_offsets,
-                                &mut packed_out,
-                                &options,
-                            )
-                            .map(|_| ())
+                            packed_call
+                                .forward_into(&gpu, packed_out.tensors())
+                                .map(|_| ())
                         })
                         .expect("timed packed runs"),
                     );
                     let dense_ms = common::median_ms(
                         gpu.time_each_ms(RUNS, |_| {
-                            flash_attn::attention::attention_into(
-                                &gpu,
-                                algorithm,
-                                &dq,
-                                &dk,
-                                &dv,
-                                &mut dense_out,
-                                &dense_options,
-                            )
-                            .map(|_| ())
+                            dense_call
+                                .forward_into(&gpu, dense_out.tensors())
+                                .map(|_| ())
                         })
                         .expect("timed dense runs"),
                     );
@@ -339,5 +305,13 @@ fn time_packed_batches_against_the_dense_call() {
                 }
             }
         }
+    }
+}
+
+/// The block sizes of a forward plan.
+fn blocks(plan: &Plan) -> Blocks {
+    match &plan.pass {
+        PassPlan::Forward(forward) => forward.blocks,
+        _ => unreachable!("a forward plan"),
     }
 }

@@ -1,10 +1,11 @@
 //! The kernel lists (`flash_kernels::registry::KERNELS`, `HOPPER_KERNELS`) against the PTX
 //! modules the build produced, and the launch plan's choices, on the CPU.
 
+use flash_attn::attention::backward_plan::{BackwardOptions, BackwardViews};
 use flash_attn::attention::{
-    Algorithm, AttentionOptions, Blocks, CompiledLimits, Plan, Problem, StatisticsKind,
+    Algorithm, AttentionOptions, Blocks, CompiledLimits, ForwardPlan, Problem, StatisticsKind,
 };
-use flash_attn::attention::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
+use flash_attn::attention::{BackwardAlgorithm, BackwardPlan};
 use flash_attn::{DType, Error};
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use flash_kernels::fwd::fa3::config::Fa3Tiling;
@@ -97,9 +98,14 @@ fn kernel_names_read_back_as_their_ids() {
     }
 }
 
-fn plan(algorithm: Algorithm, dtype: DType, dims: [usize; 4], options: &AttentionOptions) -> Plan {
+fn plan(
+    algorithm: Algorithm,
+    dtype: DType,
+    dims: [usize; 4],
+    options: &AttentionOptions,
+) -> ForwardPlan {
     let problem = Problem::new(dims, dims, dims, options).unwrap();
-    Plan::new(
+    ForwardPlan::new(
         &CompiledLimits::H200,
         algorithm,
         dtype,
@@ -149,7 +155,7 @@ fn head_dims_between_capacities_get_a_block_their_kernel_can_launch() {
     };
     let problem =
         Problem::new([1, 1, 10, 160], [1, 1, 10, 160], [1, 1, 10, 160], &options).unwrap();
-    let err = Plan::new(
+    let err = ForwardPlan::new(
         &CompiledLimits::H200,
         Algorithm::Fa2,
         DType::F16,
@@ -251,7 +257,7 @@ fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
         &options,
     )
     .expect("a valid problem");
-    let p = Plan::new(
+    let p = ForwardPlan::new(
         &limits,
         Algorithm::Fa3,
         DType::Bf16,
@@ -272,7 +278,7 @@ fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
     };
     let dims = [1, 2, 256, 64];
     let problem = Problem::new(dims, dims, dims, &options).unwrap();
-    let err = Plan::new(
+    let err = ForwardPlan::new(
         &CompiledLimits::H200,
         Algorithm::Fa3,
         DType::Bf16,

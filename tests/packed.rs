@@ -5,7 +5,7 @@
 
 mod common;
 
-use flash_attn::attention::{CompiledLimits, PackedBatch, Plan};
+use flash_attn::attention::{CompiledLimits, ForwardPlan, PackedBatch};
 use flash_attn::model::reference::{attention_reference, packed_attention_reference};
 use flash_attn::model::scoring::Scoring;
 use flash_attn::{Algorithm, AttentionOptions, DType, Error};
@@ -116,12 +116,12 @@ fn plan(
     dtype: DType,
     head_dim: usize,
     options: &AttentionOptions,
-) -> Result<Plan, Error> {
+) -> Result<ForwardPlan, Error> {
     let batch = PackedBatch::new(&[0, 100, 1100, 1117], &[0, 50, 1050, 1200]).unwrap();
     let q = [1, 8, 1117, head_dim];
     let kv = [1, 2, 1200, head_dim];
     let problem = batch.problem([q, kv, kv], options)?;
-    Plan::new(
+    ForwardPlan::new(
         &CompiledLimits::H200,
         algorithm,
         dtype,

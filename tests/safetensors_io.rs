@@ -447,7 +447,7 @@ fn cli_refuses_backward_options_without_backward_and_fa1_with_it() {
         ),
         (
             &["--backward-algorithm", "fa9"][..],
-            "allowed: standard, fa2, fa2-tc",
+            "allowed: auto, fa3, fa2-tc, fa2",
         ),
         (&["--backward", "--algorithm", "fa1"][..], "L = m + log ℓ"),
         // The file has no `do`: reported before any GPU is looked for.

@@ -6,7 +6,8 @@
 mod common;
 
 use flash_attn::attention::{
-    AttentionOptions, BackwardArguments, BackwardProblem, CompiledLimits, Plan, Problem, TensorSpec,
+    AttentionOptions, BackwardArguments, BackwardProblem, CompiledLimits, ForwardPlan, Problem,
+    TensorSpec,
 };
 use flash_attn::model::fa2::emulate_fa2;
 use flash_attn::model::reference::{Reference, attention_reference};
@@ -341,11 +342,11 @@ fn the_faithful_kernels_and_the_backward_refuse_windows_and_soft_caps() {
             ..Default::default()
         };
         for algorithm in [Algorithm::Fa1, Algorithm::Fa2] {
-            let plan = Plan::new(&limits, algorithm, DType::Bf16, &problem, &options, None);
+            let plan = ForwardPlan::new(&limits, algorithm, DType::Bf16, &problem, &options, None);
             assert_eq!(named(plan), name, "{algorithm}");
         }
         // f32 on fa2-tc falls back to the scalar fa2, which refuses; the error says so.
-        match Plan::new(
+        match ForwardPlan::new(
             &limits,
             Algorithm::Fa2Tc,
             DType::F32,
@@ -362,7 +363,7 @@ fn the_faithful_kernels_and_the_backward_refuse_windows_and_soft_caps() {
             other => panic!("expected a refusal, got {other:?}"),
         }
         for algorithm in [Algorithm::Fa2Tc, Algorithm::Fa3, Algorithm::Standard] {
-            Plan::new(&limits, algorithm, DType::Bf16, &problem, &options, None)
+            ForwardPlan::new(&limits, algorithm, DType::Bf16, &problem, &options, None)
                 .unwrap_or_else(|e| panic!("{algorithm} plans a {name}: {e}"));
         }
         let spec = |dims: [usize; 4]| TensorSpec::of_array(&Array4::<f32>::zeros(dims).view());
@@ -394,7 +395,7 @@ fn the_plan_counts_the_blocks_a_window_skips() {
         &options,
     )
     .unwrap();
-    let plan = Plan::new(
+    let plan = ForwardPlan::new(
         &limits,
         Algorithm::Fa2Tc,
         DType::Bf16,
@@ -423,9 +424,10 @@ fn windows_and_soft_caps_plan_the_local_kernels() {
             ..Default::default()
         };
         let problem = problem(window, softcap).unwrap();
-        Plan::new(&limits, algorithm, DType::Bf16, &problem, &options, None)
+        ForwardPlan::new(&limits, algorithm, DType::Bf16, &problem, &options, None)
     };
-    let kernel = |plan: flash_attn::Result<Plan>| plan.unwrap().launches[0].kernel.to_string();
+    let kernel =
+        |plan: flash_attn::Result<ForwardPlan>| plan.unwrap().launches[0].kernel.to_string();
     for (window, softcap) in [(Some((16, 0)), 0.0), (None, 5.0), (Some((8, 8)), 30.0)] {
         assert_eq!(
             kernel(plan_of(Algorithm::Fa2Tc, window, softcap, None)),
@@ -467,7 +469,8 @@ fn windows_and_soft_caps_plan_the_local_kernels() {
         .unwrap();
     // A packed batch takes the window too, on the kernels with both compiled in.
     for algorithm in [Algorithm::Fa2Tc, Algorithm::Fa3] {
-        let plan = Plan::new(&limits, algorithm, DType::Bf16, &packed, &options, None).unwrap();
+        let plan =
+            ForwardPlan::new(&limits, algorithm, DType::Bf16, &packed, &options, None).unwrap();
         let name = plan.launches[0].kernel.to_string();
         assert!(name.ends_with("_varlen_local"), "{algorithm}: {name}");
     }

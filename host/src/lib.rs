@@ -1,17 +1,27 @@
-//! Host side of FlashAttention in Rust: open a GPU, move tensors, launch the kernels of the
-//! `flash-kernels` crate through one safe entry point, and check them against an f64 CPU reference.
+//! FlashAttention as pure-Rust GPU kernels: open a GPU, describe a call once ([`Attention`]:
+//! Q, K, V, the form of the batch, the options), and run it. [`Algorithm::Auto`], the default,
+//! picks the fastest kernel for the device (FlashAttention-3 on Hopper, FlashAttention-2 on
+//! tensor cores elsewhere), and the [`Plan`] says which kernels ran and why.
 //!
 //! ```no_run
-//! use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Gpu, Layout, attention};
+//! use flash_attn::{Attention, DeviceTensor, Gpu, Layout};
+//! use half::bf16;
 //! # fn main() -> flash_attn::Result<()> {
 //! let gpu = Gpu::open(0)?;
-//! let mut rng = rand::rng();
-//! let q = flash_attn::tools::check::random_tensor::<half::bf16>([2, 8, 1024, 64], &mut rng);
-//! let dq = DeviceTensor::from_array(&gpu, q.view(), Layout::BatchHeadSeqDim)?;
-//! let out = attention(&gpu, Algorithm::Fa2, &dq, &dq, &dq, &AttentionOptions { causal: true, ..Default::default() })?;
+//! // Logical (batch, heads, seqlen, head_dim), stored as flash-attn does: (batch, seqlen, heads, d).
+//! let host = ndarray::Array4::from_elem([2, 8, 1024, 128], bf16::from_f32(0.5));
+//! let upload = |a: &ndarray::Array4<bf16>| DeviceTensor::from_array(&gpu, a.view(), Layout::BatchSeqHeadDim);
+//! let (q, k, v) = (upload(&host)?, upload(&host)?, upload(&host)?);
+//! let out = Attention::new(&q, &k, &v).causal(true).forward(&gpu)?;
+//! println!("{}", out.plan); // which kernels ran, and why
 //! let o = out.o.to_array(&gpu)?;
 //! # let _ = o; Ok(()) }
 //! ```
+//!
+//! Packed batches (`.packed(&PackedBatch)`), KV-cache decoding (`.kv_cache(KvCache { .. })`),
+//! the backward (`call.backward(&gpu, &out, &d_o)`), plans made once and run many times
+//! (`call.plan(&gpu)`, [`Plan::run`]) and memory another library owns ([`TensorRef::from_raw`])
+//! all go through the same description.
 
 pub mod attention;
 pub mod device;
@@ -23,13 +33,11 @@ pub mod tensor;
 pub mod tools;
 
 pub use attention::{
-    Algorithm, AttentionOptions, AttentionOutput, BackwardAlgorithm, BackwardOptions, BackwardPlan,
-    BackwardProblem, BorrowedArguments, BorrowedBackwardArguments, BorrowedRows, BorrowedTensor,
-    Gradients, Problem, RowStatistics, StatisticsAddresses, Workspace, attention,
-    attention_backward, attention_backward_borrowed, attention_backward_into, attention_borrowed,
-    attention_into, attention_packed_borrowed, attention_with_workspace, new_output,
+    Algorithm, Attention, AttentionOptions, AttentionOutput, BackwardOutput, BackwardTensors,
+    BlockTable, CacheSeqlens, CompiledLimits, Form, ForwardTensors, Gradients, KvCache,
+    PackedBatch, Pass, Plan, Problem, RowStatistics, Statistics, Workspace,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use tensor::{DeviceTensor, Layout};
+pub use tensor::{DeviceRows, DeviceTensor, Layout, RowsRef, TensorRef};

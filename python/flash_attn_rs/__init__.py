@@ -40,9 +40,10 @@ __all__ = [
     "workspace_peak_bytes",
 ]
 
-#: The algorithms ``algorithm=`` takes; None is the fastest (FA3, falling back as the plan says).
+#: The algorithms ``algorithm=`` takes; None is "auto": fa3 on Hopper, fa2-tc elsewhere, falling
+#: back where it cannot run; the plan says why.
 ALGORITHMS = tuple(_native.ALGORITHMS)
-#: Those that run a packed batch (``flash_attn_varlen_func``); None is FA3 there too.
+#: Those that run a packed batch (``flash_attn_varlen_func``); None is "auto" there too.
 PACKED_ALGORITHMS = tuple(_native.PACKED_ALGORITHMS)
 
 
@@ -93,7 +94,7 @@ def _check_options(softmax_scale, causal, algorithm):
     if algorithm is not None and not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str or None, got {type(algorithm).__name__}")
     if algorithm is not None and algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm is {algorithm!r}; allowed: None (the fastest) or one of "
+        raise ValueError(f"algorithm is {algorithm!r}; allowed: None (auto) or one of "
                          f"{', '.join(ALGORITHMS)}")
     if softmax_scale is not None and (
         isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
@@ -143,15 +144,15 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     (batch, seqlen_k, heads, head_dim), CUDA, float16, bfloat16 or float32, any strides with a
     contiguous last dim, read in place. ``softmax_scale`` defaults to 1/sqrt(head_dim);
     ``causal`` aligns the mask to the bottom-right corner (query i sees key j iff
-    j <= i + seqlen_k - seqlen_q); ``algorithm`` is one of ``ALGORITHMS`` or None (the fastest
-    for the device: FA3, which falls back to FA2-TC and FA2 where it cannot run).
+    j <= i + seqlen_k - seqlen_q); ``algorithm`` is one of ``ALGORITHMS`` or None ("auto": fa3
+    on Hopper, fa2-tc elsewhere, falling back where it cannot run; the plan says why).
 
     ``window_size = (left, right)`` is flash-attn's sliding window: query i sees key j iff
     i + off - left <= j <= i + off + right (off = seqlen_k - seqlen_q; -1 leaves a side
     unbounded; with ``causal`` right is 0); ``softcap`` > 0 turns each scaled score s into
-    softcap * tanh(s / softcap) (Gemma 2). Both run forward only, on fa3 and fa2-tc (float16 and
-    bfloat16); the backward raises a ValueError naming them, so no gradient is computed without
-    them. A row that sees no key gets O = 0 and L = -inf.
+    softcap * tanh(s / softcap) (Gemma 2). Both run forward only, on auto, fa3 and fa2-tc
+    (float16 and bfloat16); the backward raises a ValueError naming them, so no gradient is
+    computed without them. A row that sees no key gets O = 0 and L = -inf.
 
     Returns O (q's shape, allocated by PyTorch), and with ``return_lse`` also
     L = logsumexp of the scaled scores, float32 (batch, heads, seqlen_q), -inf for a row that sees
@@ -189,8 +190,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     ``softmax_scale``, ``causal``, ``window_size`` and ``softcap`` are ``flash_attn_func``'s,
     applied to each sequence alone: its causal mask and window aligned to its own bottom-right
-    corner. ``algorithm`` is None or one of ``PACKED_ALGORITHMS``: "fa3" (None; on compute
-    capability 9.0, elsewhere it runs fa2-tc and the plan says why) or "fa2-tc". A sequence may
+    corner. ``algorithm`` is None or one of ``PACKED_ALGORITHMS``: "auto" (None; fa3 on Hopper,
+    fa2-tc elsewhere; the plan says why), "fa3" (on compute capability 9.0, elsewhere it runs
+    fa2-tc and the plan says why) or "fa2-tc". A sequence may
     be empty: without keys its rows get O = 0 and L = -inf, without queries it writes nothing;
     q and k need at least one row each.
 

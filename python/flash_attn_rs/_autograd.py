@@ -1,9 +1,11 @@
 """The ``torch.autograd.Function``s: the forward saves Q, K, V, O and L; ``loss.backward()`` runs
-the GPU backward (FA2's, recomputing P from L) into gradients PyTorch allocates. The packed
+the GPU backward ("auto": FA3's on Hopper, FA2-TC's elsewhere, recomputing P from L) into
+gradients PyTorch allocates. The packed
 (varlen) forward has no backward yet: its Function raises one clear error when backward reaches
 it. Built on first use, so importing flash_attn_rs needs no PyTorch."""
 
 from . import _launch
+from ._checks import PACKED
 
 #: Why ``flash_attn_varlen_func`` has no gradient (raised when ``backward`` reaches it).
 PACKED_BACKWARD_MISSING = (
@@ -76,9 +78,9 @@ def _make_packed_function():
         @staticmethod
         def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
                     causal, algorithm, window, softcap):
-            o, lse = _launch.forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens,
-                                            dtype, softmax_scale, causal, algorithm,
-                                            window=window, softcap=softcap)
+            o, lse = _launch.forward(q, k, v, PACKED, dtype, softmax_scale, causal, algorithm,
+                                     window=window, softcap=softcap,
+                                     packed=(cu_seqlens_q, cu_seqlens_k, max_seqlens))
             ctx.mark_non_differentiable(lse)
             return o, lse
 

@@ -46,33 +46,69 @@ def _refuse_graph_capture(torch):
         )
 
 
-def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None, softcap=0.0):
+def form_arguments(packed):
+    """The native forward's keywords for the batch's form: none for a dense batch; for a packed
+    one, ``packed = (cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k))``, the offsets read
+    on the host (``tolist``: from a CUDA tensor, a copy that waits for the work queued before it
+    on the current stream, i.e. a synchronization)."""
+    if packed is None:
+        return {}
+    cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k) = packed
+    return dict(cu_seqlens_q=cu_seqlens_q.tolist(), cu_seqlens_k=cu_seqlens_k.tolist(),
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+def statistics(torch, q, layout, algorithm):
+    """The row statistics the forward writes, allocated with PyTorch: L, or FA1's m and l; each
+    float32 contiguous over q's (batch, heads, seqlen_q), a packed batch's (1, heads, total_q)."""
+    rows = dims_and_strides(q, layout)[0][:3]
+    count = 2 if algorithm == "fa1" else 1
+    return [torch.empty(rows, dtype=torch.float32, device=q.device) for _ in range(count)]
+
+
+def forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal, algorithm,
+                      window=None, softcap=0.0, packed=None):
+    """The native forward's keywords but the device and the stream: Q, K, V, O as (address,
+    dims, strides), the statistics' addresses, the options and the form (``form_arguments``)."""
+    return dict(
+        dtype=dtype,
+        **operands(layout, q=q, k=k, v=v, o=o),
+        stats=[s.data_ptr() for s in stats],
+        algorithm=algorithm,
+        **scores(softmax_scale, causal, window, softcap),
+        **form_arguments(packed),
+    )
+
+
+def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None, softcap=0.0,
+            packed=None):
     """Allocates O (Q's shape, contiguous) and the row statistics with PyTorch and launches the
-    forward on the current stream of Q's device. Returns (O, L), L float32 (batch, heads,
-    seqlen_q) contiguous (FA1's m and l are turned into L = m + log l). ``window`` is
-    flash-attn's ``window_size`` (None: unbounded), ``softcap`` its soft-capping (0: off)."""
+    forward on the current stream of Q's device. Returns (O, L): L float32 contiguous,
+    (batch, heads, seqlen_q), FA1's m and l turned into L = m + log l. ``window`` is flash-attn's
+    ``window_size`` (None: unbounded), ``softcap`` its soft-capping (0: off).
+
+    ``packed = (cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k))`` makes it flash-attn's
+    varlen forward (``layout`` PACKED): q, k, v (total, heads, head_dim), the offsets read on the
+    host, and L (heads, total_q) as flash-attn's."""
     import torch  # only here: importing flash_attn_rs needs no PyTorch
 
     with torch.cuda.device(q.device):
+        # Before the offsets' copy: waiting for a capturing stream would invalidate its capture.
         _refuse_graph_capture(torch)
-        batch, heads, seqlen_q, _ = dims_and_strides(q, layout)[0]
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        rows = (batch, heads, seqlen_q)
-        fa1 = algorithm == "fa1"
-        stats = [
-            torch.empty(rows, dtype=torch.float32, device=q.device) for _ in range(2 if fa1 else 1)
-        ]
+        stats = statistics(torch, q, layout, algorithm)
         plans["forward"] = _native.forward(
-            **_common(torch, q, k, v, o, layout, dtype),
-            stats=[s.data_ptr() for s in stats],
-            algorithm=algorithm,
-            **scores(softmax_scale, causal, window, softcap),
+            **forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal,
+                                algorithm, window, softcap, packed),
+            **_on_stream(torch, q.device),
         )
-        if fa1:
+        if len(stats) == 2:
             m, l = stats
             lse = torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))
         else:
             (lse,) = stats
+    if layout == PACKED:
+        lse = lse[0]  # (1, heads, total_q) -> flash-attn's (heads, total_q)
     return o, lse
 
 
@@ -98,42 +134,3 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
             **scores(softmax_scale, causal, window, softcap),
         )
     return dq, dk, dv
-
-
-def packed_arguments(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype):
-    """The native packed forward's tensors and offsets: Q, K, V, O as batch 1, L's address, and
-    the offsets read on the host (``tolist``: from a CUDA tensor, a copy that waits for the work
-    queued before it on the current stream, i.e. a synchronization)."""
-    max_seqlen_q, max_seqlen_k = max_seqlens
-    return dict(
-        dtype=dtype,
-        **operands(PACKED, q=q, k=k, v=v, o=o),
-        lse=lse.data_ptr(),
-        cu_seqlens_q=cu_seqlens_q.tolist(),
-        cu_seqlens_k=cu_seqlens_k.tolist(),
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-    )
-
-
-def forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale, causal,
-                   algorithm, window=None, softcap=0.0):
-    """flash-attn's varlen forward: allocates O (q's (total_q, heads, head_dim) shape,
-    contiguous) and L (float32 (heads, total_q), contiguous) with PyTorch, reads the offsets on
-    the host and launches the packed forward on the current stream of q's device. Returns
-    (O, L)."""
-    import torch
-
-    with torch.cuda.device(q.device):
-        # Before the offsets' copy: waiting for a capturing stream would invalidate its capture.
-        _refuse_graph_capture(torch)
-        total_q, heads, _ = q.shape
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
-        plans["forward"] = _native.forward_packed(
-            **packed_arguments(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype),
-            **_on_stream(torch, q.device),
-            algorithm=algorithm,
-            **scores(softmax_scale, causal, window, softcap),
-        )
-    return o, lse

@@ -1,19 +1,22 @@
-//! `flash_attn_rs._native`: the native half of the Python package. The Python half
-//! (`flash_attn_rs/__init__.py`) checks PyTorch's tensors, allocates the outputs with PyTorch and
-//! passes addresses, dims, strides and the current stream here as plain integers; this half checks
-//! them again with the host crate's checks ([`BorrowedArguments::check`]; for a packed batch,
-//! [`PackedBatch`]'s) before it opens a GPU, then launches on that stream.
+//! `flash_attn_rs._native`: the native half of the Python package, a thin user of the host
+//! crate's front door ([`Attention`]). The Python half (`flash_attn_rs/__init__.py`) checks
+//! PyTorch's tensors, allocates the outputs with PyTorch and passes addresses, dims, strides and
+//! the current stream here as plain integers; this half describes the call once, has the host
+//! check all of it without a device ([`Attention::check_forward`], [`Attention::check_backward`])
+//! and only then opens the GPU and runs it on that stream ([`Attention::forward_into`],
+//! [`Attention::backward_into`]).
+//!
+//! Two launches: `forward` (a dense batch, or a packed one given the offsets: flash-attn's
+//! varlen call) and `backward`. The form of a forward's batch comes from optional keywords
+//! ([`FormArguments`]), so that a KV cache's arguments can join them as more of the same.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use flash_attn::attention::PackedBatch;
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
-    Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BorrowedArguments,
-    BorrowedBackwardArguments, BorrowedRows, BorrowedTensor, DType, Error, Gpu, Gradients,
-    StatisticsAddresses, attention_backward_borrowed, attention_borrowed,
-    attention_packed_borrowed,
+    Algorithm, Attention, AttentionOptions, BackwardTensors, DType, Element, Error, ForwardTensors,
+    Gpu, Gradients, PackedBatch, Plan, RowsRef, Statistics, TensorRef,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -55,32 +58,21 @@ fn to_py(error: Error) -> PyErr {
     }
 }
 
-/// One forward call's arguments, parsed and checked without a device.
-#[derive(Debug)]
-pub struct Call {
-    pub algorithm: Algorithm,
-    pub arguments: BorrowedArguments,
-    pub options: AttentionOptions,
-}
-
-/// One backward call's arguments, parsed and checked without a device.
-#[derive(Debug)]
-pub struct BackwardCall {
-    pub arguments: BorrowedBackwardArguments,
-    pub options: AttentionOptions,
-}
-
-/// `algorithm = None` is FA3, the fastest: on a device that is not compute capability 9.0, or
-/// for f32, it falls back to FA2-TC and then FA2, and the plan says why.
-pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::Fa3;
-
-fn tensor((address, dims, strides): TensorArgument) -> BorrowedTensor {
-    BorrowedTensor {
-        address,
-        dims,
-        strides,
+fn invalid(name: &'static str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        name,
+        value: value.to_string(),
+        allowed: allowed.into(),
     }
 }
+
+/// `algorithm = None`: the fastest for the device and the call, FA3 on compute capability 9.0
+/// and FA2-TC elsewhere, each falling back where it cannot run (the plan says why).
+pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::Auto;
+
+/// The algorithms that run a packed batch (the host's plan refuses the others, naming
+/// `algorithm`; a test here keeps this list and the host's in step).
+pub const PACKED_ALGORITHMS: [Algorithm; 3] = [Algorithm::Auto, Algorithm::Fa3, Algorithm::Fa2Tc];
 
 /// How a call forms its scores: the scale, the causal mask, flash-attn's `window_size` (left,
 /// right; −1 unbounded) and `softcap` (0: off). The host crate checks each (and names it).
@@ -121,107 +113,78 @@ impl Scores {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn parse(
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    stats: &[u64],
-    algorithm: Option<&str>,
-    scores: Scores,
-) -> flash_attn::Result<Call> {
-    let dtype: DType = dtype.parse()?;
-    let algorithm = algorithm.map_or(Ok(DEFAULT_ALGORITHM), str::parse)?;
-    let stats = match *stats {
-        [lse] => StatisticsAddresses::LogSumExp(lse),
-        [max, sum] => StatisticsAddresses::MaxAndSum { max, sum },
-        _ => {
-            return Err(Error::InvalidArgument {
-                name: "stats",
-                value: format!("{} addresses", stats.len()),
-                allowed: "one (L) or two (FA1's m and l)".into(),
-            });
+/// An algorithm's name as Python passes it; None is [`DEFAULT_ALGORITHM`].
+fn algorithm(name: Option<&str>) -> flash_attn::Result<Algorithm> {
+    name.map_or(Ok(DEFAULT_ALGORITHM), str::parse)
+}
+
+/// A tensor of PyTorch's memory as the host takes it.
+///
+/// # Safety
+///
+/// As [`TensorRef::from_raw`] for a call that runs; a call that is only checked reads and writes
+/// nothing, so any integers do.
+unsafe fn tensor<'a, T: Element>((address, dims, strides): TensorArgument) -> TensorRef<'a, T> {
+    // SAFETY: the caller's contract.
+    unsafe { TensorRef::from_raw(address, dims, strides) }
+}
+
+/// Row statistics as the host takes them.
+///
+/// # Safety
+///
+/// As [`tensor`].
+unsafe fn rows<'a>((address, dims, strides): RowsArgument) -> RowsRef<'a> {
+    // SAFETY: the caller's contract.
+    unsafe { RowsRef::from_raw(address, dims, strides) }
+}
+
+/// The row statistics a forward writes, as the Python half passes them: one address (L), or
+/// two (FA1's m and l). Each is a contiguous f32 (batch, heads, seqlen_q) (q's first three
+/// dims: for a packed batch (1, heads, total_q), flash-attn's (heads, total_q)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatisticsArgument {
+    LogSumExp(u64),
+    MaxAndSum { max: u64, sum: u64 },
+}
+
+impl StatisticsArgument {
+    fn parse(addresses: &[u64]) -> flash_attn::Result<Self> {
+        match *addresses {
+            [lse] => Ok(Self::LogSumExp(lse)),
+            [max, sum] => Ok(Self::MaxAndSum { max, sum }),
+            _ => Err(invalid(
+                "stats",
+                format!("{} addresses", addresses.len()),
+                "one (L) or two (FA1's m and l)",
+            )),
         }
-    };
-    let call = Call {
-        algorithm,
-        arguments: BorrowedArguments {
-            dtype,
-            q: tensor(q),
-            k: tensor(k),
-            v: tensor(v),
-            o: tensor(o),
-            stats,
-        },
-        options: scores.options(),
-    };
-    call.arguments.check(call.algorithm, &call.options)?;
-    Ok(call)
-}
-
-/// The backward's arguments: the forward's Q, K, V, O and L, dO, and dQ, dK, dV to write.
-#[allow(clippy::too_many_arguments)]
-pub fn parse_backward(
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    lse: RowsArgument,
-    d_o: TensorArgument,
-    [dq, dk, dv]: [TensorArgument; 3],
-    scores: Scores,
-) -> flash_attn::Result<BackwardCall> {
-    let (address, dims, strides) = lse;
-    let call = BackwardCall {
-        arguments: BorrowedBackwardArguments {
-            dtype: dtype.parse()?,
-            q: tensor(q),
-            k: tensor(k),
-            v: tensor(v),
-            o: tensor(o),
-            logsumexp: BorrowedRows {
-                address,
-                dims,
-                strides,
-            },
-            d_o: tensor(d_o),
-            gradients: Gradients {
-                dq: tensor(dq),
-                dk: tensor(dk),
-                dv: tensor(dv),
-            },
-        },
-        options: scores.options(),
-    };
-    call.arguments.check(&call.options)?;
-    Ok(call)
-}
-
-/// One packed-batch forward call's arguments (flash-attn's varlen call), parsed and checked
-/// without a device: every sequence's rows in one Q (1, heads, total_q, d) and one K and V
-/// (1, heads_kv, total_k, d), O with Q's dims, L an f32 (heads, total_q) at `logsumexp`.
-#[derive(Debug)]
-pub struct PackedCall {
-    pub algorithm: Algorithm,
-    /// Q, K, V, O and L (`StatisticsAddresses::LogSumExp`), checked for the batch.
-    pub arguments: BorrowedArguments,
-    pub batch: PackedBatch,
-    pub options: AttentionOptions,
-}
-
-/// The algorithms that run a packed batch. The host's plan refuses the others too, but only
-/// once a device is open; checked here so that the error comes without one.
-pub const PACKED_ALGORITHMS: [Algorithm; 2] = [Algorithm::Fa3, Algorithm::Fa2Tc];
-
-fn invalid(name: &'static str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Error {
-    Error::InvalidArgument {
-        name,
-        value: value.to_string(),
-        allowed: allowed.into(),
     }
+}
+
+/// The optional keywords of `forward` that say how the batch is laid out: none for a dense
+/// batch, the four of flash-attn's varlen call for a packed one. (A KV cache's will join them.)
+#[derive(Clone, Debug, Default)]
+pub struct FormArguments {
+    /// The packed batch's offsets, ints from `cu_seqlens.tolist()` (read on the host).
+    pub cu_seqlens_q: Option<Vec<i64>>,
+    pub cu_seqlens_k: Option<Vec<i64>>,
+    /// flash-attn's bounds on the longest sequence, each checked against its offsets.
+    pub max_seqlen_q: Option<usize>,
+    pub max_seqlen_k: Option<usize>,
+}
+
+/// The form of a forward's batch, parsed from its [`FormArguments`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Batch {
+    /// Q (batch, heads, seqlen_q, d), K and V (batch, heads_kv, seqlen_k, d).
+    Dense,
+    /// Q (1, heads, total_q, d), K and V (1, heads_kv, total_k, d), the offsets and
+    /// flash-attn's `max_seqlen_q`, `max_seqlen_k` (checked by [`ForwardCall::check`]).
+    Packed {
+        batch: PackedBatch,
+        max_seqlens: [usize; 2],
+    },
 }
 
 /// Offsets as the Python half passes them (ints from `cu_seqlens.tolist()`) in the host's u32.
@@ -241,77 +204,366 @@ fn host_offsets(name: &'static str, offsets: &[i64]) -> flash_attn::Result<Vec<u
         .collect()
 }
 
-/// The packed forward's arguments: Q, K, V, O (address, logical (1, heads, total, d) dims,
-/// strides), L's address, the offsets `cu_seqlens_q` and `cu_seqlens_k` and flash-attn's
-/// `max_seqlen_q` and `max_seqlen_k`, each at least its offsets' longest sequence (the grid is
-/// sized by that longest one, which the offsets give).
-#[allow(clippy::too_many_arguments)]
-pub fn parse_packed(
-    dtype: &str,
-    [q, k, v, o]: [TensorArgument; 4],
-    logsumexp: u64,
-    [cu_seqlens_q, cu_seqlens_k]: [&[i64]; 2],
-    max_seqlens: [usize; 2],
-    algorithm: Option<&str>,
-    scores: Scores,
-) -> flash_attn::Result<PackedCall> {
-    let dtype: DType = dtype.parse()?;
-    if dtype == DType::F32 {
-        return Err(invalid(
-            "dtype",
-            dtype,
-            "f16 or bf16: packed batches run on tensor cores only",
-        ));
+impl FormArguments {
+    /// No keyword: a dense batch. The packed form takes all four: the offsets (checked by
+    /// [`PackedBatch::new`]; their last entries against Q's and K's rows by the host's checks of
+    /// the call) and `max_seqlen_q`, `max_seqlen_k` (checked against the offsets once the
+    /// host has checked the call: [`check_max_seqlens`]).
+    fn batch(&self) -> flash_attn::Result<Batch> {
+        let given = [
+            self.cu_seqlens_q.is_some(),
+            self.cu_seqlens_k.is_some(),
+            self.max_seqlen_q.is_some(),
+            self.max_seqlen_k.is_some(),
+        ];
+        if !given.contains(&true) {
+            return Ok(Batch::Dense);
+        }
+        let missing = |name| {
+            invalid(
+                name,
+                "None",
+                "a packed batch takes cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k \
+                 together",
+            )
+        };
+        let cu_seqlens_q = self
+            .cu_seqlens_q
+            .as_deref()
+            .ok_or_else(|| missing("cu_seqlens_q"))?;
+        let cu_seqlens_k = self
+            .cu_seqlens_k
+            .as_deref()
+            .ok_or_else(|| missing("cu_seqlens_k"))?;
+        let max_seqlen = |name, value: Option<usize>| value.ok_or_else(|| missing(name));
+        let max_seqlens = [
+            max_seqlen("max_seqlen_q", self.max_seqlen_q)?,
+            max_seqlen("max_seqlen_k", self.max_seqlen_k)?,
+        ];
+        let batch = PackedBatch::new(
+            &host_offsets("cu_seqlens_q", cu_seqlens_q)?,
+            &host_offsets("cu_seqlens_k", cu_seqlens_k)?,
+        )?;
+        Ok(Batch::Packed { batch, max_seqlens })
     }
-    let algorithm = algorithm.map_or(Ok(DEFAULT_ALGORITHM), str::parse)?;
-    if !PACKED_ALGORITHMS.contains(&algorithm) {
-        return Err(invalid(
-            "algorithm",
-            algorithm,
-            "allowed for a packed batch of sequences: fa3 (which falls back to fa2-tc), fa2-tc",
-        ));
-    }
-    let batch = PackedBatch::new(
-        &host_offsets("cu_seqlens_q", cu_seqlens_q)?,
-        &host_offsets("cu_seqlens_k", cu_seqlens_k)?,
-    )?;
-    let [q, k, v, o] = [q, k, v, o].map(tensor);
-    let arguments = BorrowedArguments {
-        dtype,
-        q,
-        k,
-        v,
-        o,
-        stats: StatisticsAddresses::LogSumExp(logsumexp),
-    };
-    let options = scores.options();
-    // Every check of the tensors, their shapes, the options, and each list's last offset
-    // against Q's (K's) rows.
-    arguments.check_packed(&batch, &options)?;
-    for ((name, given), longest) in [
-        ("max_seqlen_q", max_seqlens[0]),
-        ("max_seqlen_k", max_seqlens[1]),
-    ]
-    .into_iter()
-    .zip(batch.max_seqlens())
+}
+
+/// flash-attn's `max_seqlen_q` and `max_seqlen_k`, each at least its offsets' longest sequence:
+/// flash-attn sizes its grid by them (the host sizes it by the longest sequence itself, which
+/// the offsets give, so a larger bound costs nothing).
+fn check_max_seqlens(batch: &PackedBatch, max_seqlens: [usize; 2]) -> flash_attn::Result<()> {
+    for ((name, given), longest) in ["max_seqlen_q", "max_seqlen_k"]
+        .into_iter()
+        .zip(max_seqlens)
+        .zip(batch.max_seqlens())
     {
         if given < longest {
             return Err(invalid(
                 name,
                 given,
                 format!(
-                    "at least the longest sequence in its offsets ({longest}): flash-attn sizes \
-                     its grid by it, and a smaller one would leave rows unwritten"
+                    "at least the longest sequence in its offsets ({longest}): flash-attn \
+                     sizes its grid by it, and a smaller one would leave rows unwritten"
                 ),
             ));
         }
     }
-    Ok(PackedCall {
+    Ok(())
+}
+
+/// One forward call's arguments, parsed; [`ForwardCall::check`] checks them without a device.
+#[derive(Clone, Debug)]
+pub struct ForwardCall {
+    pub dtype: DType,
+    /// Q, K, V and O to write (Q's dims).
+    pub tensors: [TensorArgument; 4],
+    pub stats: StatisticsArgument,
+    pub batch: Batch,
+    pub options: AttentionOptions,
+}
+
+impl ForwardCall {
+    /// Parses the arguments of `forward` (the dtype, the algorithm, the statistics' count, the
+    /// form's keywords); the rest is [`ForwardCall::check`]'s.
+    pub fn parse(
+        dtype: &str,
+        tensors: [TensorArgument; 4],
+        stats: &[u64],
+        algorithm_name: Option<&str>,
+        scores: Scores,
+        form: &FormArguments,
+    ) -> flash_attn::Result<Self> {
+        let dtype: DType = dtype.parse()?;
+        let options = AttentionOptions {
+            algorithm: algorithm(algorithm_name)?,
+            ..scores.options()
+        };
+        let stats = StatisticsArgument::parse(stats)?;
+        let batch = form.batch()?;
+        if matches!(batch, Batch::Packed { .. }) && dtype == DType::F32 {
+            return Err(invalid(
+                "dtype",
+                dtype,
+                "f16 or bf16: packed batches run on tensor cores only",
+            ));
+        }
+        Ok(Self {
+            dtype,
+            tensors,
+            stats,
+            batch,
+            options,
+        })
+    }
+
+    /// Every check the run makes, without a device (the host plans for an H200), then a packed
+    /// batch's `max_seqlen_q` and `max_seqlen_k`; returns that plan.
+    pub fn check(&self) -> flash_attn::Result<Plan> {
+        // SAFETY: without a device nothing reads or writes the memory (the host only checks the
+        // addresses).
+        let plan = flash_attn::with_element!(self.dtype, T => unsafe { self.run::<T>(None) })?;
+        if let Batch::Packed { batch, max_seqlens } = &self.batch {
+            check_max_seqlens(batch, *max_seqlens)?;
+        }
+        Ok(plan)
+    }
+
+    /// Runs the call on `gpu`'s stream (its plan made for that device); returns the plan. Call
+    /// it after [`ForwardCall::check`] (the host's run repeats every check but the bounds').
+    ///
+    /// # Safety
+    ///
+    /// Every address is live device memory of `gpu`'s device, in its primary context, holding
+    /// what its dims and strides reach until the work on the stream has finished; O and the
+    /// statistics alias nothing else.
+    unsafe fn launch(&self, gpu: &Gpu) -> flash_attn::Result<Plan> {
+        // SAFETY: the caller's contract.
+        flash_attn::with_element!(self.dtype, T => unsafe { self.run::<T>(Some(gpu)) })
+    }
+
+    /// # Safety
+    ///
+    /// With `gpu`: as [`ForwardCall::launch`].
+    unsafe fn run<T: Element>(&self, gpu: Option<&Gpu>) -> flash_attn::Result<Plan> {
+        let [batch, heads, rows_q, _] = self.tensors[0].1;
+        let dims = [batch, heads, rows_q];
+        let strides = [heads.saturating_mul(rows_q), rows_q, 1];
+        // SAFETY: the caller's contract (without a device, nothing is read or written).
+        let [q, k, v, o] = self.tensors.map(|t| unsafe { tensor::<T>(t) });
+        let stats_rows = |address| unsafe { rows((address, dims, strides)) };
+        let stats = match self.stats {
+            StatisticsArgument::LogSumExp(lse) => Statistics::LogSumExp(stats_rows(lse)),
+            StatisticsArgument::MaxAndSum { max, sum } => Statistics::MaxAndSum {
+                max: stats_rows(max),
+                sum: stats_rows(sum),
+            },
+        };
+        let mut call = Attention::new(q, k, v).options(self.options);
+        if let Batch::Packed { batch, .. } = &self.batch {
+            call = call.packed(batch);
+        }
+        let tensors = ForwardTensors { o, stats };
+        match gpu {
+            Some(gpu) => call.forward_into(gpu, tensors),
+            None => call.check_forward(tensors),
+        }
+    }
+}
+
+/// One backward call's arguments, parsed; [`BackwardCall::check`] checks them without a device.
+#[derive(Clone, Debug)]
+pub struct BackwardCall {
+    pub dtype: DType,
+    /// The forward's Q, K, V and O.
+    pub tensors: [TensorArgument; 4],
+    /// The forward's L.
+    pub lse: RowsArgument,
+    pub d_o: TensorArgument,
+    /// dQ, dK, dV to write.
+    pub gradients: Gradients<TensorArgument>,
+    /// The forward's scores; the backward's algorithm and determinism.
+    pub options: AttentionOptions,
+}
+
+impl BackwardCall {
+    /// Parses the arguments of `backward` (the dtype, the algorithm); the rest is
+    /// [`BackwardCall::check`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn parse(
+        dtype: &str,
+        tensors: [TensorArgument; 4],
+        lse: RowsArgument,
+        d_o: TensorArgument,
+        [dq, dk, dv]: [TensorArgument; 3],
+        scores: Scores,
+        algorithm_name: Option<&str>,
+        deterministic: bool,
+    ) -> flash_attn::Result<Self> {
+        let dtype = dtype.parse()?;
+        let options = AttentionOptions {
+            backward_algorithm: algorithm(algorithm_name)?,
+            deterministic,
+            ..scores.options()
+        };
+        Ok(Self {
+            dtype,
+            tensors,
+            lse,
+            d_o,
+            gradients: Gradients { dq, dk, dv },
+            options,
+        })
+    }
+
+    /// Every check the run makes, without a device (planned for an H200); returns that plan.
+    pub fn check(&self) -> flash_attn::Result<Plan> {
+        // SAFETY: as `ForwardCall::check`.
+        flash_attn::with_element!(self.dtype, T => unsafe { self.run::<T>(None) })
+    }
+
+    /// Runs the backward on `gpu`'s stream, writing dQ, dK, dV; returns the plan.
+    ///
+    /// # Safety
+    ///
+    /// As [`ForwardCall::launch`]; dQ, dK, dV alias nothing else.
+    unsafe fn launch(&self, gpu: &Gpu) -> flash_attn::Result<Plan> {
+        // SAFETY: the caller's contract.
+        flash_attn::with_element!(self.dtype, T => unsafe { self.run::<T>(Some(gpu)) })
+    }
+
+    /// # Safety
+    ///
+    /// With `gpu`: as [`BackwardCall::launch`].
+    unsafe fn run<T: Element>(&self, gpu: Option<&Gpu>) -> flash_attn::Result<Plan> {
+        // SAFETY: the caller's contract (without a device, nothing is read or written).
+        let [q, k, v, o] = self.tensors.map(|t| unsafe { tensor::<T>(t) });
+        let [d_o, dq, dk, dv] = [
+            self.d_o,
+            self.gradients.dq,
+            self.gradients.dk,
+            self.gradients.dv,
+        ]
+        .map(|t| unsafe { tensor::<T>(t) });
+        let tensors = BackwardTensors {
+            o,
+            logsumexp: unsafe { rows(self.lse) },
+            d_o,
+            gradients: Gradients { dq, dk, dv },
+        };
+        let call = Attention::new(q, k, v).options(self.options);
+        match gpu {
+            Some(gpu) => call.backward_into(gpu, tensors),
+            None => call.check_backward(tensors),
+        }
+    }
+}
+
+/// Checks the arguments (raising before anything is launched or a device opened), then runs the
+/// forward on device `device` on stream `stream` (`torch.cuda.current_stream(device).cuda_stream`)
+/// and returns its plan as one line; without `device`, only checks (returns None; no GPU needed).
+/// `stats` is `[lse]`, or `[m, l]` for FA1: contiguous f32 (batch, heads, seqlen_q), q's first
+/// three dims. `algorithm` is one of `ALGORITHMS` (None: "auto"); `window` is flash-attn's
+/// `window_size`, `softcap` its `softcap`.
+///
+/// The batch's form comes from the optional keywords: none for a dense batch; for a packed one
+/// (flash-attn's varlen call) all four of `cu_seqlens_q`, `cu_seqlens_k` (the offsets, as
+/// lists), `max_seqlen_q`, `max_seqlen_k` (checked against them), with q, k, v, o the packed
+/// (total, heads, d) tensors viewed as (1, heads, total, d) and L (1, heads, total_q).
+///
+/// Private: `flash_attn_rs`'s functions derive every integer from live tensors; wrong integers
+/// here are undefined behaviour.
+#[pyfunction]
+#[pyo3(signature = (
+    *, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, window=None,
+    softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    device=None, stream=0,
+))]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    py: Python<'_>,
+    dtype: &str,
+    q: TensorArgument,
+    k: TensorArgument,
+    v: TensorArgument,
+    o: TensorArgument,
+    stats: Vec<u64>,
+    algorithm: Option<&str>,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window: Option<(i64, i64)>,
+    softcap: f64,
+    cu_seqlens_q: Option<Vec<i64>>,
+    cu_seqlens_k: Option<Vec<i64>>,
+    max_seqlen_q: Option<usize>,
+    max_seqlen_k: Option<usize>,
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
+    let form = FormArguments {
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+    };
+    let scores = Scores::of(softmax_scale, causal, window, softcap);
+    let call =
+        ForwardCall::parse(dtype, [q, k, v, o], &stats, algorithm, scores, &form).map_err(to_py)?;
+    call.check().map_err(to_py)?;
+    // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
+    // device for all), which PyTorch keeps allocated until the work on their stream is done, O
+    // and the statistics fresh ones, and that device's current stream, a stream of its primary
+    // context.
+    unsafe { launch_on(py, device, StreamHandle(stream), |gpu| call.launch(gpu)) }
+}
+
+/// Checks the arguments (raising before anything is launched or a device opened), then runs the
+/// backward on device `device` on stream `stream`, writing dq, dk, dv, and returns its plan as
+/// one line; without `device`, only checks. `lse` is the forward's L (address, dims, strides).
+/// `algorithm` is the backward's (None: "auto", fa3 falling back to fa2-tc, then fa2; or fa3,
+/// fa2-tc, fa2, standard), `deterministic` makes dQ bitwise reproducible; `window` and `softcap`
+/// are the forward's, which the backward refuses with an error naming them (it has neither
+/// yet). Dense batches only. Private, like `forward`.
+#[pyfunction]
+#[pyo3(signature = (
+    *, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, window=None,
+    softcap=0.0, algorithm=None, deterministic=false, device=None, stream=0,
+))]
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    py: Python<'_>,
+    dtype: &str,
+    q: TensorArgument,
+    k: TensorArgument,
+    v: TensorArgument,
+    o: TensorArgument,
+    lse: RowsArgument,
+    d_o: TensorArgument,
+    dq: TensorArgument,
+    dk: TensorArgument,
+    dv: TensorArgument,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window: Option<(i64, i64)>,
+    softcap: f64,
+    algorithm: Option<&str>,
+    deterministic: bool,
+    device: Option<usize>,
+    stream: usize,
+) -> PyResult<Option<String>> {
+    let call = BackwardCall::parse(
+        dtype,
+        [q, k, v, o],
+        lse,
+        d_o,
+        [dq, dk, dv],
+        Scores::of(softmax_scale, causal, window, softcap),
         algorithm,
-        arguments,
-        batch,
-        options,
-    })
+        deterministic,
+    )
+    .map_err(to_py)?;
+    call.check().map_err(to_py)?;
+    // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
+    unsafe { launch_on(py, device, StreamHandle(stream), |gpu| call.launch(gpu)) }
 }
 
 /// One open GPU per device ordinal, kept for the process: opening loads the kernel modules.
@@ -346,156 +598,6 @@ struct StreamHandle(usize);
 impl StreamHandle {
     fn raw(self) -> RawStream {
         self.0 as RawStream
-    }
-}
-
-/// Checks the arguments (raising before anything is launched), then runs attention on device
-/// `device` on stream `stream` (`torch.cuda.current_stream(device).cuda_stream`) and returns the
-/// plan as one line; without `device`, only checks (returns None; no GPU needed). `stats` is
-/// `[lse]`, or `[m, l]` for FA1; `window` is flash-attn's `window_size`, `softcap` its
-/// `softcap`. Private: `flash_attn_rs`'s functions derive every integer from live tensors; wrong
-/// integers here are undefined behaviour.
-#[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, window=None, softcap=0.0, device=None, stream=0))]
-#[allow(clippy::too_many_arguments)]
-fn forward(
-    py: Python<'_>,
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    stats: Vec<u64>,
-    algorithm: Option<&str>,
-    softmax_scale: Option<f64>,
-    causal: bool,
-    window: Option<(i64, i64)>,
-    softcap: f64,
-    device: Option<usize>,
-    stream: usize,
-) -> PyResult<Option<String>> {
-    let scores = Scores::of(softmax_scale, causal, window, softcap);
-    let call = parse(dtype, q, k, v, o, &stats, algorithm, scores).map_err(to_py)?;
-    // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
-    // device for all), which PyTorch keeps allocated until the work on their stream is done, and
-    // that device's current stream, a stream of its primary context.
-    unsafe {
-        launch_on(py, device, StreamHandle(stream), |gpu| {
-            attention_borrowed(gpu, call.algorithm, &call.arguments, &call.options)
-        })
-    }
-}
-
-/// Checks the arguments (raising before anything is launched), then runs the backward on device
-/// `device` on stream `stream`, writing dq, dk, dv, and returns its plan as one line; without
-/// `device`, only checks. `lse` is the forward's L (address, dims, strides). `algorithm` is the
-/// backward's (`fa2` or `fa2-tc`; default: the fastest the problem allows), `deterministic` makes
-/// dQ bitwise reproducible; `window` and `softcap` are the forward's, which the backward refuses
-/// with an error naming them (it has neither yet). Private, like `forward`.
-#[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, window=None, softcap=0.0, algorithm=None, deterministic=false, device=None, stream=0))]
-#[allow(clippy::too_many_arguments)]
-fn backward(
-    py: Python<'_>,
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    lse: RowsArgument,
-    d_o: TensorArgument,
-    dq: TensorArgument,
-    dk: TensorArgument,
-    dv: TensorArgument,
-    softmax_scale: Option<f64>,
-    causal: bool,
-    window: Option<(i64, i64)>,
-    softcap: f64,
-    algorithm: Option<&str>,
-    deterministic: bool,
-    device: Option<usize>,
-    stream: usize,
-) -> PyResult<Option<String>> {
-    let backward_options = BackwardOptions {
-        algorithm: match algorithm {
-            Some(name) => name.parse::<BackwardAlgorithm>().map_err(to_py)?,
-            None => BackwardAlgorithm::default(),
-        },
-        deterministic,
-    };
-    let gradients = [dq, dk, dv];
-    let call = parse_backward(
-        dtype,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        d_o,
-        gradients,
-        Scores::of(softmax_scale, causal, window, softcap),
-    )
-    .map_err(to_py)?;
-    // SAFETY: as `forward`; dq, dk, dv are fresh PyTorch tensors that alias nothing.
-    unsafe {
-        launch_on(py, device, StreamHandle(stream), |gpu| {
-            attention_backward_borrowed(gpu, &call.arguments, &call.options, &backward_options)
-        })
-    }
-}
-
-/// Checks the arguments (raising before anything is launched), then runs attention over a packed
-/// batch (the host crate's [`attention_packed_borrowed`], flash-attn's varlen call) on device
-/// `device` on stream `stream`, writing O and L (f32 (heads, total_q), contiguous, at `lse`), and
-/// returns the plan as one line; without `device`, only checks. `q`, `k`, `v`, `o` are the
-/// packed (total, heads, d) tensors viewed as (1, heads, total, d); `cu_seqlens_q` and
-/// `cu_seqlens_k` the offsets, read on the host; `max_seqlen_q` and `max_seqlen_k` flash-attn's
-/// bounds, checked against them. Private, like `forward`.
-#[pyfunction]
-#[pyo3(signature = (*, dtype, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm=None, softmax_scale=None, causal=false, window=None, softcap=0.0, device=None, stream=0))]
-#[allow(clippy::too_many_arguments)]
-fn forward_packed(
-    py: Python<'_>,
-    dtype: &str,
-    q: TensorArgument,
-    k: TensorArgument,
-    v: TensorArgument,
-    o: TensorArgument,
-    lse: u64,
-    cu_seqlens_q: Vec<i64>,
-    cu_seqlens_k: Vec<i64>,
-    max_seqlen_q: usize,
-    max_seqlen_k: usize,
-    algorithm: Option<&str>,
-    softmax_scale: Option<f64>,
-    causal: bool,
-    window: Option<(i64, i64)>,
-    softcap: f64,
-    device: Option<usize>,
-    stream: usize,
-) -> PyResult<Option<String>> {
-    let scores = Scores::of(softmax_scale, causal, window, softcap);
-    let call = parse_packed(
-        dtype,
-        [q, k, v, o],
-        lse,
-        [&cu_seqlens_q, &cu_seqlens_k],
-        [max_seqlen_q, max_seqlen_k],
-        algorithm,
-        scores,
-    )
-    .map_err(to_py)?;
-    // SAFETY: as `forward`; O and L are fresh PyTorch tensors, L of heads·total_q f32.
-    unsafe {
-        launch_on(py, device, StreamHandle(stream), |gpu| {
-            attention_packed_borrowed(
-                gpu,
-                call.algorithm,
-                &call.arguments,
-                &call.batch,
-                &call.options,
-            )
-        })
     }
 }
 
@@ -546,7 +648,6 @@ fn reset_workspace_peak(device: usize) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
-    m.add_function(wrap_pyfunction!(forward_packed, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_peak_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reset_workspace_peak, m)?)?;
     m.add("DEFAULT_ALGORITHM", DEFAULT_ALGORITHM.name())?;
@@ -569,49 +670,150 @@ mod tests {
         (address, [b, h, s, d], [h * s * d, s * d, d, 1])
     }
 
-    fn parse_with(dtype: &str, algorithm: Option<&str>, stats: &[u64]) -> flash_attn::Result<Call> {
-        let dims = [1, 2, 16, 64];
-        let t = |i: u64| sdpa(BASE + (i << 30), dims);
-        let scores = Scores {
-            causal: true,
-            ..Default::default()
-        };
-        parse(dtype, t(0), t(1), t(2), t(3), stats, algorithm, scores)
+    /// The name and exception kind of a refused call.
+    fn rejected<R: std::fmt::Debug>(
+        result: flash_attn::Result<R>,
+    ) -> (&'static str, ExceptionKind) {
+        let error = result.expect_err("expected an error");
+        let kind = exception_kind(&error);
+        match error {
+            Error::InvalidArgument { name, .. } => (name, kind),
+            other => panic!("expected an invalid argument, got {other:?}"),
+        }
     }
 
-    fn kind(result: flash_attn::Result<Call>) -> ExceptionKind {
+    /// A dense forward on (1, 2, 16, 64) tensors, parsed and checked (no device).
+    fn forward_with(
+        dtype: &str,
+        algorithm: Option<&str>,
+        stats: &[u64],
+        scores: Scores,
+    ) -> flash_attn::Result<(ForwardCall, Plan)> {
+        let t = |i: u64| sdpa(BASE + (i << 30), [1, 2, 16, 64]);
+        let form = FormArguments::default();
+        let call = ForwardCall::parse(
+            dtype,
+            [t(0), t(1), t(2), t(3)],
+            stats,
+            algorithm,
+            scores,
+            &form,
+        )?;
+        let plan = call.check()?;
+        Ok((call, plan))
+    }
+
+    fn causal() -> Scores {
+        Scores {
+            causal: true,
+            ..Default::default()
+        }
+    }
+
+    fn kind(result: flash_attn::Result<(ForwardCall, Plan)>) -> ExceptionKind {
         exception_kind(&result.expect_err("expected an error"))
     }
 
+    /// None is auto: FA3 on an H200 (the plan made without a device); for f32, which FA3 and
+    /// FA2-TC cannot run, FA2, and the plan says why.
     #[test]
-    fn defaults_to_fa3() {
-        let call = parse_with("bf16", None, &[BASE + (4 << 30)]).expect("valid");
-        assert_eq!(call.algorithm, Algorithm::Fa3);
+    fn defaults_to_auto_which_runs_fa3_on_hopper_and_says_why_it_falls_back() {
+        let lse = [BASE + (4 << 30)];
+        let (call, plan) = forward_with("bf16", None, &lse, causal()).expect("valid");
+        assert_eq!(call.options.algorithm, Algorithm::Auto);
+        assert_eq!(call.batch, Batch::Dense);
         assert!(call.options.causal);
+        assert!(plan.to_string().starts_with("auto:"), "{plan}");
+        assert!(
+            plan.kernel_names().starts_with("fa3_forward_bf16_d64"),
+            "{plan}"
+        );
+        assert_eq!(plan.fallback(), None);
+        let (_, plan) = forward_with("f32", None, &lse, causal()).expect("valid");
+        let why = plan.fallback().expect("f32 falls back");
+        assert!(why.contains("fa3 falls back to fa2-tc"), "{why}");
+    }
+
+    /// Every name in `ALGORITHMS` reaches the host, whose plan names it.
+    #[test]
+    fn every_algorithm_is_planned_by_the_host() {
+        let (lse, m_and_l) = ([BASE + (4 << 30)], [BASE + (4 << 30), BASE + (5 << 30)]);
+        for algorithm in Algorithm::ALL {
+            let stats: &[u64] = if algorithm == Algorithm::Fa1 {
+                &m_and_l
+            } else {
+                &lse
+            };
+            let (call, plan) = forward_with("f16", Some(algorithm.name()), stats, causal())
+                .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+            assert_eq!(call.options.algorithm, algorithm);
+            assert!(
+                plan.to_string().starts_with(&format!("{algorithm}:")),
+                "{plan}"
+            );
+        }
     }
 
     #[test]
     fn a_bad_dtype_is_a_type_error_and_the_rest_value_errors() {
         let lse = [BASE + (4 << 30)];
-        assert_eq!(kind(parse_with("f64", None, &lse)), ExceptionKind::Type);
+        let forward =
+            |dtype, algorithm, stats: &[u64]| forward_with(dtype, algorithm, stats, causal());
+        assert_eq!(kind(forward("f64", None, &lse)), ExceptionKind::Type);
         assert_eq!(
-            kind(parse_with("f16", Some("fa4"), &lse)),
-            ExceptionKind::Value
+            rejected(forward("f16", Some("fa4"), &lse)),
+            ("algorithm", ExceptionKind::Value)
         );
         assert_eq!(
-            kind(parse_with("f16", Some("fa1"), &lse)),
-            ExceptionKind::Value
+            rejected(forward("f16", Some("fa1"), &lse)),
+            ("stats", ExceptionKind::Value)
         );
-        assert_eq!(kind(parse_with("f16", None, &[])), ExceptionKind::Value);
-        assert!(parse_with("f32", Some("fa1"), &[lse[0], lse[0] + 4096]).is_ok());
+        assert_eq!(
+            rejected(forward("f16", None, &[])),
+            ("stats", ExceptionKind::Value)
+        );
+        assert_eq!(
+            rejected(forward("f16", None, &[0])),
+            ("lse", ExceptionKind::Value)
+        );
+        assert!(forward("f32", Some("fa1"), &[lse[0], lse[0] + 4096]).is_ok());
+    }
+
+    /// Q, K, V and O go through the host's checks of the call before any device is opened, each
+    /// error naming its tensor.
+    #[test]
+    fn tensors_are_checked_without_a_device() {
+        let t = |i: u64| sdpa(BASE + (i << 30), [1, 2, 16, 64]);
+        let lse = [BASE + (4 << 30)];
+        let check = |tensors| {
+            let form = FormArguments::default();
+            ForwardCall::parse("bf16", tensors, &lse, None, causal(), &form)?.check()
+        };
+        let (q, k, v, o) = (t(0), t(1), t(2), t(3));
+        let cases = [
+            ("q", [(0, q.1, q.2), k, v, o]),
+            ("k", [q, (k.0, k.1, [2048, 1024, 64, 2]), v, o]),
+            ("v", [q, k, (v.0 + 1, v.1, v.2), o]),
+            ("o", [q, k, v, (o.0, [1, 2, 8, 64], o.2)]),
+            ("o", [q, k, v, (o.0, o.1, [0, 0, 0, 1])]),
+            (
+                "head_dim",
+                [q, k, v, o].map(|t| (t.0, [1, 2, 16, 300], [9600, 4800, 300, 1])),
+            ),
+        ];
+        for (name, tensors) in cases {
+            assert_eq!(
+                rejected(check(tensors)),
+                (name, ExceptionKind::Value),
+                "{name}"
+            );
+        }
     }
 
     /// A window and soft-capping reach the forward's options ((−1, −1) is none); the backward
     /// refuses both, naming them, so no gradient is computed without the forward's mask.
     #[test]
     fn windows_and_softcap_run_forward_and_are_named_by_the_backward() {
-        let dims = [1, 2, 16, 64];
-        let t = |i: u64| sdpa(BASE + (i << 30), dims);
         let lse = [BASE + (4 << 30)];
         let scores = Scores {
             causal: true,
@@ -619,23 +821,22 @@ mod tests {
             softcap: 30.0,
             ..Default::default()
         };
-        let call = parse("bf16", t(0), t(1), t(2), t(3), &lse, None, scores).expect("valid");
+        let (call, _) = forward_with("bf16", None, &lse, scores).expect("valid");
         assert_eq!(call.options.window, Some((8, 0)));
         assert_eq!(call.options.softcap, 30.0);
         let unbounded = Scores {
             window: Some((-1, -1)),
             ..Default::default()
         };
-        let call = parse("bf16", t(0), t(1), t(2), t(3), &lse, None, unbounded).expect("valid");
+        let (call, _) = forward_with("bf16", None, &lse, unbounded).expect("valid");
         assert_eq!(call.options.window, None);
         let bad = Scores {
             window: Some((-2, 0)),
             ..Default::default()
         };
-        let error = parse("bf16", t(0), t(1), t(2), t(3), &lse, None, bad).expect_err("refused");
-        assert!(
-            matches!(error, Error::InvalidArgument { name: "window", .. }),
-            "{error}"
+        assert_eq!(
+            rejected(forward_with("bf16", None, &lse, bad)),
+            ("window", ExceptionKind::Value)
         );
         for (window, softcap, name) in [(Some((8, 0)), 0.0, "window"), (None, 5.0, "softcap")] {
             let scores = Scores {
@@ -643,23 +844,8 @@ mod tests {
                 softcap,
                 ..Default::default()
             };
-            let lse = (BASE + (8 << 30), [1, 2, 16], [32, 16, 1]);
-            let error = parse_backward(
-                "bf16",
-                t(0),
-                t(1),
-                t(2),
-                t(3),
-                lse,
-                t(5),
-                [t(5), t(6), t(7)],
-                scores,
-            )
-            .expect_err("the backward has no window or soft-capping");
-            assert!(
-                matches!(error, Error::InvalidArgument { name: n, .. } if n == name),
-                "{error}"
-            );
+            let result = backward_with("bf16", scores, None, |_, _| {});
+            assert_eq!(rejected(result), (name, ExceptionKind::Value));
         }
     }
 
@@ -677,11 +863,14 @@ mod tests {
     /// Edits one argument of a backward call: its tensors (q, k, v, o, d_o, dq, dk, dv) or L.
     type Edit = fn(&mut [TensorArgument; 8], &mut RowsArgument);
 
-    /// A backward call on (1, 2, 16, 64) Q and (1, 2, 24, 64) K, V; `edit` changes one argument.
-    fn parse_backward_with(
+    /// A backward call on (1, 2, 16, 64) Q and (1, 2, 24, 64) K, V, parsed and checked (no
+    /// device); `edit` changes one argument.
+    fn backward_with(
         dtype: &str,
+        scores: Scores,
+        algorithm: Option<&str>,
         edit: impl FnOnce(&mut [TensorArgument; 8], &mut RowsArgument),
-    ) -> flash_attn::Result<BackwardCall> {
+    ) -> flash_attn::Result<(BackwardCall, Plan)> {
         let (q_dims, kv_dims) = ([1, 2, 16, 64], [1, 2, 24, 64]);
         let t = |i: u64, dims| sdpa(BASE + (i << 30), dims);
         // q, k, v, o, d_o, dq, dk, dv
@@ -698,192 +887,36 @@ mod tests {
         let mut lse = (BASE + (8 << 30), [1, 2, 16], [32, 16, 1]);
         edit(&mut tensors, &mut lse);
         let [q, k, v, o, d_o, dq, dk, dv] = tensors;
-        let scores = Scores {
-            causal: true,
-            ..Default::default()
-        };
-        parse_backward(dtype, q, k, v, o, lse, d_o, [dq, dk, dv], scores)
-    }
-
-    fn backward_rejected(
-        result: flash_attn::Result<BackwardCall>,
-    ) -> (&'static str, ExceptionKind) {
-        let error = result.expect_err("expected an error");
-        let kind = exception_kind(&error);
-        match error {
-            Error::InvalidArgument { name, .. } => (name, kind),
-            other => panic!("expected an invalid argument, got {other:?}"),
-        }
-    }
-
-    /// A packed call on flash-attn's (total, heads, d) storage viewed as (1, heads, total, d):
-    /// three sequences of 5, 0 and 11 queries on 7, 3 and 9 keys, 4 query heads on `heads_kv`.
-    struct PackedCase {
-        dtype: &'static str,
-        heads_kv: usize,
-        cu_seqlens_q: Vec<i64>,
-        cu_seqlens_k: Vec<i64>,
-        max_seqlens: [usize; 2],
-        algorithm: Option<&'static str>,
-        scores: Scores,
-    }
-
-    impl Default for PackedCase {
-        fn default() -> Self {
-            Self {
-                dtype: "bf16",
-                heads_kv: 2,
-                cu_seqlens_q: vec![0, 5, 5, 16],
-                cu_seqlens_k: vec![0, 7, 10, 19],
-                max_seqlens: [11, 9],
-                algorithm: None,
-                scores: Scores::default(),
-            }
-        }
-    }
-
-    fn packed(address: u64, [total, heads, d]: [usize; 3]) -> TensorArgument {
-        (
-            address,
-            [1, heads, total, d],
-            [total * heads * d, d, heads * d, 1],
-        )
-    }
-
-    impl PackedCase {
-        fn parse(&self) -> flash_attn::Result<PackedCall> {
-            let (total_q, total_k) = (16, 19);
-            let q = packed(BASE, [total_q, 4, 64]);
-            let kv = |i: u64| packed(BASE + (i << 30), [total_k, self.heads_kv, 64]);
-            let o = packed(BASE + (3 << 30), [total_q, 4, 64]);
-            parse_packed(
-                self.dtype,
-                [q, kv(1), kv(2), o],
-                BASE + (4 << 30),
-                [&self.cu_seqlens_q, &self.cu_seqlens_k],
-                self.max_seqlens,
-                self.algorithm,
-                self.scores,
-            )
-        }
-
-        fn rejected(&self) -> (&'static str, ExceptionKind) {
-            let error = self.parse().expect_err("expected an error");
-            let kind = exception_kind(&error);
-            match error {
-                Error::InvalidArgument { name, .. } => (name, kind),
-                other => panic!("expected an invalid argument, got {other:?}"),
-            }
-        }
+        let call = BackwardCall::parse(
+            dtype,
+            [q, k, v, o],
+            lse,
+            d_o,
+            [dq, dk, dv],
+            scores,
+            algorithm,
+            algorithm == Some("fa2-tc"),
+        )?;
+        let plan = call.check()?;
+        Ok((call, plan))
     }
 
     #[test]
-    fn packed_accepts_a_valid_call_and_takes_its_lengths_from_the_offsets() {
-        let call = PackedCase::default().parse().expect("valid");
-        assert_eq!(call.algorithm, Algorithm::Fa3);
-        assert_eq!(call.batch.sequences(), 3);
-        assert_eq!(call.batch.max_seqlens(), [11, 9]);
-        // A larger max_seqlen is an upper bound, as in flash-attn: accepted.
-        let loose = PackedCase {
-            max_seqlens: [4096, 4096],
-            algorithm: Some("fa2-tc"),
-            ..Default::default()
-        };
-        assert_eq!(loose.parse().expect("valid").algorithm, Algorithm::Fa2Tc);
-        let windowed = PackedCase {
-            scores: Scores {
-                causal: true,
-                window: Some((8, 0)),
-                softcap: 30.0,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let call = windowed.parse().expect("valid");
-        assert_eq!(
-            (call.options.window, call.options.softcap),
-            (Some((8, 0)), 30.0)
-        );
-    }
-
-    /// Edits one argument of a packed call.
-    type PackedEdit = fn(&mut PackedCase);
-
-    #[test]
-    fn packed_errors_name_the_argument() {
-        let cases: [(&str, PackedEdit); 12] = [
-            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![1, 5, 5, 16]), // not from 0
-            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![0, 5, 4, 16]), // decreasing
-            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![0, 5, 5, 15]), // last != q's rows
-            ("cu_seqlens_q", |c| c.cu_seqlens_q = vec![0, -5, 5, 16]), // not a u32
-            ("cu_seqlens_k", |c| c.cu_seqlens_k = vec![0, 7, 10, 20]),
-            ("cu_seqlens_k", |c| c.cu_seqlens_k = vec![0, 19]), // one sequence, q has three
-            ("max_seqlen_q", |c| c.max_seqlens = [10, 9]),      // the longest is 11
-            ("max_seqlen_k", |c| c.max_seqlens = [11, 8]),      // and 9
-            ("k", |c| c.heads_kv = 3),                          // does not divide 4
-            ("algorithm", |c| c.algorithm = Some("fa2")),       // no packed kernels
-            ("algorithm", |c| c.algorithm = Some("fa4")),
-            ("window", |c| c.scores.window = Some((-2, 0))),
-        ];
-        for (name, edit) in cases {
-            let mut case = PackedCase::default();
-            edit(&mut case);
-            assert_eq!(case.rejected(), (name, ExceptionKind::Value), "{name}");
-        }
-        for dtype in ["f32", "f64"] {
-            let case = PackedCase {
-                dtype,
-                ..Default::default()
-            };
-            assert_eq!(case.rejected(), ("dtype", ExceptionKind::Type));
-        }
-    }
-
-    /// The tensors go through the host's checks of borrowed memory (`check_packed`) before any
-    /// device is opened, each error naming its tensor.
-    #[test]
-    fn packed_tensors_are_checked_without_a_device() {
-        let q = packed(BASE, [16, 4, 64]);
-        let k = packed(BASE + (1 << 30), [19, 2, 64]);
-        let o = packed(BASE + (3 << 30), [16, 4, 64]);
-        let parse = |[q, k, v, o]: [TensorArgument; 4], lse| {
-            parse_packed(
-                "bf16",
-                [q, k, v, o],
-                lse,
-                [&[0, 5, 5, 16], &[0, 7, 10, 19]],
-                [11, 9],
-                None,
-                Scores::default(),
-            )
-        };
-        let v = (BASE + (2 << 30), k.1, k.2);
-        assert!(parse([q, k, v, o], BASE + (4 << 30)).is_ok());
-        let cases = [
-            ("q", [(0, q.1, q.2), k, v, o], BASE + (4 << 30)),
-            (
-                "k",
-                [q, (k.0, k.1, [0, 64, 128, 2]), v, o],
-                BASE + (4 << 30),
-            ),
-            ("v", [q, k, (v.0 + 1, v.1, v.2), o], BASE + (4 << 30)),
-            ("o", [q, k, v, (o.0, o.1, [0, 0, 0, 1])], BASE + (4 << 30)),
-            ("lse", [q, k, v, o], 0),
-        ];
-        for (name, tensors, lse) in cases {
-            let error = parse(tensors, lse).expect_err("refused");
-            assert!(
-                matches!(error, Error::InvalidArgument { name: n, .. } if n == name),
-                "{name}: {error}"
-            );
-        }
-    }
-
-    #[test]
-    fn backward_accepts_a_valid_call() {
-        let call = parse_backward_with("f16", |_, _| {}).expect("valid");
+    fn backward_accepts_a_valid_call_and_plans_fa3_by_default() {
+        let (call, plan) = backward_with("f16", causal(), None, |_, _| {}).expect("valid");
         assert!(call.options.causal);
-        assert_eq!(call.arguments.logsumexp.dims, [1, 2, 16]);
+        assert_eq!(call.options.backward_algorithm, Algorithm::Auto);
+        assert_eq!(call.lse.1, [1, 2, 16]);
+        assert!(plan.to_string().starts_with("fa3 backward:"), "{plan}");
+        // The algorithm asked for, deterministic (set with fa2-tc by `backward_with`).
+        let (call, plan) =
+            backward_with("f16", causal(), Some("fa2-tc"), |_, _| {}).expect("valid");
+        assert!(call.options.deterministic);
+        let line = plan.to_string();
+        assert!(
+            line.starts_with("fa2-tc backward:") && line.contains("deterministic"),
+            "{line}"
+        );
     }
 
     #[test]
@@ -897,13 +930,239 @@ mod tests {
         ];
         for (name, edit) in cases {
             assert_eq!(
-                backward_rejected(parse_backward_with("bf16", edit)),
-                (name, ExceptionKind::Value)
+                rejected(backward_with("bf16", causal(), None, edit)),
+                (name, ExceptionKind::Value),
+                "{name}"
             );
         }
         assert_eq!(
-            backward_rejected(parse_backward_with("f64", |_, _| {})),
+            rejected(backward_with("f64", causal(), None, |_, _| {})),
             ("dtype", ExceptionKind::Type)
         );
+        assert_eq!(
+            rejected(backward_with("bf16", causal(), Some("fa4"), |_, _| {})),
+            ("algorithm", ExceptionKind::Value)
+        );
+        assert_eq!(
+            rejected(backward_with("bf16", causal(), Some("fa1"), |_, _| {})),
+            ("backward_algorithm", ExceptionKind::Value)
+        );
+    }
+
+    /// A packed call on flash-attn's (total, heads, d) storage viewed as (1, heads, total, d):
+    /// three sequences of 5, 0 and 11 queries on 7, 3 and 9 keys, 4 query heads on `heads_kv`.
+    struct PackedCase {
+        dtype: &'static str,
+        heads_kv: usize,
+        form: FormArguments,
+        algorithm: Option<&'static str>,
+        scores: Scores,
+        lse: u64,
+    }
+
+    impl Default for PackedCase {
+        fn default() -> Self {
+            Self {
+                dtype: "bf16",
+                heads_kv: 2,
+                form: FormArguments {
+                    cu_seqlens_q: Some(vec![0, 5, 5, 16]),
+                    cu_seqlens_k: Some(vec![0, 7, 10, 19]),
+                    max_seqlen_q: Some(11),
+                    max_seqlen_k: Some(9),
+                },
+                algorithm: None,
+                scores: Scores::default(),
+                lse: BASE + (4 << 30),
+            }
+        }
+    }
+
+    fn packed(address: u64, [total, heads, d]: [usize; 3]) -> TensorArgument {
+        (
+            address,
+            [1, heads, total, d],
+            [total * heads * d, d, heads * d, 1],
+        )
+    }
+
+    impl PackedCase {
+        fn tensors(&self) -> [TensorArgument; 4] {
+            let (total_q, total_k) = (16, 19);
+            let kv = |i: u64| packed(BASE + (i << 30), [total_k, self.heads_kv, 64]);
+            [
+                packed(BASE, [total_q, 4, 64]),
+                kv(1),
+                kv(2),
+                packed(BASE + (3 << 30), [total_q, 4, 64]),
+            ]
+        }
+
+        fn check_with(
+            &self,
+            tensors: [TensorArgument; 4],
+        ) -> flash_attn::Result<(ForwardCall, Plan)> {
+            let call = ForwardCall::parse(
+                self.dtype,
+                tensors,
+                &[self.lse],
+                self.algorithm,
+                self.scores,
+                &self.form,
+            )?;
+            let plan = call.check()?;
+            Ok((call, plan))
+        }
+
+        fn check(&self) -> flash_attn::Result<(ForwardCall, Plan)> {
+            self.check_with(self.tensors())
+        }
+    }
+
+    #[test]
+    fn packed_accepts_a_valid_call_and_takes_its_lengths_from_the_offsets() {
+        let (call, plan) = PackedCase::default().check().expect("valid");
+        assert_eq!(call.options.algorithm, Algorithm::Auto);
+        let Batch::Packed { batch, .. } = &call.batch else {
+            panic!("a packed batch: {:?}", call.batch)
+        };
+        assert_eq!(batch.sequences(), 3);
+        assert_eq!(batch.max_seqlens(), [11, 9]);
+        // L is (1, heads, total_q): flash-attn's (heads, total_q).
+        assert_eq!(plan.statistics_dims(), [1, 4, 16]);
+        assert!(plan.kernel_names().contains("_varlen"), "{plan}");
+        // A larger max_seqlen is an upper bound, as in flash-attn: accepted.
+        let mut loose = PackedCase {
+            algorithm: Some("fa2-tc"),
+            ..Default::default()
+        };
+        loose.form.max_seqlen_q = Some(4096);
+        loose.form.max_seqlen_k = Some(4096);
+        assert_eq!(
+            loose.check().expect("valid").0.options.algorithm,
+            Algorithm::Fa2Tc
+        );
+        let windowed = PackedCase {
+            scores: Scores {
+                causal: true,
+                window: Some((8, 0)),
+                softcap: 30.0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (call, _) = windowed.check().expect("valid");
+        assert_eq!(
+            (call.options.window, call.options.softcap),
+            (Some((8, 0)), 30.0)
+        );
+    }
+
+    /// `PACKED_ALGORITHMS` is what the host's plan takes for a packed batch: each of the others
+    /// is refused, naming `algorithm`.
+    #[test]
+    fn packed_algorithms_are_the_ones_the_host_plans() {
+        for algorithm in Algorithm::ALL {
+            let case = PackedCase {
+                algorithm: Some(algorithm.name()),
+                ..Default::default()
+            };
+            if PACKED_ALGORITHMS.contains(&algorithm) {
+                case.check().unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+            } else {
+                assert_eq!(
+                    rejected(case.check()),
+                    ("algorithm", ExceptionKind::Value),
+                    "{algorithm}"
+                );
+            }
+        }
+    }
+
+    /// Edits one argument of a packed call.
+    type PackedEdit = fn(&mut PackedCase);
+
+    #[test]
+    fn packed_errors_name_the_argument() {
+        let cases: [(&str, PackedEdit); 16] = [
+            ("cu_seqlens_q", |c| {
+                c.form.cu_seqlens_q = Some(vec![1, 5, 5, 16])
+            }), // not from 0
+            ("cu_seqlens_q", |c| {
+                c.form.cu_seqlens_q = Some(vec![0, 5, 4, 16])
+            }), // decreasing
+            ("cu_seqlens_q", |c| {
+                c.form.cu_seqlens_q = Some(vec![0, 5, 5, 15])
+            }), // last != rows
+            ("cu_seqlens_q", |c| {
+                c.form.cu_seqlens_q = Some(vec![0, -5, 5, 16])
+            }), // not a u32
+            ("cu_seqlens_k", |c| {
+                c.form.cu_seqlens_k = Some(vec![0, 7, 10, 20])
+            }),
+            ("cu_seqlens_k", |c| c.form.cu_seqlens_k = Some(vec![0, 19])), // one sequence
+            ("max_seqlen_q", |c| c.form.max_seqlen_q = Some(10)),          // the longest is 11
+            ("max_seqlen_k", |c| c.form.max_seqlen_k = Some(8)),           // and 9
+            // The packed form takes its four keywords together.
+            ("cu_seqlens_q", |c| c.form.cu_seqlens_q = None),
+            ("cu_seqlens_k", |c| c.form.cu_seqlens_k = None),
+            ("max_seqlen_q", |c| c.form.max_seqlen_q = None),
+            ("max_seqlen_k", |c| c.form.max_seqlen_k = None),
+            ("k", |c| c.heads_kv = 3), // does not divide 4
+            ("algorithm", |c| c.algorithm = Some("fa2")), // no packed kernels
+            ("algorithm", |c| c.algorithm = Some("fa4")),
+            ("window", |c| c.scores.window = Some((-2, 0))),
+        ];
+        for (name, edit) in cases {
+            let mut case = PackedCase::default();
+            edit(&mut case);
+            assert_eq!(
+                rejected(case.check()),
+                (name, ExceptionKind::Value),
+                "{name}"
+            );
+        }
+        for dtype in ["f32", "f64"] {
+            let case = PackedCase {
+                dtype,
+                ..Default::default()
+            };
+            assert_eq!(rejected(case.check()), ("dtype", ExceptionKind::Type));
+        }
+    }
+
+    /// The tensors go through the host's checks of the call before any device is opened, each
+    /// error naming its tensor.
+    #[test]
+    fn packed_tensors_are_checked_without_a_device() {
+        let case = PackedCase::default();
+        let [q, k, v, o] = case.tensors();
+        assert!(case.check_with([q, k, v, o]).is_ok());
+        let cases = [
+            ("q", [(0, q.1, q.2), k, v, o]),
+            ("k", [q, (k.0, k.1, [0, 64, 128, 2]), v, o]),
+            ("v", [q, k, (0, v.1, v.2), o]),
+            ("o", [q, k, v, (o.0, o.1, [0, 0, 0, 1])]),
+        ];
+        for (name, tensors) in cases {
+            assert_eq!(
+                rejected(case.check_with(tensors)),
+                (name, ExceptionKind::Value),
+                "{name}"
+            );
+        }
+        // A misaligned tensor leaves the packed kernels (tensor cores only) nothing to run on:
+        // the plan's refusal says which tensor.
+        let misaligned = case.check_with([q, k, (v.0 + 2, v.1, v.2), o]);
+        let error = misaligned.expect_err("refused").to_string();
+        assert!(
+            error.contains("v's rows are not 16-byte aligned"),
+            "{error}"
+        );
+        let no_lse = PackedCase {
+            lse: 0,
+            ..Default::default()
+        };
+        assert_eq!(rejected(no_lse.check()), ("lse", ExceptionKind::Value));
     }
 }

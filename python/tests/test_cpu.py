@@ -15,9 +15,15 @@ BASE = 0x7F00_0000_0000
 def test_import_without_a_gpu_or_torch():
     assert callable(flash_attn_rs.flash_attn_func)
     assert callable(flash_attn_rs.scaled_dot_product_attention)
-    assert "fa3" in flash_attn_rs.ALGORITHMS
-    assert _native.DEFAULT_ALGORITHM == "fa3"
+    assert "auto" in flash_attn_rs.ALGORITHMS and "fa3" in flash_attn_rs.ALGORITHMS
+    assert _native.DEFAULT_ALGORITHM == "auto"
     assert flash_attn_rs.last_plan() is None
+
+
+def test_native_has_one_forward_and_one_backward():
+    launches = {name for name in dir(_native)
+                if not name.startswith("_") and callable(getattr(_native, name))}
+    assert launches == {"forward", "backward", "workspace_peak_bytes", "reset_workspace_peak"}
 
 
 # -- the native half, with plain integers ---------------------------------------------------
@@ -31,12 +37,18 @@ def sdpa(i, dims=(1, 2, 16, 64)):
 def native_check(dtype="bf16", dims=(1, 2, 16, 64), stats=None, **kwargs):
     stats = [BASE + (4 << 30)] if stats is None else stats
     t = [sdpa(i, dims) for i in range(4)]
-    _native.forward(dtype=dtype, q=t[0], k=t[1], v=t[2], o=t[3], stats=stats, **kwargs)
+    return _native.forward(dtype=dtype, q=t[0], k=t[1], v=t[2], o=t[3], stats=stats, **kwargs)
 
 
 def test_native_accepts_a_valid_call():
-    native_check()
+    assert native_check() is None  # checked, nothing launched
     native_check(dtype="f32", algorithm="fa1", stats=[BASE, BASE + 4096], causal=True)
+
+
+@pytest.mark.parametrize("algorithm", flash_attn_rs.ALGORITHMS)
+def test_native_takes_every_algorithm(algorithm):
+    stats = [BASE, BASE + 4096] if algorithm == "fa1" else None
+    native_check(dtype="f16", algorithm=algorithm, stats=stats)
 
 
 def test_native_dtype_is_a_type_error():
@@ -229,6 +241,16 @@ def test_native_backward_checks_without_a_device():
         native_backward(lse=(BASE, [1, 2, 24], [48, 24, 1]))
 
 
+def test_native_backward_takes_its_algorithm_and_determinism():
+    for algorithm in (None, "auto", "fa3", "fa2-tc", "fa2", "standard"):
+        assert native_backward(algorithm=algorithm) is None
+    assert native_backward(algorithm="fa2-tc", deterministic=True) is None
+    with pytest.raises(ValueError, match="`backward_algorithm`"):
+        native_backward(algorithm="fa1")  # no backward
+    with pytest.raises(ValueError, match="`algorithm`"):
+        native_backward(algorithm="fa4")
+
+
 def test_native_backward_takes_grouped_kv_heads():
     """One K/V head for both query heads (MQA): dK and dV have K's one head."""
     assert native_backward(dims_kv=(1, 1, 24, 64)) is None
@@ -244,15 +266,22 @@ def packed(i, total, heads, d=64):
     return (BASE + (i << 30), [1, heads, total, d], [total * heads * d, d, heads * d, 1])
 
 
+OMIT = object()  # a packed keyword left out
+
+
 def native_packed(cu_seqlens_q=(0, 5, 5, 16), cu_seqlens_k=(0, 7, 10, 19), max_seqlen_q=11,
-                  max_seqlen_k=9, heads_kv=2, dtype="bf16", **kwargs):
-    """Three sequences (5, 0 and 11 queries on 7, 3 and 9 keys), 4 query heads on `heads_kv`."""
+                  max_seqlen_k=9, heads_kv=2, dtype="bf16", stats=None, **kwargs):
+    """The native forward of a packed batch: three sequences (5, 0 and 11 queries on 7, 3 and 9
+    keys), 4 query heads on `heads_kv`. OMIT leaves a packed keyword out."""
     total_q, total_k = 16, 19
-    return _native.forward_packed(
+    form = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k)
+    form = {name: list(value) if isinstance(value, tuple) else value
+            for name, value in form.items() if value is not OMIT}
+    return _native.forward(
         dtype=dtype, q=packed(0, total_q, 4), k=packed(1, total_k, heads_kv),
-        v=packed(2, total_k, heads_kv), o=packed(3, total_q, 4), lse=BASE + (4 << 30),
-        cu_seqlens_q=list(cu_seqlens_q), cu_seqlens_k=list(cu_seqlens_k),
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kwargs,
+        v=packed(2, total_k, heads_kv), o=packed(3, total_q, 4),
+        stats=[BASE + (4 << 30)] if stats is None else stats, **form, **kwargs,
     )
 
 
@@ -261,7 +290,9 @@ def test_native_packed_accepts_a_valid_call():
     assert native_packed(algorithm="fa2-tc", causal=True, window=(8, 0), softcap=30.0) is None
     # max_seqlen is an upper bound, as in flash-attn: a larger one is fine.
     assert native_packed(max_seqlen_q=4096, max_seqlen_k=4096, heads_kv=1) is None
-    assert flash_attn_rs.PACKED_ALGORITHMS == ("fa3", "fa2-tc")
+    assert flash_attn_rs.PACKED_ALGORITHMS == ("auto", "fa3", "fa2-tc")
+    for algorithm in flash_attn_rs.PACKED_ALGORITHMS:
+        assert native_packed(algorithm=algorithm) is None
 
 
 @pytest.mark.parametrize(
@@ -274,11 +305,17 @@ def test_native_packed_accepts_a_valid_call():
         (dict(cu_seqlens_q=(0,)), "cu_seqlens_q"),  # no sequence
         (dict(cu_seqlens_k=(0, 7, 10, 20)), "cu_seqlens_k"),  # last != k's rows
         (dict(cu_seqlens_k=(0, 19)), "cu_seqlens_k"),  # not one per query sequence
+        (dict(cu_seqlens_q=OMIT), "cu_seqlens_q"),  # the four keywords come together
+        (dict(cu_seqlens_k=OMIT), "cu_seqlens_k"),
+        (dict(max_seqlen_q=OMIT), "max_seqlen_q"),
+        (dict(max_seqlen_k=OMIT), "max_seqlen_k"),
         (dict(max_seqlen_q=10), "max_seqlen_q"),  # below the longest (11)
         (dict(max_seqlen_k=8), "max_seqlen_k"),
         (dict(heads_kv=3), "k"),  # does not divide 4
         (dict(algorithm="fa2"), "algorithm"),  # no packed kernels
         (dict(algorithm="standard"), "algorithm"),
+        (dict(algorithm="fa1", stats=[BASE, BASE + 4096]), "algorithm"),
+        (dict(stats=[0]), "lse"),
         (dict(window=(-2, 0)), "window"),
         (dict(softcap=-1.0), "softcap"),
         (dict(softmax_scale=float("nan")), "softmax_scale"),

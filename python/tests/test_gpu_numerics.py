@@ -174,14 +174,15 @@ def test_every_algorithm(dtype, algorithm, causal):
           lambda: [view(t.grad) for t in (q, k, v)], scale=0.3)
 
 
-def test_default_is_fa3_on_hopper():
-    """algorithm=None runs FA3's kernels on compute capability 9.0 (bf16, d = 128)."""
+def test_default_is_auto_running_fa3_on_hopper():
+    """algorithm=None is "auto", which runs FA3's kernels on compute capability 9.0 (bf16,
+    d = 128)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("not a compute capability 9.0 device")
     q = randn((1, 256, 2, 128), torch.bfloat16, generator(7))
     flash_attn_rs.flash_attn_func(q, q, q)
     plan = flash_attn_rs.last_plan()
-    assert plan.startswith("fa3:") and "fa3_forward_bf16_d128" in plan, plan
+    assert plan.startswith("auto:") and "fa3_forward_bf16_d128" in plan, plan
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
@@ -264,7 +265,7 @@ SCORES = [((64, 0), 0.0, True), ((32, 16), 30.0, False), ((-1, -1), 20.0, True),
 @pytest.mark.parametrize("algorithm", [None, "fa2-tc"], ids=["default", "fa2-tc"])
 @pytest.mark.parametrize("scores", SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
 def test_windows_and_softcap_forward(dtype, algorithm, scores):
-    """flash_attn_func's window_size and softcap (forward only) on fa3 (the default) and fa2-tc:
+    """flash_attn_func's window_size and softcap (forward only) on auto (the default) and fa2-tc:
     O and L against the float64 reference with the same window and capping; the backward raises
     a ValueError naming them."""
     window, softcap, causal = scores

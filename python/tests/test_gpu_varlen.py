@@ -1,6 +1,6 @@
 """flash_attn_varlen_func (packed batches of sequences of different lengths) against the float64
 reference built sequence by sequence (``reference.packed_attention64``), with the tolerance rule
-of test_gpu_numerics.py: fa3 (the default; it runs fa2-tc off compute capability 9.0) and fa2-tc,
+of test_gpu_numerics.py: auto (the default: fa3, fa2-tc off compute capability 9.0) and fa2-tc,
 float16 and bfloat16, causal and not, grouped K/V heads, a window and soft-capping, uneven
 lengths with empty sequences, more sequences than one launch's table, sliced inputs, and L.
 Forward only: the library has no packed backward yet (its refusal is checked here too).
@@ -149,13 +149,13 @@ def test_varlen_sliced_inputs_cpu_int64_offsets_and_a_loose_bound():
     assert torch.equal(o_only, o)
 
 
-def test_varlen_default_is_fa3_on_hopper():
+def test_varlen_default_is_auto_running_fa3_on_hopper():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("not a compute capability 9.0 device")
     q, k, v, cu_q, cu_k = packed_inputs("varlen fa3", SELF, 2, 2, 128, torch.bfloat16)
     run(q, k, v, cu_q, cu_k)
     plan = flash_attn_rs.last_plan()
-    assert plan.startswith("fa3:") and "fa3_forward_bf16_d128" in plan and "_varlen" in plan, plan
+    assert plan.startswith("auto:") and "fa3_forward_bf16_d128" in plan and "_varlen" in plan, plan
 
 
 def test_varlen_backward_raises_not_implemented():

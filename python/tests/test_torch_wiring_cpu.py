@@ -25,9 +25,13 @@ def to_sdpa(t, layout):
 
 
 def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None,
-                 softcap=0.0):
+                 softcap=0.0, packed=None):
     """The forward launch's contract, in float64 math: O in q's shape and dtype, L f32."""
     assert dtype == _checks.DTYPES[str(q.dtype)]
+    if packed is not None:
+        assert layout == _checks.PACKED
+        return fake_forward_packed(q, k, v, *packed, dtype, softmax_scale, causal, algorithm,
+                                   window, softcap)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64 = (to_sdpa(t, layout).detach().double() for t in (q, k, v))
     o, lse = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
@@ -53,17 +57,18 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
 
 
 def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
-                        causal, algorithm, window=None, softcap=0.0):
-    """The packed launch's contract: the native half's real checks on what the real launch passes
-    it (without a device: nothing launches), then float64 math sequence by sequence: O in q's
-    shape and dtype, L f32 (heads, total_q)."""
+                        causal, algorithm, window, softcap):
+    """The packed launch's contract: the native forward's real checks on what the real launch
+    passes it (the same keywords and statistics; without a device nothing launches), then float64
+    math sequence by sequence: O in q's shape and dtype, L f32 (heads, total_q)."""
     total_q, heads, d = q.shape
     o = torch.empty(q.shape, dtype=q.dtype)
-    lse = torch.empty((heads, total_q), dtype=torch.float32)
-    arguments = _launch.packed_arguments(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
-                                         max_seqlens, dtype)
-    assert _native.forward_packed(**arguments, algorithm=algorithm,
-                                  **_launch.scores(softmax_scale, causal, window, softcap)) is None
+    stats = _launch.statistics(torch, q, _checks.PACKED, algorithm)
+    assert [s.shape for s in stats] == [(1, heads, total_q)]
+    packed = (cu_seqlens_q, cu_seqlens_k, max_seqlens)
+    arguments = _launch.forward_arguments(q, k, v, o, stats, _checks.PACKED, dtype, softmax_scale,
+                                          causal, algorithm, window, softcap, packed)
+    assert _native.forward(**arguments) is None
     scale = d**-0.5 if softmax_scale is None else softmax_scale
     o64, lse64 = ref.packed_attention64(
         *(t.detach().double() for t in (q, k, v)), arguments["cu_seqlens_q"],
@@ -78,7 +83,6 @@ def cpu_launches(monkeypatch):
     monkeypatch.setattr(_checks, "DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(_launch, "forward", fake_forward)
     monkeypatch.setattr(_launch, "backward", fake_backward)
-    monkeypatch.setattr(_launch, "forward_packed", fake_forward_packed)
 
 
 @pytest.mark.parametrize("layout", ["flash", "sdpa"])

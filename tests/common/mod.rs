@@ -114,3 +114,91 @@ pub fn normal_tensors<const N: usize>(
         })
     })
 }
+
+/// The forward of `algorithm` on owned tensors through the front door (new outputs).
+#[allow(dead_code)]
+pub fn forward<T: flash_attn::Element>(
+    gpu: &Gpu,
+    algorithm: flash_attn::Algorithm,
+    q: &flash_attn::DeviceTensor<T>,
+    k: &flash_attn::DeviceTensor<T>,
+    v: &flash_attn::DeviceTensor<T>,
+    options: &flash_attn::AttentionOptions,
+) -> flash_attn::Result<flash_attn::AttentionOutput<T>> {
+    flash_attn::Attention::new(q, k, v)
+        .options(*options)
+        .algorithm(algorithm)
+        .forward(gpu)
+}
+
+/// The backward `backward` asks for, through the front door, into `gradients`; its plan.
+#[allow(dead_code, clippy::too_many_arguments)]
+pub fn backward_into<T: flash_attn::Element>(
+    gpu: &Gpu,
+    q: &flash_attn::DeviceTensor<T>,
+    k: &flash_attn::DeviceTensor<T>,
+    v: &flash_attn::DeviceTensor<T>,
+    forward: &flash_attn::AttentionOutput<T>,
+    d_o: &flash_attn::DeviceTensor<T>,
+    gradients: &mut flash_attn::Gradients<flash_attn::DeviceTensor<T>>,
+    options: &flash_attn::AttentionOptions,
+    backward: &flash_attn::attention::backward_plan::BackwardOptions,
+) -> flash_attn::Result<flash_attn::attention::BackwardPlan> {
+    let flash_attn::RowStatistics::LogSumExp(logsumexp) = &forward.stats else {
+        return Err(Error::InvalidArgument {
+            name: "forward.stats",
+            value: "FA1's m and ℓ".into(),
+            allowed: "L = m + log ℓ".into(),
+        });
+    };
+    let options = flash_attn::AttentionOptions {
+        backward_algorithm: backward.algorithm.into(),
+        deterministic: backward.deterministic,
+        ..*options
+    };
+    let flash_attn::Gradients { dq, dk, dv } = gradients;
+    let plan = flash_attn::Attention::new(q, k, v)
+        .options(options)
+        .backward_into(
+            gpu,
+            flash_attn::BackwardTensors {
+                o: (&forward.o).into(),
+                logsumexp: logsumexp.into(),
+                d_o: d_o.into(),
+                gradients: flash_attn::Gradients {
+                    dq: dq.into(),
+                    dk: dk.into(),
+                    dv: dv.into(),
+                },
+            },
+        )?;
+    match plan.pass {
+        flash_attn::attention::PassPlan::Backward(plan) => Ok(plan),
+        _ => unreachable!("a backward plan"),
+    }
+}
+
+/// The lab's `run_backward_poisoned` with the backward `backward` asks for; its backward plan.
+#[allow(dead_code)]
+pub fn run_backward_poisoned<T: flash_attn::Element>(
+    gpu: &Gpu,
+    tensors: [&flash_attn::DeviceTensor<T>; 4],
+    options: &flash_attn::AttentionOptions,
+    backward: &flash_attn::attention::backward_plan::BackwardOptions,
+    layout: flash_attn::Layout,
+) -> flash_attn::Result<(
+    flash_attn::Gradients<flash_attn::DeviceTensor<T>>,
+    flash_attn::attention::BackwardPlan,
+)> {
+    let options = flash_attn::AttentionOptions {
+        backward_algorithm: backward.algorithm.into(),
+        deterministic: backward.deterministic,
+        ..*options
+    };
+    let (gradients, plan) =
+        flash_attn::tools::check_backward::run_backward_poisoned(gpu, tensors, &options, layout)?;
+    match plan.pass {
+        flash_attn::attention::PassPlan::Backward(plan) => Ok((gradients, plan)),
+        _ => unreachable!("a backward plan"),
+    }
+}

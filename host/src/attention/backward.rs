@@ -23,7 +23,7 @@ use crate::model::traffic::BackwardIoCounts;
 use crate::tensor::DeviceTensor;
 
 /// dQ, dK, dV: each the shape of the input it is the gradient of.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Gradients<X> {
     pub dq: X,
     pub dk: X,
@@ -420,10 +420,10 @@ mod tests {
             Err(Error::InvalidArgument { name, .. }) => name,
             other => panic!("expected an invalid argument, got {other:?}"),
         };
-        let mut bad = good.clone();
+        let mut bad = good;
         bad.dq.dims = KV;
         assert_eq!(name(bad), "dq");
-        let mut bad = good.clone();
+        let mut bad = good;
         bad.dv.dtype = DType::F32;
         assert_eq!(name(bad), "dv");
         let mut bad = good;

@@ -1,8 +1,6 @@
-//! The backward on the GPU: [`attention_backward_into`] checks every argument with
-//! [`BackwardProblem`], plans the call (`backward_plan`), allocates the workspace (D, the f32 dQ
-//! accumulator, deterministic mode's flags, grouped heads' expanded dK and dV), launches the
-//! plan's kernels, and writes dQ, dK, dV into the caller's tensors; [`attention_backward`]
-//! allocates them.
+//! The backward's launches: a checked call's plan (`backward_plan`) run with its workspace (D,
+//! the f32 dQ accumulator, deterministic mode's flags, grouped heads' expanded dK and dV),
+//! writing dQ, dK, dV into the run's tensors.
 //!
 //! Grouped K/V heads (GQA/MQA): each K/V head's dK and dV are the sums over the query heads of
 //! its group. The plan then runs the main kernels compiled for grouped heads (the standard
@@ -19,161 +17,43 @@ use flash_kernels::common::params::{
 };
 use flash_kernels::registry::{ElementType, Family, StandardBackwardStage};
 
-use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
-use super::backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
-use super::problem::{AttentionOptions, Problem};
-use super::{AttentionOutput, RowStatistics};
+use super::backward::Gradients;
+use super::backward_plan::{BackwardAlgorithm, BackwardPlan};
+use super::problem::Problem;
 use crate::device::Gpu;
 use crate::device::tensor_map::{self, MapOperand};
-use crate::dtype::Element;
-use crate::error::{Error, Result};
-use crate::tensor::{DeviceTensor, Layout};
-
-/// [`attention_backward_into`] into new gradient tensors in `layout`; returns them and the plan.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward<T: Element>(
-    gpu: &Gpu,
-    q: &DeviceTensor<T>,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    forward: &AttentionOutput<T>,
-    d_o: &DeviceTensor<T>,
-    options: &AttentionOptions,
-    backward: &BackwardOptions,
-    layout: Layout,
-) -> Result<(Gradients<DeviceTensor<T>>, BackwardPlan)> {
-    // The shapes are checked (again, with the rest) by the call below; these only size buffers.
-    let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
-    let (q_dims, kv_dims) = (problem.q_dims(), problem.kv_dims());
-    let zeros = |dims| DeviceTensor::filled(gpu, dims, layout, T::from_f64(0.0));
-    let mut gradients = Gradients {
-        dq: zeros(q_dims)?,
-        dk: zeros(kv_dims)?,
-        dv: zeros(kv_dims)?,
-    };
-    let plan = attention_backward_into(
-        gpu,
-        q,
-        k,
-        v,
-        forward,
-        d_o,
-        &mut gradients,
-        options,
-        backward,
-    )?;
-    Ok((gradients, plan))
-}
-
-/// The FA2 backward on the GPU: dQ, dK, dV of softmax(scale·Q·Kᵀ \[causal\])·V given dO, written
-/// into `gradients` (dQ Q's shape, dK and dV K's, each any strides with a contiguous head dim).
-///
-/// `forward` is the forward's output for these Q, K, V and `options` (its O and L; a plan it
-/// carries must be this problem's): L = m + log ℓ, as FA2, FA2-TC, FA3 and standard attention
-/// return it (FA1's m and ℓ are refused). Checks every argument before any launch; returns the
-/// plan. The workspace (D and the dQ accumulator) is allocated for this call and freed in stream
-/// order after its kernels.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_into<T: Element>(
-    gpu: &Gpu,
-    q: &DeviceTensor<T>,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    forward: &AttentionOutput<T>,
-    d_o: &DeviceTensor<T>,
-    gradients: &mut Gradients<DeviceTensor<T>>,
-    options: &AttentionOptions,
-    backward: &BackwardOptions,
-) -> Result<BackwardPlan> {
-    let RowStatistics::LogSumExp(logsumexp) = &forward.stats else {
-        return Err(Error::invalid(
-            "forward.stats",
-            "FA1's m and ℓ",
-            "L = m + log ℓ (run the forward with fa2, fa2-tc, fa3 or standard)",
-        ));
-    };
-    let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
-    let arguments = BackwardArguments {
-        q: TensorSpec::of_device(q),
-        k: TensorSpec::of_device(k),
-        v: TensorSpec::of_device(v),
-        o: TensorSpec::of_device(&forward.o),
-        d_o: TensorSpec::of_device(d_o),
-        logsumexp: if logsumexp.len() == problem.rows() {
-            [problem.batch, problem.heads, problem.seqlen_q]
-        } else {
-            [logsumexp.len(), 1, 1]
-        },
-        forward: forward.plan.as_ref().map(|plan| plan.problem),
-    };
-    let checked = BackwardProblem::new(&arguments, options)?;
-    checked.check_gradients(&Gradients {
-        dq: TensorSpec::of_device(&gradients.dq),
-        dk: TensorSpec::of_device(&gradients.dk),
-        dv: TensorSpec::of_device(&gradients.dv),
-    })?;
-    let call = BackwardCall {
-        operands: Operands {
-            q: q.view(gpu),
-            k: k.view(gpu),
-            v: v.view(gpu),
-            o: forward.o.view(gpu),
-        },
-        d_o: d_o.view(gpu),
-        gradients: Gradients {
-            dq: gradients.dq.view(gpu),
-            dk: gradients.dk.view(gpu),
-            dv: gradients.dv.view(gpu),
-        },
-        logsumexp: gpu.address(logsumexp),
-    };
-    launch_backward(gpu, &checked, call, backward)
-}
+use crate::error::Result;
 
 /// Where one backward call's tensors are on the device: Q, K, V, O, dO, dQ, dK, dV and L.
-pub(super) struct BackwardCall {
+pub(crate) struct BackwardCall {
     pub operands: Operands,
     pub d_o: TensorView,
     pub gradients: Gradients<TensorView>,
     pub logsumexp: u64,
 }
 
-/// Plans a checked backward problem against the device (`backward`'s algorithm and mode, the
-/// tensor-core kernel's alignment checked on `call`'s views), allocates its workspace (D, the dQ
-/// accumulator and deterministic mode's flags, freed in stream order after the kernels) and
-/// launches the pre-pass, the main kernel and the post-pass on `gpu`'s stream. Shared by
-/// [`attention_backward_into`] and the call on borrowed memory (`borrowed_backward`).
-pub(super) fn launch_backward(
-    gpu: &Gpu,
-    checked: &BackwardProblem,
-    call: BackwardCall,
-    backward: &BackwardOptions,
-) -> Result<BackwardPlan> {
-    let views = BackwardViews {
-        q: call.operands.q,
-        k: call.operands.k,
-        v: call.operands.v,
-        d_o: call.d_o,
-        dk: call.gradients.dk,
-        dv: call.gradients.dv,
-    };
-    let plan = BackwardPlan::new(gpu, checked.dtype, &checked.problem, backward, Some(&views))?;
+/// Launches a backward plan on `gpu`'s stream for a checked call at `call`'s addresses: its
+/// workspace (D, the dQ accumulator and deterministic mode's flags, grouped heads' expanded dK
+/// and dV; freed in stream order after the kernels), the pre-pass, the main kernel, the
+/// post-pass, and the group sum.
+pub(crate) fn launch_backward(gpu: &Gpu, plan: &BackwardPlan, call: BackwardCall) -> Result<()> {
+    let problem = &plan.problem;
     // Grouped K/V heads: the main kernels store dK and dV per query head into the expanded
     // workspace, which the group sum adds into the caller's dK and dV at the end.
     // Dropped at the end of this call: freed in stream order, after the kernels that use it.
-    let expanded = ExpandedGradients::alloc(gpu, &plan)?;
+    let expanded = ExpandedGradients::alloc(gpu, plan)?;
     let stored = match &expanded {
-        Some(expanded) => expanded.stored(gpu, &checked.problem, call.gradients.dq),
-        None => call.gradients.clone(),
+        Some(expanded) => expanded.stored(gpu, problem, call.gradients.dq),
+        None => call.gradients,
     };
     if plan.algorithm == BackwardAlgorithm::Standard {
-        launch_standard_backward(gpu, checked, &call, &stored, &plan)?;
+        launch_standard_backward(gpu, plan, &call, &stored)?;
     } else {
-        launch_fa2_backward(gpu, checked, &call, &stored, &plan)?;
+        launch_fa2_backward(gpu, plan, &call, &stored)?;
     }
     if let (Some(expanded), Some(planned)) = (&expanded, plan.group_sum()) {
         let params = GroupSumParams {
-            shape: checked.problem.shape(),
+            shape: problem.shape(),
             expanded_dk: gpu.address(&expanded.dk),
             expanded_dv: gpu.address(&expanded.dv),
             dk: call.gradients.dk,
@@ -181,7 +61,7 @@ pub(super) fn launch_backward(
         };
         gpu.launch(planned.kernel, planned.launch, params)?;
     }
-    Ok(plan)
+    Ok(())
 }
 
 /// The expanded dK and dV of a grouped call: one head per query head, (batch·heads_q,
@@ -228,10 +108,9 @@ impl ExpandedGradients {
 /// accumulator, deterministic mode's flags), dK and dV stored into `stored`.
 fn launch_fa2_backward(
     gpu: &Gpu,
-    checked: &BackwardProblem,
+    plan: &BackwardPlan,
     call: &BackwardCall,
     stored: &Gradients<TensorView>,
-    plan: &BackwardPlan,
 ) -> Result<()> {
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
@@ -243,7 +122,7 @@ fn launch_fa2_backward(
     }
     let params = Fa2BackwardParams {
         operands: call.operands,
-        shape: checked.problem.shape(),
+        shape: plan.problem.shape(),
         d_o: call.d_o,
         dq: stored.dq,
         dk: stored.dk,
@@ -262,7 +141,7 @@ fn launch_fa2_backward(
         BackwardAlgorithm::Fa3 => {
             let main_params = Fa3BackwardParams {
                 base: params,
-                tensor_maps: fa3_tensor_maps(gpu, checked, call, plan)?,
+                tensor_maps: fa3_tensor_maps(gpu, call, plan)?,
             };
             gpu.launch(main.kernel, main.launch, main_params)?
         }
@@ -284,13 +163,8 @@ fn launch_fa2_backward(
 
 /// The FA3 backward's tensor maps (Q, K, V, dO; `device::tensor_map`), boxes of 64 columns ×
 /// the plan's B_r rows (Q, dO) or B_c rows (K, V), in the device ring.
-fn fa3_tensor_maps(
-    gpu: &Gpu,
-    checked: &BackwardProblem,
-    call: &BackwardCall,
-    plan: &BackwardPlan,
-) -> Result<u64> {
-    let (q_dims, kv_dims) = (checked.problem.q_dims(), checked.problem.kv_dims());
+fn fa3_tensor_maps(gpu: &Gpu, call: &BackwardCall, plan: &BackwardPlan) -> Result<u64> {
+    let (q_dims, kv_dims) = (plan.problem.q_dims(), plan.problem.kv_dims());
     let (rows, keys) = (plan.block_rows, plan.block_cols);
     let maps = tensor_map::encode_call(
         &[
@@ -299,7 +173,7 @@ fn fa3_tensor_maps(
             MapOperand::new("v", &call.operands.v, kv_dims, keys),
             MapOperand::new("d_o", &call.d_o, q_dims, rows),
         ],
-        ElementType::from(checked.dtype),
+        ElementType::from(plan.dtype),
     )?;
     gpu.tensor_maps(maps)
 }
@@ -310,10 +184,9 @@ fn fa3_tensor_maps(
 /// and dV stored into `stored`.
 fn launch_standard_backward(
     gpu: &Gpu,
-    checked: &BackwardProblem,
+    plan: &BackwardPlan,
     call: &BackwardCall,
     stored: &Gradients<TensorView>,
-    plan: &BackwardPlan,
 ) -> Result<()> {
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
     let scores = gpu.alloc::<f32>(plan.scores, "the standard backward's S, dP and dS")?;
@@ -324,7 +197,7 @@ fn launch_standard_backward(
     let logsumexp = gpu.alloc::<f32>(plan.delta, "the standard backward's recomputed L")?;
     let base = StandardParams {
         operands: call.operands,
-        shape: checked.problem.shape(),
+        shape: plan.problem.shape(),
         scores: gpu.address(&scores),
         probs: gpu.address(&probs),
         logsumexp: gpu.address(&logsumexp),

@@ -68,6 +68,18 @@ impl BackwardAlgorithm {
     }
 }
 
+impl From<BackwardAlgorithm> for super::problem::Algorithm {
+    fn from(algorithm: BackwardAlgorithm) -> Self {
+        use super::problem::Algorithm;
+        match algorithm {
+            BackwardAlgorithm::Fa2 => Algorithm::Fa2,
+            BackwardAlgorithm::Fa2Tc => Algorithm::Fa2Tc,
+            BackwardAlgorithm::Fa3 => Algorithm::Fa3,
+            BackwardAlgorithm::Standard => Algorithm::Standard,
+        }
+    }
+}
+
 impl fmt::Display for BackwardAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -403,6 +415,15 @@ impl BackwardPlan {
     }
 
     /// Every kernel's name, in launch order, joined by `+`.
+    /// Whether the main kernel copies rows 16 bytes at a time (cp.async, TMA; fa2-tc, fa3), so
+    /// that dO, dK and dV with unaligned rows cannot take this plan.
+    pub fn needs_aligned_rows(&self) -> bool {
+        matches!(
+            self.algorithm,
+            BackwardAlgorithm::Fa2Tc | BackwardAlgorithm::Fa3
+        )
+    }
+
     pub fn kernel_names(&self) -> String {
         kernel_names(&self.launches)
     }

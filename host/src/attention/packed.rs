@@ -14,18 +14,15 @@
 //! default tiling) run it; FA3 falls back to FA2-TC where it cannot run (the plan says why), and
 //! the other algorithms refuse a packed batch.
 
-use cudarc::driver::CudaSlice;
 use flash_kernels::common::params::{
     AttentionShape, MAX_SEQUENCES_PER_LAUNCH, Operands, PackedParams, PackedSequences,
 };
-use ndarray::Array2;
 
-use super::plan::{Blocks, Launch, Plan, PlannedLaunch};
-use super::{Algorithm, AttentionOptions, Problem, fa2_params, fa3_params};
+use super::plan::{Blocks, ForwardPlan, Launch, PlannedLaunch};
+use super::{AttentionOptions, Problem, fa2_params, fa3_params};
 use crate::device::{Gpu, ParamBlock};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::tensor::{DeviceTensor, Layout};
 
 /// The sequences of a packed batch: their cumulative offsets into Q's rows and into K's and V's,
 /// checked (see [`PackedBatch::new`]).
@@ -192,7 +189,7 @@ impl PackedBatch {
 /// launch's sequence count); the grid's row blocks stay the longest sequence's of the whole batch.
 fn launch_sequences<P: ParamBlock>(
     gpu: &Gpu,
-    plan: &Plan,
+    plan: &ForwardPlan,
     problem: &Problem,
     batch: &PackedBatch,
     family: P,
@@ -227,134 +224,29 @@ fn cumulative(lengths: &[usize]) -> Result<Vec<u32>> {
     Ok(offsets)
 }
 
-/// O (Q's dims and layout) and L, (heads, total_q), of a packed batch, and the plan of the call
-/// that wrote them (`None` before one has).
-pub struct PackedOutput<T> {
-    pub o: DeviceTensor<T>,
-    pub logsumexp: CudaSlice<f32>,
-    pub plan: Option<Plan>,
-}
-
-impl<T> PackedOutput<T> {
-    /// L as a (heads, total_q) array.
-    pub fn logsumexp(&self, gpu: &Gpu, heads: usize) -> Result<Array2<f32>> {
-        let values = gpu.download(&self.logsumexp)?;
-        let total_q = values.len() / heads.max(1);
-        Array2::from_shape_vec((heads, total_q), values).map_err(|e| Error::File(e.to_string()))
-    }
-}
-
-/// Checks the arguments and allocates what [`attention_packed_into`] writes: O (Q's dims and
-/// layout, zeroed) and L (heads, total_q).
-pub fn new_packed_output<T: Element>(
+/// Launches a packed call's plan (its problem from [`PackedBatch::problem`], O with Q's dims, L
+/// of heads·total_q floats at `logsumexp`): once per table of at most 255 sequences.
+pub(crate) fn launch_packed<T: Element>(
     gpu: &Gpu,
-    q: &DeviceTensor<T>,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    batch: &PackedBatch,
-    options: &AttentionOptions,
-) -> Result<PackedOutput<T>> {
-    let problem = batch.problem([q.dims(), k.dims(), v.dims()], options)?;
-    let layout = q.layout().unwrap_or(Layout::BatchHeadSeqDim);
-    Ok(PackedOutput {
-        o: DeviceTensor::filled(gpu, q.dims(), layout, T::default())?,
-        logsumexp: gpu.alloc(problem.heads * batch.totals()[0], "L")?,
-        plan: None,
-    })
-}
-
-/// Attention over a packed batch: each sequence of `batch` attends to its own keys. Q is
-/// (1, heads, total_q, d) (logical dims, any layout), K and V (1, heads_kv, total_k, d); returns
-/// O in Q's dims and layout, L (heads, total_q) and the plan. `algorithm` is `Fa3` (on compute
-/// capability 9.0; elsewhere it runs FA2-TC and the plan says why) or `Fa2Tc`; f16 or bf16 at
-/// a head dim they compile (FA3: even, up to 256; FA2-TC: 32, 64, 96, 128, 256), with
-/// 16-byte-aligned rows.
-pub fn attention_packed<T: Element>(
-    gpu: &Gpu,
-    algorithm: Algorithm,
-    q: &DeviceTensor<T>,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    batch: &PackedBatch,
-    options: &AttentionOptions,
-) -> Result<PackedOutput<T>> {
-    let mut output = new_packed_output(gpu, q, k, v, batch, options)?;
-    attention_packed_into(gpu, algorithm, q, k, v, batch, &mut output, options)?;
-    Ok(output)
-}
-
-/// Like [`attention_packed`], into an existing output (O with Q's dims, L with heads·total_q
-/// floats), so that callers can poison it first. Every check passes before the launch. Returns
-/// the plan (also stored in `output.plan`).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_packed_into<T: Element>(
-    gpu: &Gpu,
-    algorithm: Algorithm,
-    q: &DeviceTensor<T>,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    batch: &PackedBatch,
-    output: &mut PackedOutput<T>,
-    options: &AttentionOptions,
-) -> Result<Plan> {
-    let problem = batch.problem([q.dims(), k.dims(), v.dims()], options)?;
-    let [total_q, _] = batch.totals();
-    if output.o.dims() != q.dims() {
-        return Err(Error::invalid(
-            "output.o",
-            format!("shape {:?}", output.o.dims()),
-            format!("must equal q's shape {:?}", q.dims()),
-        ));
-    }
-    if output.logsumexp.len() != problem.heads * total_q {
-        return Err(Error::invalid(
-            "output.logsumexp",
-            format!("{} floats", output.logsumexp.len()),
-            format!("heads × total_q = {}", problem.heads * total_q),
-        ));
-    }
-    let operands = Operands {
-        q: q.view(gpu),
-        k: k.view(gpu),
-        v: v.view(gpu),
-        o: output.o.view(gpu),
-    };
-    let dims = [q.dims(), k.dims(), v.dims()];
-    let logsumexp = gpu.address(&output.logsumexp);
-    let plan = launch_packed::<T>(
-        gpu, algorithm, &problem, operands, dims, logsumexp, batch, options,
-    )?;
-    output.plan = Some(plan.clone());
-    Ok(plan)
-}
-
-/// Plans a checked packed call (`problem` from [`PackedBatch::problem`], O with Q's dims, L of
-/// heads·total_q floats at `logsumexp`) against the device and launches it: the one body of
-/// [`attention_packed_into`] and [`super::attention_packed_borrowed`].
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_packed<T: Element>(
-    gpu: &Gpu,
-    algorithm: Algorithm,
-    problem: &Problem,
+    plan: &ForwardPlan,
     operands: Operands,
     dims: [[usize; 4]; 3],
     logsumexp: u64,
     batch: &PackedBatch,
-    options: &AttentionOptions,
-) -> Result<Plan> {
-    let plan = Plan::new(gpu, algorithm, T::DTYPE, problem, options, Some(&operands))?;
+) -> Result<()> {
+    let problem = &plan.problem;
     match plan.blocks {
         Blocks::Fa2Tc(tiling) => {
             let family = fa2_params(operands, problem, logsumexp, tiling.block_rows());
-            launch_sequences(gpu, &plan, problem, batch, family, |p| &mut p.shape)?
+            launch_sequences(gpu, plan, problem, batch, family, |p| &mut p.shape)?
         }
         Blocks::Fa3 { tiling, .. } => {
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
             let shape = problem.shape();
             let family = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
-            launch_sequences(gpu, &plan, problem, batch, family, |p| &mut p.shape)?
+            launch_sequences(gpu, plan, problem, batch, family, |p| &mut p.shape)?
         }
         _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),
     }
-    Ok(plan)
+    Ok(())
 }

@@ -17,9 +17,16 @@ pub const MAX_HEAD_DIM: usize = 256;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// Which kernel(s) compute the attention.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
+    /// The fastest kernel for the device and the call: FA3 on compute capability 9.0, FA2 on
+    /// tensor cores elsewhere, each falling back where it cannot run (the plan says why). The
+    /// default, forward and backward; a KV-cache call runs the decode kernels.
+    #[default]
+    Auto,
     /// S and P materialised in HBM, three kernels.
     Standard,
     /// FlashAttention-1 forward: outer loop over K/V blocks; returns m and ℓ.
@@ -39,7 +46,23 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 5] = [
+    /// The kernel families (every algorithm but `Auto`, which picks one of them).
+    pub const FAMILIES: [Algorithm; 5] = [
+        Algorithm::Standard,
+        Algorithm::Fa1,
+        Algorithm::Fa2,
+        Algorithm::Fa2Tc,
+        Algorithm::Fa3,
+    ];
+    /// The families with a backward pass.
+    pub const BACKWARD_FAMILIES: [Algorithm; 4] = [
+        Algorithm::Standard,
+        Algorithm::Fa2,
+        Algorithm::Fa2Tc,
+        Algorithm::Fa3,
+    ];
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Auto,
         Algorithm::Standard,
         Algorithm::Fa1,
         Algorithm::Fa2,
@@ -49,6 +72,7 @@ impl Algorithm {
 
     pub fn name(self) -> &'static str {
         match self {
+            Algorithm::Auto => "auto",
             Algorithm::Standard => "standard",
             Algorithm::Fa1 => "fa1",
             Algorithm::Fa2 => "fa2",
@@ -71,14 +95,27 @@ impl std::str::FromStr for Algorithm {
             .into_iter()
             .find(|a| a.name() == s)
             .ok_or_else(|| {
-                Error::invalid("algorithm", s, "allowed: standard, fa1, fa2, fa2-tc, fa3")
+                Error::invalid(
+                    "algorithm",
+                    s,
+                    "allowed: auto, fa3, fa2-tc, fa2, fa1, standard",
+                )
             })
     }
 }
 
-/// Options shared by every algorithm; the block-size overrides apply to one algorithm each.
+/// A call's options: the mask, the scores, the algorithm of each pass, and per-family tuning
+/// overrides (each applies to one family; `None` is the measured default).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttentionOptions {
+    /// The forward's kernel family (and a packed batch's); default [`Algorithm::Auto`].
+    pub algorithm: Algorithm,
+    /// The backward's kernel family: auto (fa3, falling back to fa2-tc, then fa2), fa3, fa2-tc,
+    /// fa2 or standard; default [`Algorithm::Auto`].
+    pub backward_algorithm: Algorithm,
+    /// The backward's dQ the same bits on every run: the key blocks add to each row block's dQ
+    /// in a fixed order (fa2-tc's kernels; auto and fa3 fall back to them, with the reason).
+    pub deterministic: bool,
     /// Causal mask, aligned to the bottom-right corner (see `flash_kernels::mask`).
     pub causal: bool,
     /// Sliding-window (local) attention, flash-attn's `window_size = (left, right)`: query i sees
@@ -105,6 +142,11 @@ pub struct AttentionOptions {
     /// FA3's consumer warpgroups, B_c and grid (one block per tile, or persistent: the tilings
     /// `registry::HOPPER_KERNELS` lists); default: per head dim (`Fa3Tiling::default_for`).
     pub fa3_tiling: Option<Fa3Tiling>,
+    /// Decode: splits of the keys (1 to `MAX_SPLITS`); default: as many as fill the GPU once.
+    pub decode_splits: Option<u32>,
+    /// Decode with several splits: merge them in the split-KV kernel's last block (`true`, one
+    /// launch) or in the combine kernel (`false`); default: the plan's choice.
+    pub decode_one_launch: Option<bool>,
 }
 
 /// A checked problem: what every kernel's parameter block is built from.

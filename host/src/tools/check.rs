@@ -13,9 +13,7 @@ use ndarray::{Array3, Array4, ArrayView4, Axis};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::attention::{
-    Algorithm, AttentionOptions, AttentionOutput, Problem, attention_into, new_statistics,
-};
+use crate::attention::{Algorithm, Attention, AttentionOptions, Problem};
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
@@ -270,19 +268,17 @@ pub fn run_poisoned<T: Element>(
     [q, k, v]: [&DeviceTensor<T>; 3],
     options: &AttentionOptions,
 ) -> Result<(Array4<f64>, Array3<f32>, String)> {
-    let problem = Problem::new(q.dims(), k.dims(), v.dims(), options)?;
-    let layout = q.layout().unwrap_or(Layout::BatchHeadSeqDim);
-    let mut output = AttentionOutput {
-        o: DeviceTensor::filled(gpu, q.dims(), layout, T::poison())?,
-        stats: new_statistics(gpu, algorithm, &problem)?,
-        plan: None,
+    let options = AttentionOptions {
+        algorithm,
+        ..*options
     };
-    let plan = attention_into(gpu, algorithm, q, k, v, &mut output, options)?;
+    let output = Attention::new(q, k, v)
+        .options(options)
+        .forward_filled(gpu, T::poison())?;
     gpu.synchronize()?;
     let o = to_f64(&output.o.to_array(gpu)?);
-    let lse = output
-        .stats
-        .logsumexp(gpu, [problem.batch, problem.heads, problem.seqlen_q])?;
+    let lse = output.stats.logsumexp(gpu)?;
+    let plan = output.plan;
     Ok((o, lse, plan.kernel_names()))
 }
 

@@ -19,8 +19,8 @@ use ndarray::Array4;
 use rand::Rng;
 
 use crate::attention::{
-    Algorithm, AttentionOptions, BackwardOptions, BackwardPlan, Gradients, Problem, attention,
-    attention_backward_into,
+    Algorithm, Attention, AttentionOptions, BackwardTensors, Gradients, Plan, Problem,
+    RowStatistics,
 };
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
@@ -28,6 +28,7 @@ use crate::error::Result;
 use crate::model::reference_backward::{attention_backward_in_dtype, attention_backward_reference};
 use crate::safetensors_io::GRADIENT_NAMES;
 use crate::tensor::{DeviceTensor, Layout};
+use crate::tools::bench::backward::BackwardVariant;
 use crate::tools::check::{CheckProblem, random_tensor, to_f64};
 use crate::with_element;
 
@@ -146,7 +147,7 @@ pub struct BackwardCheckResult {
     pub kernels: String,
 }
 
-/// [`BackwardOptions`] as a result records them.
+/// The backward's algorithm and mode, as a result records them.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct BackwardOptionsRecord {
     pub algorithm: &'static str,
@@ -158,7 +159,7 @@ pub struct BackwardOptionsRecord {
 pub fn check_backward_problem(
     gpu: &Gpu,
     problem: CheckProblem,
-    backward: &BackwardOptions,
+    backward: &BackwardVariant,
     rng: &mut impl Rng,
 ) -> Result<BackwardCheckResult> {
     with_element!(problem.dtype, T => check_backward_typed::<T>(gpu, problem, backward, rng))
@@ -167,7 +168,7 @@ pub fn check_backward_problem(
 fn check_backward_typed<T: Element>(
     gpu: &Gpu,
     p: CheckProblem,
-    backward: &BackwardOptions,
+    backward: &BackwardVariant,
     rng: &mut impl Rng,
 ) -> Result<BackwardCheckResult> {
     let q_dims = [p.batch, p.heads, p.seqlen_q, p.head_dim];
@@ -175,19 +176,16 @@ fn check_backward_typed<T: Element>(
     let [q, k, v, d_o] = random_backward_tensors::<T>(q_dims, kv_dims, rng);
     let options = AttentionOptions {
         causal: p.causal,
+        backward_algorithm: backward.algorithm,
+        deterministic: backward.deterministic,
         ..Default::default()
     };
     let scale = f64::from(Problem::new(q_dims, kv_dims, kv_dims, &options)?.softmax_scale);
     let layout = Layout::BatchHeadSeqDim;
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), layout);
     let (q_gpu, k_gpu, v_gpu, d_o_gpu) = (upload(&q)?, upload(&k)?, upload(&v)?, upload(&d_o)?);
-    let (gradients, plan) = run_backward_poisoned(
-        gpu,
-        [&q_gpu, &k_gpu, &v_gpu, &d_o_gpu],
-        &options,
-        backward,
-        layout,
-    )?;
+    let (gradients, plan) =
+        run_backward_poisoned(gpu, [&q_gpu, &k_gpu, &v_gpu, &d_o_gpu], &options, layout)?;
     gpu.synchronize()?;
     let got = Gradients {
         dq: to_f64(&gradients.dq.to_array(gpu)?),
@@ -222,34 +220,41 @@ pub fn random_backward_tensors<T: Element>(
     [q_dims, kv_dims, kv_dims, q_dims].map(|dims| random_tensor::<T>(dims, rng))
 }
 
-/// The FA2 forward on device Q, K, V, then the backward `backward` asks for with dO, into
-/// gradients poisoned with NaN in `layout` (an element the kernels forget stays NaN); the
-/// gradients and the backward's plan.
+/// The FA2 forward on device Q, K, V, then the backward `options` ask for
+/// (`backward_algorithm`, `deterministic`) with dO, into gradients poisoned with NaN in `layout`
+/// (an element the kernels forget stays NaN); the gradients and the backward's plan.
 pub fn run_backward_poisoned<T: Element>(
     gpu: &Gpu,
     [q, k, v, d_o]: [&DeviceTensor<T>; 4],
     options: &AttentionOptions,
-    backward: &BackwardOptions,
     layout: Layout,
-) -> Result<(Gradients<DeviceTensor<T>>, BackwardPlan)> {
-    let forward = attention(gpu, Algorithm::Fa2, q, k, v, options)?;
+) -> Result<(Gradients<DeviceTensor<T>>, Plan)> {
+    let call = Attention::new(q, k, v).options(AttentionOptions {
+        algorithm: Algorithm::Fa2,
+        ..*options
+    });
+    let forward = call.forward(gpu)?;
+    let RowStatistics::LogSumExp(logsumexp) = &forward.stats else {
+        unreachable!("FA2 returns L")
+    };
     let poisoned = |dims| DeviceTensor::filled(gpu, dims, layout, T::poison());
     let mut gradients = Gradients {
         dq: poisoned(q.dims())?,
         dk: poisoned(k.dims())?,
         dv: poisoned(v.dims())?,
     };
-    let plan = attention_backward_into(
-        gpu,
-        q,
-        k,
-        v,
-        &forward,
-        d_o,
-        &mut gradients,
-        options,
-        backward,
-    )?;
+    let Gradients { dq, dk, dv } = &mut gradients;
+    let tensors = BackwardTensors {
+        o: (&forward.o).into(),
+        logsumexp: logsumexp.into(),
+        d_o: d_o.into(),
+        gradients: Gradients {
+            dq: dq.into(),
+            dk: dk.into(),
+            dv: dv.into(),
+        },
+    };
+    let plan = call.backward_into(gpu, tensors)?;
     Ok((gradients, plan))
 }
 

@@ -10,14 +10,15 @@ use ndarray::{Array2, Array4, ArrayView4};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
-use crate::attention::decode::{
-    BlockTable, CacheSeqlens, DecodeArguments, DecodeOptions, DecodeOutput, DecodePlan,
-    DecodeWorkspace, decode_with_workspace, new_decode_output, plan_decode,
+use crate::attention::{
+    Attention, AttentionOptions, BlockTable, CacheSeqlens, ForwardTensors, KvCache, Pass, Plan,
+    Statistics, Workspace,
 };
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::model::decode_reference::{DecodeCase, decode_in_dtype, decode_reference};
+use crate::tensor::DeviceRows;
 use crate::tensor::{DeviceTensor, Layout};
 use crate::tools::check::{HALF_ABSOLUTE_SLACK, LOGSUMEXP_TOLERANCE, random_tensor};
 use crate::with_element;
@@ -73,16 +74,16 @@ impl DecodeCheckCase {
     }
 
     /// The options of call `call` (0: the first; then `reruns`).
-    fn options(&self, call: usize) -> DecodeOptions {
-        DecodeOptions {
+    fn options(&self, call: usize) -> AttentionOptions {
+        AttentionOptions {
             causal: self.causal,
-            softmax_scale: None,
-            splits: if call == 0 {
+            decode_splits: if call == 0 {
                 self.splits
             } else {
                 self.reruns[call - 1]
             },
-            one_launch: self.one_launch,
+            decode_one_launch: self.one_launch,
+            ..Default::default()
         }
     }
 }
@@ -315,25 +316,32 @@ fn check_typed<T: Element>(
         .as_ref()
         .map(|t| BlockTable::new(gpu, t.view()))
         .transpose()?;
-    let args = DecodeArguments {
-        q: &q,
-        k_cache: &k_cache,
-        v_cache: &v_cache,
-        cache_seqlens: &cache_seqlens,
+    let cache = KvCache {
+        seqlens: &cache_seqlens,
         block_table: block_table.as_ref(),
-        new_kv: (case.new_tokens > 0).then_some((&k_new, &v_new)),
+        append: (case.new_tokens > 0).then(|| ((&k_new).into(), (&v_new).into())),
+    };
+    let call = |i: usize| {
+        Attention::new(&q, &k_cache, &v_cache)
+            .options(case.options(i))
+            .kv_cache(cache)
     };
     let plans = (0..=case.reruns.len())
-        .map(|call| plan_decode(gpu, &args, &case.options(call)))
-        .collect::<Result<Vec<DecodePlan>>>()?;
-    let mut workspace = DecodeWorkspace::covering(gpu, &plans)?;
-    let mut output: DecodeOutput<T> = new_decode_output(gpu, &args, &case.options(0))?;
+        .map(|i| call(i).plan(gpu))
+        .collect::<Result<Vec<Plan>>>()?;
+    let mut workspace = Workspace::covering(gpu, &plans)?;
+    let mut o = DeviceTensor::filled(gpu, q.dims(), layout, T::poison())?;
+    let mut lse = DeviceRows::new(gpu, plans[0].statistics_dims(), None, "L")?;
     let mut calls = Vec::new();
-    for plan in &plans {
-        output.o.fill(gpu, T::poison())?;
-        gpu.fill(&mut output.logsumexp, f32::NAN)?;
-        decode_with_workspace(gpu, &args, &mut output, &mut workspace, plan)?;
-        calls.push((output.o.to_array(gpu)?, output.logsumexp(gpu)?));
+    for (i, plan) in plans.iter().enumerate() {
+        o.fill(gpu, T::poison())?;
+        lse.fill(gpu, f32::NAN)?;
+        let tensors = ForwardTensors {
+            o: (&mut o).into(),
+            stats: Statistics::LogSumExp((&mut lse).into()),
+        };
+        plan.run_with_workspace(gpu, &call(i), Pass::Forward(tensors), &mut workspace)?;
+        calls.push((o.to_array(gpu)?, lse.to_array(gpu)?));
     }
 
     // The cache as the call should have left it: the new keys at each sequence's end.
@@ -373,7 +381,7 @@ fn check_typed<T: Element>(
         seqlens: &seqlens,
         block_table: host.table.as_ref().map(|t| t.view()),
         causal: case.causal,
-        scale: plans[0].problem.softmax_scale as f64,
+        scale: (1.0 / (d as f64).sqrt()),
     };
     let reference = decode_reference(&reference_case);
     let in_dtype = decode_in_dtype::<T>(&reference_case);

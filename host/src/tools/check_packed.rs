@@ -9,9 +9,7 @@
 use ndarray::{Array4, s};
 use rand::Rng;
 
-use crate::attention::{
-    Algorithm, AttentionOptions, PackedBatch, PackedOutput, attention_packed_into,
-};
+use crate::attention::{Algorithm, Attention, AttentionOptions, PackedBatch};
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::Result;
@@ -238,16 +236,23 @@ fn check_typed<T: Element>(
     let options = case.options();
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
     let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-    let mut output = PackedOutput {
-        o: DeviceTensor::filled(gpu, dq.dims(), case.layout, T::poison())?,
-        logsumexp: gpu.upload(&vec![f32::NAN; case.heads * total_q], "L")?,
-        plan: None,
+    let options = AttentionOptions {
+        algorithm,
+        ..options
     };
-    let plan = attention_packed_into(gpu, algorithm, &dq, &dk, &dv, &batch, &mut output, &options)?;
-    let scale = plan.problem.softmax_scale as f64;
-    let scoring = plan.problem.scoring();
+    let output = Attention::new(&dq, &dk, &dv)
+        .options(options)
+        .packed(&batch)
+        .forward_filled(gpu, T::poison())?;
+    let plan = &output.plan;
+    let problem = plan.problem().expect("a forward plan");
+    let scale = problem.softmax_scale as f64;
+    let scoring = problem.scoring();
     let o = to_f64(&output.o.to_array(gpu)?);
-    let l = output.logsumexp(gpu, case.heads)?;
+    let l = output
+        .stats
+        .logsumexp(gpu)?
+        .index_axis_move(ndarray::Axis(0), 0);
     let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
     let mut result = PackedCheckResult {
         case: case.clone(),

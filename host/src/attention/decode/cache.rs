@@ -15,6 +15,12 @@ pub struct CacheSeqlens {
     host: Vec<u32>,
 }
 
+impl std::fmt::Debug for CacheSeqlens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CacheSeqlens").field(&self.host).finish()
+    }
+}
+
 impl CacheSeqlens {
     /// Uploads `lengths` (one per sequence; 0 is an empty cache).
     pub fn new(gpu: &Gpu, lengths: &[u32]) -> Result<Self> {
@@ -44,6 +50,14 @@ pub struct BlockTable {
     /// name is `prefix_max[b][i]`, so a call checks its pages in O(batch).
     prefix_max: Vec<Vec<u32>>,
     width: usize,
+}
+
+impl std::fmt::Debug for BlockTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockTable")
+            .field("dims", &self.dims())
+            .finish()
+    }
 }
 
 impl BlockTable {

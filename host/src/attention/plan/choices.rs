@@ -9,7 +9,7 @@ use flash_kernels::registry::{
     ElementType, Family, ForwardForm, HOPPER_KERNELS, KERNELS, KernelId,
 };
 
-use super::{Blocks, CompiledLimits, LaunchLimits, Plan};
+use super::{Blocks, CompiledLimits, ForwardPlan, LaunchLimits};
 use crate::attention::problem::{Algorithm, AttentionOptions, Problem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -91,7 +91,7 @@ pub fn fa2_blocks(
         hopper: false,
         multiprocessors: 1,
     };
-    let plan = Plan::new(
+    let plan = ForwardPlan::new(
         &limits,
         Algorithm::Fa2,
         DType::F32,

@@ -89,9 +89,7 @@ impl StatisticsKind {
     pub fn of(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::Fa1 => StatisticsKind::MaxAndSum,
-            Algorithm::Standard | Algorithm::Fa2 | Algorithm::Fa2Tc | Algorithm::Fa3 => {
-                StatisticsKind::LogSumExp
-            }
+            _ => StatisticsKind::LogSumExp,
         }
     }
 }
@@ -116,14 +114,14 @@ impl WorkspaceSize {
                 scores: 0,
                 o_accumulator: problem.rows() * problem.head_dim,
             },
-            Algorithm::Fa2 | Algorithm::Fa2Tc | Algorithm::Fa3 => Self::default(),
+            Algorithm::Auto | Algorithm::Fa2 | Algorithm::Fa2Tc | Algorithm::Fa3 => Self::default(),
         }
     }
 }
 
 /// Everything one call runs, decided before any launch.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
+pub struct ForwardPlan {
     pub algorithm: Algorithm,
     pub dtype: DType,
     pub problem: Problem,
@@ -137,7 +135,7 @@ pub struct Plan {
     pub statistics: StatisticsKind,
 }
 
-impl Plan {
+impl ForwardPlan {
     /// Plans `algorithm` on `problem` for `dtype` within `limits`. `operands`, when given, are the
     /// tensors' views, whose alignment decides whether the tensor-core kernel can copy them (a
     /// plan without tensors assumes aligned ones).
@@ -161,11 +159,17 @@ impl Plan {
             workspace: WorkspaceSize::of(algorithm, problem),
             statistics: StatisticsKind::of(algorithm),
         };
-        if problem.packed && !matches!(algorithm, Algorithm::Fa2Tc | Algorithm::Fa3) {
+        if problem.packed
+            && !matches!(
+                algorithm,
+                Algorithm::Auto | Algorithm::Fa2Tc | Algorithm::Fa3
+            )
+        {
             return Err(Error::invalid(
                 "algorithm",
                 algorithm,
-                "allowed for a packed batch of sequences: fa2-tc, fa3 (which runs fa2-tc)",
+                "allowed for a packed batch of sequences: auto, fa3 (which runs fa2-tc where it \
+                 cannot), fa2-tc",
             ));
         }
         match algorithm {
@@ -188,7 +192,10 @@ impl Plan {
                 plan.launches = vec![PlannedLaunch { kernel, launch }];
             }
             Algorithm::Fa2Tc => plan.plan_fa2_tc(limits, element, options, operands)?,
-            Algorithm::Fa3 => plan.plan_fa3(limits, element, options, operands)?,
+            // Auto is FA3's chain: FA3 on compute capability 9.0, else FA2-TC, else FA2.
+            Algorithm::Auto | Algorithm::Fa3 => {
+                plan.plan_fa3(limits, element, options, operands)?
+            }
             Algorithm::Fa2 => plan.plan_fa2(limits, element, options)?,
         }
         Ok(plan)
@@ -448,6 +455,12 @@ impl Plan {
     pub fn kernel_names(&self) -> String {
         kernel_names(&self.launches)
     }
+
+    /// Whether the planned kernels copy rows 16 bytes at a time (cp.async, TMA), so that an
+    /// output with unaligned rows cannot take this plan.
+    pub fn needs_aligned_rows(&self) -> bool {
+        matches!(self.blocks, Blocks::Fa2Tc(_) | Blocks::Fa3 { .. })
+    }
 }
 
 /// The names of `launches`' kernels, in launch order, joined by `+`.
@@ -473,7 +486,7 @@ pub(crate) fn write_launches(
     Ok(())
 }
 
-impl fmt::Display for Plan {
+impl fmt::Display for ForwardPlan {
     /// One line: algorithm, kernel(s), grid, threads, shared memory, and a fallback's reason.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:", self.algorithm)?;

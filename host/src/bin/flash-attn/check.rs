@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use flash_attn::attention::{BackwardAlgorithm, BackwardOptions};
+use flash_attn::tools::bench::backward::BackwardVariant;
 use flash_attn::tools::check::{CheckProblem, check_problem_with, describe};
 use flash_attn::tools::check_backward::{check_backward_problem, describe_backward};
 use flash_attn::tools::check_decode::{
@@ -79,26 +79,13 @@ pub struct CheckArgs {
 /// The backward options `check --backward` runs for one dtype and head dim: every algorithm
 /// asked for, and fa2-tc deterministic where the tensor cores take the problem (elsewhere the
 /// plan refuses deterministic mode, by design).
-fn backward_cases(
-    algorithms: &[BackwardAlgorithm],
-    dtype: DType,
-    head_dim: usize,
-) -> Vec<BackwardOptions> {
-    let mut cases: Vec<BackwardOptions> = algorithms
+fn backward_cases(algorithms: &[Algorithm], dtype: DType, head_dim: usize) -> Vec<BackwardVariant> {
+    let mut cases: Vec<BackwardVariant> = algorithms
         .iter()
-        .map(|&algorithm| BackwardOptions {
-            algorithm,
-            deterministic: false,
-        })
+        .map(|&algorithm| BackwardVariant::new(algorithm, false))
         .collect();
-    if algorithms.contains(&BackwardAlgorithm::Fa2Tc)
-        && dtype != DType::F32
-        && head_dim.is_multiple_of(8)
-    {
-        cases.push(BackwardOptions {
-            algorithm: BackwardAlgorithm::Fa2Tc,
-            deterministic: true,
-        });
+    if algorithms.contains(&Algorithm::Fa2Tc) && dtype != DType::F32 && head_dim.is_multiple_of(8) {
+        cases.push(BackwardVariant::new(Algorithm::Fa2Tc, true));
     }
     cases
 }
@@ -228,7 +215,7 @@ fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Case>> {
 fn algorithms_for(algorithms: &[Algorithm], problem: &CheckProblem) -> Vec<Algorithm> {
     let takes = |algorithm: &Algorithm| match algorithm {
         Algorithm::Standard => true,
-        Algorithm::Fa2Tc | Algorithm::Fa3 => problem.dtype != DType::F32,
+        Algorithm::Auto | Algorithm::Fa2Tc | Algorithm::Fa3 => problem.dtype != DType::F32,
         Algorithm::Fa1 | Algorithm::Fa2 => false,
     };
     algorithms
@@ -386,8 +373,9 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
     if args.packed {
         return check_packed_batches(device, args);
     }
-    let algorithms = parse_or_all(&args.algorithms, &Algorithm::ALL)?;
-    let backward_algorithms = parse_or_all(&args.backward_algorithms, &BackwardAlgorithm::ALL)?;
+    let algorithms = parse_or_all(&args.algorithms, &Algorithm::FAMILIES)?;
+    let backward_algorithms =
+        parse_or_all(&args.backward_algorithms, &Algorithm::BACKWARD_FAMILIES)?;
     let dtypes = parse_or_all(&args.dtypes, &DType::ALL)?;
     let shapes = shapes(&args.shapes, &args.head_dims, &args.seqlens)?;
     let causal_settings = super::parse_causal(&args.causal)?;

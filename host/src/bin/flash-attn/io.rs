@@ -17,9 +17,7 @@ use std::process::ExitCode;
 use flash_attn::model::io_table::{H200_SHARED_MEMORY_PER_BLOCK, io_table, io_table_markdown};
 use flash_attn::model::prediction::IoShape;
 use flash_attn::tools::bench::SweepConfig;
-use flash_attn::{
-    Algorithm, AttentionOptions, DType, DeviceTensor, Error, Gpu, Layout, with_element,
-};
+use flash_attn::{Algorithm, DType, DeviceTensor, Error, Gpu, Layout, with_element};
 
 #[derive(clap::Args)]
 pub struct IoArgs {
@@ -117,8 +115,10 @@ fn run_each_once_typed<T: flash_attn::Element>(
         )
     };
     let (q, k, v) = (upload()?, upload()?, upload()?);
-    for algorithm in Algorithm::ALL {
-        flash_attn::attention(gpu, algorithm, &q, &k, &v, &AttentionOptions::default())?;
+    for algorithm in Algorithm::FAMILIES {
+        flash_attn::Attention::new(&q, &k, &v)
+            .algorithm(algorithm)
+            .forward(gpu)?;
         gpu.synchronize()?;
     }
     Ok(())

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use flash_attn::attention::decode::{DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes};
 use flash_attn::attention::{
-    Algorithm, AttentionOptions, BackwardAlgorithm, BackwardOptions, BackwardPlan, CompiledLimits,
-    LaunchLimits, Plan, Problem, parse_optional_fa2_tc_tiling,
+    Algorithm, Attention, AttentionOptions, CompiledLimits, LaunchLimits, PassPlan, Plan, Problem,
+    parse_optional_fa2_tc_tiling,
 };
-use flash_attn::{DType, Gpu};
+use flash_attn::{DType, Element, Gpu, Layout, TensorRef, with_element};
 
 use crate::is_missing_gpu;
 
@@ -83,10 +83,18 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
     }
     let algorithms = args.algorithms.clone().unwrap_or(Algorithm::ALL.to_vec());
     for algorithm in algorithms {
-        match Plan::new(limits, algorithm, args.dtype, &problem, &options, None) {
+        let options = AttentionOptions {
+            algorithm,
+            ..options
+        };
+        match with_element!(args.dtype, T => plan_shapes::<T>(limits, [q, kv], options, false)) {
             Ok(plan) => {
                 println!("{plan}");
-                if let Some((visited, all)) = plan.key_blocks_visited().filter(|(v, a)| v < a) {
+                let visited = match &plan.pass {
+                    PassPlan::Forward(forward) => forward.key_blocks_visited(),
+                    _ => None,
+                };
+                if let Some((visited, all)) = visited.filter(|(v, a)| v < a) {
                     println!(
                         "  K/V blocks per head: {visited} of {all} visited, {} skipped (mask)",
                         all - visited
@@ -99,16 +107,36 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
         }
     }
     if args.backward {
-        for algorithm in BackwardAlgorithm::ALL {
-            let backward = BackwardOptions {
-                algorithm,
-                deterministic: false,
+        for backward_algorithm in Algorithm::BACKWARD_FAMILIES {
+            let options = AttentionOptions {
+                backward_algorithm,
+                ..options
             };
-            let plan = BackwardPlan::new(limits, args.dtype, &problem, &backward, None)?;
+            let plan =
+                with_element!(args.dtype, T => plan_shapes::<T>(limits, [q, kv], options, true))?;
             println!("{plan}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The plan of a call of Q's and K's (V's) dims, their tensors in PyTorch's layout with no
+/// memory behind them: the forward's, or with `backward` the backward's.
+fn plan_shapes<T: Element>(
+    limits: &dyn LaunchLimits,
+    [q, kv]: [[usize; 4]; 2],
+    options: AttentionOptions,
+    backward: bool,
+) -> flash_attn::Result<Plan> {
+    let layout = Layout::BatchHeadSeqDim;
+    let q = TensorRef::<T>::layout_only(q, layout.strides(q));
+    let kv = TensorRef::<T>::layout_only(kv, layout.strides(kv));
+    let call = Attention::new(q, kv, kv).options(options);
+    if backward {
+        call.plan_backward(limits)
+    } else {
+        call.plan(limits)
+    }
 }
 
 /// The device's GPU, or None without one.

@@ -8,19 +8,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cudarc::driver::CudaSlice;
-use flash_attn::attention::{
-    BackwardAlgorithm, BackwardOptions, BackwardPlan, Gradients, PackedBatch, Plan,
-    attention_backward, attention_packed_into, new_packed_output,
-};
+use flash_attn::attention::{Attention, Gradients, PackedBatch, Plan, Problem};
 use flash_attn::safetensors_io::{
     self, AttentionFileOutput, BACKWARD_INPUT_ROLES, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
 };
-use flash_attn::{
-    Algorithm, AttentionOptions, DeviceTensor, Error, Gpu, Layout, Problem, RowStatistics,
-    attention_into, new_output,
-};
-use ndarray::Array3;
+use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Error, Gpu, Layout, RowStatistics};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -33,8 +25,9 @@ pub struct RunArgs {
     /// seqlen_q)), for fa1 `row_max` and `row_sum`, and with --backward `dq`, `dk`, `dv`.
     #[arg(long, value_name = "FILE")]
     output: PathBuf,
-    /// standard, fa1 or fa2.
-    #[arg(long, default_value = "fa2")]
+    /// auto (the fastest: fa3 on compute capability 9.0, fa2-tc elsewhere, each falling back
+    /// where it cannot run, and the plan says why), fa3, fa2-tc, fa2, fa1 or standard.
+    #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
     /// Causal mask, aligned to the bottom-right corner when seqlen_q ≠ seqlen_k.
     #[arg(long)]
@@ -65,11 +58,11 @@ pub struct RunArgs {
     /// Name of the dO tensor in the input file (with --backward).
     #[arg(long, value_name = "NAME", default_value = "do")]
     do_name: String,
-    /// The backward: fa3 (Hopper's wgmma and TMA, the default; falls back to fa2-tc, and that to
-    /// fa2, where it cannot run, and the plan says why), fa2-tc (mma.sync tensor cores), fa2
-    /// (scalar) or standard (S, P, dP, dS in HBM: O(N²) memory).
+    /// The backward: auto (the default: fa3, Hopper's wgmma and TMA, falling back to fa2-tc,
+    /// and that to fa2, where it cannot run; the plan says why), fa3, fa2-tc (mma.sync tensor
+    /// cores), fa2 (scalar) or standard (S, P, dP, dS in HBM: O(N²) memory).
     #[arg(long, value_name = "ALGORITHM")]
-    backward_algorithm: Option<BackwardAlgorithm>,
+    backward_algorithm: Option<Algorithm>,
     /// dQ with the same bits on every run (fa2-tc orders its adds; standard has none; with
     /// --backward).
     #[arg(long)]
@@ -127,23 +120,17 @@ impl RunArgs {
             });
         }
         Ok(AttentionOptions {
+            algorithm: self.algorithm,
+            backward_algorithm: self.backward_algorithm.unwrap_or_default(),
+            deterministic: self.deterministic,
             causal: self.causal,
             window: self.scoring.window,
             softcap: self.scoring.softcap,
             softmax_scale: self.scale,
             fa1_sram_floats: self.fa1_sram_floats,
             fa2_blocks: self.fa2_blocks,
-            fa2_tc_tiling: None,
-            fa3_tiling: None,
+            ..Default::default()
         })
-    }
-
-    /// The backward's options (meaningful with --backward).
-    fn backward_options(&self) -> BackwardOptions {
-        BackwardOptions {
-            algorithm: self.backward_algorithm.unwrap_or_default(),
-            deterministic: self.deterministic,
-        }
     }
 }
 
@@ -277,16 +264,10 @@ fn run_packed_typed<T: SafetensorsElement>(
         |a: &ndarray::Array4<T>| DeviceTensor::from_array(gpu, a.view(), Layout::BatchSeqHeadDim);
     let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
     drop(qkv);
-    let mut out = new_packed_output(gpu, &q, &k, &v, batch, options)?;
-    let milliseconds = gpu.time_ms(|| {
-        attention_packed_into(gpu, args.algorithm, &q, &k, &v, batch, &mut out, options)
-            .map(|_plan| ())
-    })?;
-    let plan = out
-        .plan
-        .clone()
-        .ok_or_else(|| Error::File("the attention call returned without a plan".into()))?;
-    let heads = q.dims()[1];
+    let call = Attention::new(&q, &k, &v).options(*options).packed(batch);
+    let mut out = call.forward(gpu)?;
+    let milliseconds = gpu.time_ms(|| call.forward_into(gpu, out.tensors()).map(|_plan| ()))?;
+    let plan = out.plan.clone();
     let metadata = HashMap::from([
         ("algorithm".into(), args.algorithm.to_string()),
         ("causal".into(), options.causal.to_string()),
@@ -298,7 +279,9 @@ fn run_packed_typed<T: SafetensorsElement>(
     safetensors_io::write_packed_outputs(
         &args.output,
         &out.o.to_array(gpu)?,
-        &out.logsumexp(gpu, heads)?,
+        &out.stats
+            .logsumexp(gpu)?
+            .index_axis_move(ndarray::Axis(0), 0),
         metadata,
     )?;
     Ok((milliseconds, plan))
@@ -361,7 +344,7 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
 struct RunOutcome {
     milliseconds: f32,
     plan: Plan,
-    backward: Option<(f32, BackwardPlan)>,
+    backward: Option<(f32, Plan)>,
 }
 
 /// One checked run on an open GPU: what the per-dtype work shares.
@@ -379,53 +362,31 @@ impl Run<'_> {
     /// returns the times and the plans.
     fn run_and_write<T: SafetensorsElement>(&self, qkv: Qkv<T>) -> flash_attn::Result<RunOutcome> {
         let gpu = self.gpu;
-        let algorithm = self.args.algorithm;
         let upload = |a: &ndarray::Array4<T>| {
             DeviceTensor::from_array(gpu, a.view(), Layout::BatchHeadSeqDim)
         };
         let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
         let d_o = qkv.d_o.as_ref().map(upload).transpose()?;
         drop(qkv);
-        let mut out = new_output(gpu, algorithm, &q, &k, &v, self.options)?;
-        let milliseconds = gpu.time_ms(|| {
-            attention_into(gpu, algorithm, &q, &k, &v, &mut out, self.options).map(|_plan| ())
-        })?;
-        let plan = out
-            .plan
-            .clone()
-            .ok_or_else(|| Error::File("the attention call returned without a plan".into()))?;
-        let rows = [
-            self.problem.batch,
-            self.problem.heads,
-            self.problem.seqlen_q,
-        ];
+        let call = Attention::new(&q, &k, &v).options(*self.options);
+        let mut out = call.forward(gpu)?;
+        let milliseconds = gpu.time_ms(|| call.forward_into(gpu, out.tensors()).map(|_plan| ()))?;
+        let plan = out.plan.clone();
         let row_max_and_sum = match &out.stats {
-            RowStatistics::MaxAndSum { max, sum } => Some((
-                download_rows(gpu, max, rows)?,
-                download_rows(gpu, sum, rows)?,
-            )),
+            RowStatistics::MaxAndSum { max, sum } => Some((max.to_array(gpu)?, sum.to_array(gpu)?)),
             RowStatistics::LogSumExp(_) => None,
         };
         let backward = match &d_o {
             Some(d_o) => {
-                let options = self.args.backward_options();
                 let mut result = None;
                 let backward_ms = gpu.time_ms(|| {
-                    let call = attention_backward(
-                        gpu,
-                        &q,
-                        &k,
-                        &v,
-                        &out,
-                        d_o,
-                        self.options,
-                        &options,
-                        Layout::BatchHeadSeqDim,
-                    )?;
-                    result = Some(call);
+                    result = Some(call.backward(gpu, &out, d_o)?);
                     Ok(())
                 })?;
-                let (gradients, backward_plan) = result.ok_or_else(|| {
+                let flash_attn::BackwardOutput {
+                    gradients,
+                    plan: backward_plan,
+                } = result.ok_or_else(|| {
                     Error::File("the backward call returned without gradients".into())
                 })?;
                 let gradients = Gradients {
@@ -447,7 +408,7 @@ impl Run<'_> {
         };
         let output = AttentionFileOutput {
             o: out.o.to_array(gpu)?,
-            logsumexp: out.stats.logsumexp(gpu, rows)?,
+            logsumexp: out.stats.logsumexp(gpu)?,
             row_max_and_sum,
             gradients,
         };
@@ -460,11 +421,16 @@ impl Run<'_> {
     }
 
     /// How the gradients were made: the backward's options, kernels and plan.
-    fn backward_metadata(&self, plan: &BackwardPlan) -> HashMap<String, String> {
-        let options = self.args.backward_options();
+    fn backward_metadata(&self, plan: &Plan) -> HashMap<String, String> {
         HashMap::from([
-            ("backward_algorithm".into(), options.algorithm.to_string()),
-            ("deterministic".into(), options.deterministic.to_string()),
+            (
+                "backward_algorithm".into(),
+                self.options.backward_algorithm.to_string(),
+            ),
+            (
+                "deterministic".into(),
+                self.options.deterministic.to_string(),
+            ),
             ("backward_kernel".into(), plan.kernel_names()),
             ("backward_plan".into(), plan.to_string()),
         ])
@@ -502,18 +468,4 @@ impl Run<'_> {
             ("plan".into(), plan.to_string()),
         ])
     }
-}
-
-/// Downloads one (batch·heads, seqlen_q) statistics buffer as a (batch, heads, seqlen_q) array.
-fn download_rows(
-    gpu: &Gpu,
-    buffer: &CudaSlice<f32>,
-    rows: [usize; 3],
-) -> flash_attn::Result<Array3<f32>> {
-    Array3::from_shape_vec(rows, gpu.download(buffer)?).map_err(|e| {
-        Error::File(format!(
-            "row statistics of {} values do not fit {rows:?}: {e}",
-            buffer.len()
-        ))
-    })
 }

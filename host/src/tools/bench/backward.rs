@@ -15,8 +15,8 @@ use std::path::Path;
 use rand::Rng;
 
 use crate::attention::{
-    Algorithm, AttentionOptions, AttentionOutput, BackwardAlgorithm, BackwardOptions, BackwardPlan,
-    Gradients, attention_backward_into, attention_into, new_output,
+    Algorithm, Attention, AttentionOptions, AttentionOutput, BackwardTensors, Gradients, Plan,
+    RowStatistics,
 };
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
@@ -30,7 +30,9 @@ use crate::with_element;
 /// One of our backward configurations the benchmark times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackwardVariant {
-    pub options: BackwardOptions,
+    /// The backward's algorithm (`AttentionOptions::backward_algorithm`).
+    pub algorithm: Algorithm,
+    pub deterministic: bool,
 }
 
 impl BackwardVariant {
@@ -38,11 +40,11 @@ impl BackwardVariant {
     /// default: FlashAttention-3's backward on compute capability 9.0, elsewhere what it falls
     /// back to, fa2-tc).
     pub const ALL: [BackwardVariant; 5] = [
-        BackwardVariant::new(BackwardAlgorithm::Fa2Tc, false),
-        BackwardVariant::new(BackwardAlgorithm::Fa2, false),
-        BackwardVariant::new(BackwardAlgorithm::Fa2Tc, true),
-        BackwardVariant::new(BackwardAlgorithm::Standard, false),
-        BackwardVariant::new(BackwardAlgorithm::Fa3, false),
+        BackwardVariant::new(Algorithm::Fa2Tc, false),
+        BackwardVariant::new(Algorithm::Fa2, false),
+        BackwardVariant::new(Algorithm::Fa2Tc, true),
+        BackwardVariant::new(Algorithm::Standard, false),
+        BackwardVariant::new(Algorithm::Fa3, false),
     ];
     /// What `bench --backward` times by default: the FlashAttention backward's variants (the
     /// standard one takes seconds per call at the sweep's longer N; ask for it by name).
@@ -51,19 +53,17 @@ impl BackwardVariant {
     /// What the memory table compares by default: the standard backward and fa2-tc.
     pub const MEMORY: [BackwardVariant; 2] = [Self::ALL[3], Self::ALL[0]];
 
-    pub const fn new(algorithm: BackwardAlgorithm, deterministic: bool) -> Self {
+    pub const fn new(algorithm: Algorithm, deterministic: bool) -> Self {
         Self {
-            options: BackwardOptions {
-                algorithm,
-                deterministic,
-            },
+            algorithm,
+            deterministic,
         }
     }
 
     /// The record name: `fa2-tc`, `fa2`, `fa2-tc-deterministic`.
     pub fn name(&self) -> String {
-        let algorithm = self.options.algorithm.name();
-        if self.options.deterministic {
+        let algorithm = self.algorithm.name();
+        if self.deterministic {
             format!("{algorithm}-deterministic")
         } else {
             algorithm.to_string()
@@ -221,10 +221,11 @@ impl<T: Element> Case<T> {
             .try_into()
             .map_err(|_| Error::File("four tensors".into()))?;
         let options = AttentionOptions {
+            algorithm: forward,
             causal: shape.causal,
             ..Default::default()
         };
-        let out = new_output(gpu, forward, &q, &k, &v, &options)?;
+        let out = Attention::new(&q, &k, &v).options(options).forward(gpu)?;
         let zeros = || DeviceTensor::filled(gpu, dims, layout, T::default());
         let gradients = Gradients {
             dq: zeros()?,
@@ -242,31 +243,42 @@ impl<T: Element> Case<T> {
         })
     }
 
-    fn forward(&mut self, gpu: &Gpu, algorithm: Algorithm) -> Result<()> {
-        attention_into(
-            gpu,
-            algorithm,
-            &self.q,
-            &self.k,
-            &self.v,
-            &mut self.out,
-            &self.options,
-        )
-        .map(|_| ())
+    fn forward(&mut self, gpu: &Gpu) -> Result<()> {
+        Attention::new(&self.q, &self.k, &self.v)
+            .options(self.options)
+            .forward_into(gpu, self.out.tensors())
+            .map(|_| ())
     }
 
-    fn backward(&mut self, gpu: &Gpu, options: &BackwardOptions) -> Result<BackwardPlan> {
-        attention_backward_into(
-            gpu,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.out,
-            &self.d_o,
-            &mut self.gradients,
-            &self.options,
-            options,
-        )
+    fn backward(&mut self, gpu: &Gpu, variant: &BackwardVariant) -> Result<Plan> {
+        let RowStatistics::LogSumExp(logsumexp) = &self.out.stats else {
+            return Err(Error::invalid(
+                "forward",
+                "fa1",
+                "a forward that returns L (any algorithm but fa1)",
+            ));
+        };
+        let options = AttentionOptions {
+            backward_algorithm: variant.algorithm,
+            deterministic: variant.deterministic,
+            ..self.options
+        };
+        let Gradients { dq, dk, dv } = &mut self.gradients;
+        Attention::new(&self.q, &self.k, &self.v)
+            .options(options)
+            .backward_into(
+                gpu,
+                BackwardTensors {
+                    o: (&self.out.o).into(),
+                    logsumexp: logsumexp.into(),
+                    d_o: (&self.d_o).into(),
+                    gradients: Gradients {
+                        dq: dq.into(),
+                        dk: dk.into(),
+                        dv: dv.into(),
+                    },
+                },
+            )
     }
 }
 
@@ -280,8 +292,8 @@ fn time_backward_typed<T: Element>(
     gpu.synchronize()?;
     gpu.reset_peak_memory()?;
     let mut case = Case::<T>::allocate(gpu, config.forward, shape, Some(rng))?;
-    case.forward(gpu, config.forward)?;
-    let plan = case.backward(gpu, &variant.options)?;
+    case.forward(gpu)?;
+    let plan = case.backward(gpu, &variant)?;
     gpu.synchronize()?;
     let peak_memory_bytes = gpu.peak_memory()?;
     let repeats = config.repeats.max(1);
@@ -291,12 +303,11 @@ fn time_backward_typed<T: Element>(
         times.sort_by(f32::total_cmp);
         f64::from(times[times.len() / 2])
     };
-    let backward_ms = median(gpu.time_each_ms(repeats + 1, |_| {
-        case.backward(gpu, &variant.options).map(|_| ())
-    })?);
+    let backward_ms =
+        median(gpu.time_each_ms(repeats + 1, |_| case.backward(gpu, &variant).map(|_| ()))?);
     let forward_backward_ms = median(gpu.time_each_ms(repeats + 1, |_| {
-        case.forward(gpu, config.forward)?;
-        case.backward(gpu, &variant.options).map(|_| ())
+        case.forward(gpu)?;
+        case.backward(gpu, &variant).map(|_| ())
     })?);
     let flops = shape.flops();
     let tflops = |factor: f64, ms: f64| factor * flops / (ms * 1e-3) / 1e12;
@@ -431,10 +442,10 @@ fn measure_memory<T: Element>(
 ) -> Result<(u64, u64)> {
     gpu.synchronize()?;
     let mut case = Case::<T>::allocate(gpu, forward, shape, None::<&mut rand::rngs::StdRng>)?;
-    case.forward(gpu, forward)?;
+    case.forward(gpu)?;
     gpu.synchronize()?;
     gpu.reset_peak_memory()?;
-    let plan = case.backward(gpu, &variant.options)?;
+    let plan = case.backward(gpu, &variant)?;
     gpu.synchronize()?;
     Ok((gpu.peak_memory()?, plan.workspace_bytes() as u64))
 }

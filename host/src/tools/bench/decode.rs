@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::attention::decode::{
-    CacheSeqlens, DecodeArguments, DecodeOptions, DecodeWorkspace, decode_with_workspace,
-    new_decode_output, plan_decode,
+use crate::attention::{
+    Attention, AttentionOptions, CacheSeqlens, ForwardTensors, KvCache, Pass, Statistics, Workspace,
 };
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::tensor::DeviceRows;
 use crate::tensor::{DeviceTensor, Layout};
 use crate::with_element;
 
@@ -240,31 +240,38 @@ fn time_typed<T: Element>(
         })
         .collect::<Result<Vec<_>>>()?;
     let lengths = CacheSeqlens::new(gpu, &vec![shape.kv_len as u32; shape.batch])?;
-    let args = |i: usize| DecodeArguments {
-        q: &q,
-        k_cache: &caches[i].0,
-        v_cache: &caches[i].1,
-        cache_seqlens: &lengths,
-        block_table: None,
-        new_kv: None,
-    };
-    let options = DecodeOptions {
+    let options = AttentionOptions {
         causal: true,
-        splits: variant.splits,
-        one_launch: variant.one_launch,
+        decode_splits: variant.splits,
+        decode_one_launch: variant.one_launch,
         ..Default::default()
     };
-    let plan = plan_decode(gpu, &args(0), &options)?;
-    let mut output = new_decode_output(gpu, &args(0), &options)?;
-    let mut workspace = DecodeWorkspace::new(gpu, &plan)?;
+    let cache = KvCache {
+        seqlens: &lengths,
+        block_table: None,
+        append: None,
+    };
+    let call = |i: usize| {
+        Attention::new(&q, &caches[i].0, &caches[i].1)
+            .options(options)
+            .kv_cache(cache)
+    };
+    let plan = call(0).plan(gpu)?;
+    let mut o = DeviceTensor::filled(gpu, q.dims(), Layout::BatchSeqHeadDim, T::default())?;
+    let mut lse = DeviceRows::new(gpu, plan.statistics_dims(), None, "L")?;
+    let mut workspace = Workspace::new(gpu, &plan)?;
+    let mut run = |i: usize| {
+        let tensors = ForwardTensors {
+            o: (&mut o).into(),
+            stats: Statistics::LogSumExp((&mut lse).into()),
+        };
+        plan.run_with_workspace(gpu, &call(i), Pass::Forward(tensors), &mut workspace)
+    };
     for i in 0..copies {
-        decode_with_workspace(gpu, &args(i), &mut output, &mut workspace, &plan)?;
+        run(i)?;
     }
     gpu.synchronize()?;
-    let mut times = gpu.time_each_ms(repeats, |i| {
-        decode_with_workspace(gpu, &args(i % copies), &mut output, &mut workspace, &plan)
-            .map(|_| ())
-    })?;
+    let mut times = gpu.time_each_ms(repeats, |i| run(i % copies))?;
     times.sort_by(f32::total_cmp);
     Ok((times[times.len() / 2] as f64 * 1e3, plan.to_string()))
 }

@@ -2,9 +2,7 @@
 
 use rand::Rng;
 
-use crate::attention::{
-    Algorithm, AttentionOptions, Problem, Workspace, attention_with_workspace, new_output,
-};
+use crate::attention::{Algorithm, Attention, AttentionOptions, Workspace};
 use crate::device::Gpu;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -73,6 +71,7 @@ fn time_case<T: Element>(
     rng: &mut impl Rng,
 ) -> Result<BenchRecord> {
     let options = AttentionOptions {
+        algorithm,
         causal: shape.causal,
         fa2_tc_tiling: crate::attention::parse_optional_fa2_tc_tiling(
             config.fa2_tc_tiling.as_deref(),
@@ -85,7 +84,6 @@ fn time_case<T: Element>(
         ..Default::default()
     };
     let dims = shape.dims();
-    let problem = Problem::new(dims, dims, dims, &options)?;
 
     // Fresh N(0, 1) inputs, drawn once per case; every set of device buffers holds them.
     let host = [(); 3].map(|_| random_tensor::<T>(dims, rng));
@@ -104,25 +102,18 @@ fn time_case<T: Element>(
     gpu.synchronize()?;
     gpu.reset_peak_memory()?;
     let mut inputs = vec![upload_set()?];
-    let mut output = new_output(
+    fn call<T: Element>(set: &Inputs<T>, options: AttentionOptions) -> Attention<'_, T> {
+        Attention::new(&set.q, &set.k, &set.v).options(options)
+    }
+    let mut output = call(&inputs[0], options).forward(gpu)?;
+    // One plan and one workspace for every run, as a caller that reuses them would.
+    let plan = output.plan.clone();
+    let mut workspace = Workspace::new(gpu, &plan)?;
+    plan.run_with_workspace(
         gpu,
-        algorithm,
-        &inputs[0].q,
-        &inputs[0].k,
-        &inputs[0].v,
-        &options,
-    )?;
-    let workspace = Workspace::<T>::new(gpu, algorithm, &problem)?;
-    let first = &inputs[0];
-    attention_with_workspace(
-        gpu,
-        algorithm,
-        &first.q,
-        &first.k,
-        &first.v,
-        &mut output,
-        &workspace,
-        &options,
+        &call(&inputs[0], options),
+        output.pass(),
+        &mut workspace,
     )?;
     gpu.synchronize()?;
     let peak_memory_bytes = gpu.peak_memory()?;
@@ -138,17 +129,7 @@ fn time_case<T: Element>(
     }
     let mut launch = |i: usize| {
         let set = &inputs[i % inputs.len()];
-        attention_with_workspace(
-            gpu,
-            algorithm,
-            &set.q,
-            &set.k,
-            &set.v,
-            &mut output,
-            &workspace,
-            &options,
-        )
-        .map(|_plan| ())
+        plan.run_with_workspace(gpu, &call(set, options), output.pass(), &mut workspace)
     };
     // Warm-up: one launch per input set, then an estimate of how many repeats fit the target.
     let warm = gpu.time_each_ms(sets, &mut launch)?;
@@ -219,12 +200,16 @@ pub fn max_seqlen(
 
 /// Allocates everything one call needs (zero-filled inputs: nothing is computed or timed on them).
 fn allocate_call<T: Element>(gpu: &Gpu, algorithm: Algorithm, dims: [usize; 4]) -> Result<()> {
-    let problem = Problem::new(dims, dims, dims, &AttentionOptions::default())?;
     // Zero-filled on the device (a memset): nothing is computed on them.
     let q = DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?;
     let k = DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?;
     let v = DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?;
-    let _output = new_output(gpu, algorithm, &q, &k, &v, &AttentionOptions::default())?;
-    let _workspace = Workspace::<T>::new(gpu, algorithm, &problem)?;
+    let call = Attention::new(&q, &k, &v).algorithm(algorithm);
+    let plan = call.plan(gpu)?;
+    let _output = (
+        DeviceTensor::<T>::filled(gpu, dims, Layout::BatchHeadSeqDim, T::default())?,
+        crate::tensor::DeviceRows::new(gpu, plan.statistics_dims(), None, "L")?,
+    );
+    let _workspace = Workspace::new(gpu, &plan)?;
     Ok(())
 }

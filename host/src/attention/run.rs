@@ -1,0 +1,734 @@
+//! A described call becomes a [`Plan`], and the plan runs: into tensors the caller owns
+//! ([`Plan::run`], [`Attention::forward_into`], [`Attention::backward_into`]) or into new ones
+//! ([`Attention::forward`], [`Attention::backward`]). A plan is made once per problem and can
+//! run again on new addresses of the same shapes; a run of another problem is refused.
+
+use std::fmt;
+
+use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
+use super::backward_gpu::{BackwardCall, launch_backward};
+use super::backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
+use super::call::{Attention, CallKey, Checked, Form, check_memory, check_output, check_rows};
+use super::decode::{DecodePlan, DecodeWorkspace, launch_decode};
+use super::packed::launch_packed;
+use super::plan::{
+    CompiledLimits, ForwardPlan, LaunchLimits, PlannedLaunch, StatisticsKind, misaligned_view,
+};
+use super::problem::{Algorithm, Problem};
+use super::{ForwardWorkspace, StatisticsAddresses, launch_forward};
+use crate::device::Gpu;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::tensor::{DeviceRows, DeviceTensor, Layout, RowsRef, TensorRef};
+
+/// Which kernels one call runs and why, decided before any launch; made by
+/// [`Attention::plan`] or [`Attention::plan_backward`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub pass: PassPlan,
+    key: CallKey,
+}
+
+/// The plan of one pass.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PassPlan {
+    /// Dense or packed attention's forward.
+    Forward(ForwardPlan),
+    /// The backward: dQ, dK, dV.
+    Backward(BackwardPlan),
+    /// A KV-cache call's split-KV decode.
+    Decode(DecodePlan),
+}
+
+/// The tensors a run takes besides Q, K, V: the forward's outputs, or the backward's (a few
+/// hundred bytes of addresses, passed by value once per run).
+#[derive(Clone, Copy, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Pass<'a, T> {
+    Forward(ForwardTensors<'a, T>),
+    Backward(BackwardTensors<'a, T>),
+}
+
+/// What the forward writes: O (Q's dims) and the row statistics.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardTensors<'a, T> {
+    pub o: TensorRef<'a, T>,
+    pub stats: Statistics<'a>,
+}
+
+/// The row statistics a forward writes: L = m + log ℓ, (batch, heads, seqlen_q) (a packed
+/// batch's (1, heads, total_q); a KV-cache call's (batch, heads, q_tokens)), or FA1's m and ℓ.
+#[derive(Clone, Copy, Debug)]
+pub enum Statistics<'a> {
+    LogSumExp(RowsRef<'a>),
+    MaxAndSum { max: RowsRef<'a>, sum: RowsRef<'a> },
+}
+
+/// The backward's tensors: the forward's O and L for this call, dO, and dQ, dK, dV to write (dQ
+/// Q's dims, dK and dV K's; any strides with a contiguous head dim).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardTensors<'a, T> {
+    pub o: TensorRef<'a, T>,
+    pub logsumexp: RowsRef<'a>,
+    pub d_o: TensorRef<'a, T>,
+    pub gradients: Gradients<TensorRef<'a, T>>,
+}
+
+/// O, the row statistics and the plan that wrote them.
+pub struct AttentionOutput<T> {
+    pub o: DeviceTensor<T>,
+    pub stats: RowStatistics,
+    pub plan: Plan,
+}
+
+impl<T: Element> AttentionOutput<T> {
+    /// This output as the tensors a forward writes ([`Attention::forward_into`]).
+    pub fn tensors(&mut self) -> ForwardTensors<'_, T> {
+        ForwardTensors {
+            o: (&mut self.o).into(),
+            stats: self.stats.as_refs(),
+        }
+    }
+
+    /// This output as a run's tensors, to run its plan again into it ([`Plan::run`]).
+    pub fn pass(&mut self) -> Pass<'_, T> {
+        Pass::Forward(self.tensors())
+    }
+}
+
+/// The row statistics on the device (see [`Statistics`]).
+pub enum RowStatistics {
+    LogSumExp(DeviceRows),
+    MaxAndSum { max: DeviceRows, sum: DeviceRows },
+}
+
+impl RowStatistics {
+    /// L as a (batch, heads, rows) array: downloaded, or m + ln ℓ for FA1 (−∞ where ℓ = 0).
+    pub fn logsumexp(&self, gpu: &Gpu) -> Result<ndarray::Array3<f32>> {
+        match self {
+            RowStatistics::LogSumExp(l) => l.to_array(gpu),
+            RowStatistics::MaxAndSum { max, sum } => {
+                let (m, l) = (max.to_array(gpu)?, sum.to_array(gpu)?);
+                Ok(ndarray::Zip::from(&m).and(&l).map_collect(|&m, &l| {
+                    if l > 0.0 {
+                        m + l.ln()
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }))
+            }
+        }
+    }
+
+    /// The statistics as a run writes them.
+    pub fn as_refs(&mut self) -> Statistics<'_> {
+        match self {
+            RowStatistics::LogSumExp(l) => Statistics::LogSumExp(l.into()),
+            RowStatistics::MaxAndSum { max, sum } => Statistics::MaxAndSum {
+                max: max.into(),
+                sum: sum.into(),
+            },
+        }
+    }
+}
+
+/// dQ, dK, dV and the plan that wrote them.
+pub struct BackwardOutput<T> {
+    pub gradients: Gradients<DeviceTensor<T>>,
+    pub plan: Plan,
+}
+
+/// Device memory a plan needs besides its tensors (standard attention's S and P, FA1's
+/// accumulator, decode's per-split partials), allocated once to serve many runs.
+#[derive(Default)]
+pub struct Workspace {
+    forward: Option<ForwardWorkspace>,
+    decode: Option<DecodeWorkspace>,
+}
+
+impl Workspace {
+    /// What `plan` needs (the backward allocates its own per run).
+    pub fn new(gpu: &Gpu, plan: &Plan) -> Result<Self> {
+        Self::covering(gpu, std::slice::from_ref(plan))
+    }
+
+    /// What the most demanding of `plans` needs, so that one workspace runs each.
+    pub fn covering(gpu: &Gpu, plans: &[Plan]) -> Result<Self> {
+        let forward: Vec<&ForwardPlan> = plans
+            .iter()
+            .filter_map(|p| match &p.pass {
+                PassPlan::Forward(f) => Some(f),
+                _ => None,
+            })
+            .collect();
+        let decode: Vec<DecodePlan> = plans
+            .iter()
+            .filter_map(|p| match &p.pass {
+                PassPlan::Decode(d) => Some(d.clone()),
+                _ => None,
+            })
+            .collect();
+        Ok(Self {
+            forward: (!forward.is_empty())
+                .then(|| ForwardWorkspace::covering(gpu, &forward))
+                .transpose()?,
+            decode: (!decode.is_empty())
+                .then(|| DecodeWorkspace::covering(gpu, &decode))
+                .transpose()?,
+        })
+    }
+}
+
+impl<'a, T: Element> Attention<'a, T> {
+    /// Checks the call and plans its forward (a KV-cache call's decode) within `limits` (a
+    /// [`Gpu`], or [`super::CompiledLimits`] to plan without one). The plan assumes O's rows
+    /// 16-byte aligned; a run into an O whose rows are not is refused.
+    pub fn plan(&self, limits: &dyn LaunchLimits) -> Result<Plan> {
+        self.plan_forward(limits, None)
+    }
+
+    /// Checks the call and plans its backward within `limits`, assuming dO, dQ, dK, dV with
+    /// 16-byte-aligned rows (a run with others is refused).
+    pub fn plan_backward(&self, limits: &dyn LaunchLimits) -> Result<Plan> {
+        self.plan_backward_with(limits, None)
+    }
+
+    /// The forward into new outputs: O (Q's dims and layout) and the row statistics.
+    pub fn forward(&self, gpu: &Gpu) -> Result<AttentionOutput<T>> {
+        self.forward_filled(gpu, T::default())
+    }
+
+    /// [`Attention::forward`] with O filled with `fill` first (NaN: a test sees every element
+    /// the kernels leave unwritten).
+    pub fn forward_filled(&self, gpu: &Gpu, fill: T) -> Result<AttentionOutput<T>> {
+        let plan = self.plan(gpu)?;
+        let layout = Layout::of(self.q.dims(), self.q.strides()).unwrap_or(Layout::BatchHeadSeqDim);
+        let mut o = DeviceTensor::filled(gpu, self.q.dims(), layout, fill)?;
+        // The statistics filled with NaN too when O is poisoned.
+        let rows = plan.statistics_dims();
+        let fill_rows = (fill.to_f64() != 0.0).then_some(f32::NAN);
+        let new_rows = |what| DeviceRows::new(gpu, rows, fill_rows, what);
+        let mut stats = match plan.statistics() {
+            StatisticsKind::LogSumExp => RowStatistics::LogSumExp(new_rows("L")?),
+            StatisticsKind::MaxAndSum => RowStatistics::MaxAndSum {
+                max: new_rows("m")?,
+                sum: new_rows("ℓ")?,
+            },
+        };
+        let tensors = ForwardTensors {
+            o: (&mut o).into(),
+            stats: stats.as_refs(),
+        };
+        plan.run_checked(
+            Some(gpu),
+            self,
+            Pass::Forward(tensors),
+            &mut Workspace::default(),
+        )?;
+        Ok(AttentionOutput { o, stats, plan })
+    }
+
+    /// The forward into outputs the caller owns: plans with O's alignment known, then runs.
+    /// Returns the plan.
+    pub fn forward_into(&self, gpu: &Gpu, tensors: ForwardTensors<T>) -> Result<Plan> {
+        let plan = self.plan_forward(gpu, Some(&tensors.o))?;
+        plan.run_checked(
+            Some(gpu),
+            self,
+            Pass::Forward(tensors),
+            &mut Workspace::default(),
+        )?;
+        Ok(plan)
+    }
+
+    /// Every check [`Attention::forward_into`] makes, without a device: planned for an H200
+    /// ([`CompiledLimits::H200`]). Returns that plan.
+    pub fn check_forward(&self, tensors: ForwardTensors<T>) -> Result<Plan> {
+        let plan = self.plan_forward(&CompiledLimits::H200, Some(&tensors.o))?;
+        plan.run_checked(
+            None,
+            self,
+            Pass::Forward(tensors),
+            &mut Workspace::default(),
+        )?;
+        Ok(plan)
+    }
+
+    /// Every check [`Attention::backward_into`] makes, without a device (planned for an H200).
+    pub fn check_backward(&self, tensors: BackwardTensors<T>) -> Result<Plan> {
+        let plan = self.plan_backward_with(&CompiledLimits::H200, Some(&tensors))?;
+        plan.launch_backward(None, self, tensors)?;
+        Ok(plan)
+    }
+
+    /// The backward into new gradients (in Q's and K's layouts), from the forward's output.
+    pub fn backward(
+        &self,
+        gpu: &Gpu,
+        forward: &AttentionOutput<T>,
+        d_o: &DeviceTensor<T>,
+    ) -> Result<BackwardOutput<T>> {
+        let RowStatistics::LogSumExp(logsumexp) = &forward.stats else {
+            return Err(Error::invalid(
+                "forward.stats",
+                "FA1's m and ℓ",
+                "L = m + log ℓ (run the forward with any algorithm but fa1)",
+            ));
+        };
+        let layout_of =
+            |t: &TensorRef<T>| Layout::of(t.dims(), t.strides()).unwrap_or(Layout::BatchHeadSeqDim);
+        let zeros =
+            |t: &TensorRef<T>| DeviceTensor::filled(gpu, t.dims(), layout_of(t), T::default());
+        let mut gradients = Gradients {
+            dq: zeros(&self.q)?,
+            dk: zeros(&self.k)?,
+            dv: zeros(&self.v)?,
+        };
+        let tensors = BackwardTensors {
+            o: (&forward.o).into(),
+            logsumexp: logsumexp.into(),
+            d_o: d_o.into(),
+            gradients: Gradients {
+                dq: (&mut gradients.dq).into(),
+                dk: (&mut gradients.dk).into(),
+                dv: (&mut gradients.dv).into(),
+            },
+        };
+        let plan = self.backward_into(gpu, tensors)?;
+        Ok(BackwardOutput { gradients, plan })
+    }
+
+    /// The backward into gradients the caller owns: plans with every tensor's alignment known,
+    /// then runs. Returns the plan.
+    pub fn backward_into(&self, gpu: &Gpu, tensors: BackwardTensors<T>) -> Result<Plan> {
+        let plan = self.plan_backward_with(gpu, Some(&tensors))?;
+        plan.launch_backward(Some(gpu), self, tensors)?;
+        Ok(plan)
+    }
+
+    fn plan_forward(&self, limits: &dyn LaunchLimits, o: Option<&TensorRef<T>>) -> Result<Plan> {
+        let checked = self.check()?;
+        let pass = match &checked {
+            Checked::Attention(problem) => {
+                // Without O, the plan takes it to be aligned as Q is (an O this library or
+                // PyTorch allocates is); a run checks the O it gets.
+                let operands = self.operands(o.unwrap_or(&self.q));
+                let plan = ForwardPlan::new(
+                    limits,
+                    self.options.algorithm,
+                    T::DTYPE,
+                    problem,
+                    &self.options,
+                    Some(&operands),
+                )?;
+                PassPlan::Forward(plan)
+            }
+            Checked::Decode(problem) => PassPlan::Decode(DecodePlan::new(
+                limits,
+                T::DTYPE,
+                problem,
+                &self.decode_options(),
+            )?),
+        };
+        Ok(Plan {
+            key: self.key(&checked),
+            pass,
+        })
+    }
+
+    fn plan_backward_with(
+        &self,
+        limits: &dyn LaunchLimits,
+        tensors: Option<&BackwardTensors<T>>,
+    ) -> Result<Plan> {
+        let checked = self.check()?;
+        let problem = match (&checked, self.form) {
+            (Checked::Attention(problem), Form::Dense) => *problem,
+            (_, form) => {
+                let form = match form {
+                    Form::Packed(_) => "a packed batch",
+                    _ => "a KV-cache call",
+                };
+                return Err(Error::invalid(
+                    "form",
+                    form,
+                    "the backward takes dense batches (packed and KV-cache calls: forward only)",
+                ));
+            }
+        };
+        let backward = self.backward_options()?;
+        let views = tensors.map(|t| BackwardViews {
+            q: self.q.view(),
+            k: self.k.view(),
+            v: self.v.view(),
+            d_o: t.d_o.view(),
+            dk: t.gradients.dk.view(),
+            dv: t.gradients.dv.view(),
+        });
+        let checked_backward = self.backward_problem(&problem, tensors)?;
+        let plan = BackwardPlan::new(
+            limits,
+            T::DTYPE,
+            &checked_backward.problem,
+            &backward,
+            views.as_ref(),
+        )?;
+        Ok(Plan {
+            key: self.key(&checked),
+            pass: PassPlan::Backward(plan),
+        })
+    }
+
+    /// The backward's kernel choice from the call's options.
+    fn backward_options(&self) -> Result<BackwardOptions> {
+        let algorithm = match self.options.backward_algorithm {
+            Algorithm::Auto | Algorithm::Fa3 => BackwardAlgorithm::Fa3,
+            Algorithm::Fa2Tc => BackwardAlgorithm::Fa2Tc,
+            Algorithm::Fa2 => BackwardAlgorithm::Fa2,
+            Algorithm::Standard => BackwardAlgorithm::Standard,
+            Algorithm::Fa1 => {
+                return Err(Error::invalid(
+                    "backward_algorithm",
+                    Algorithm::Fa1,
+                    "fa1 has no backward; allowed: auto, fa3, fa2-tc, fa2, standard",
+                ));
+            }
+        };
+        Ok(BackwardOptions {
+            algorithm,
+            deterministic: self.options.deterministic,
+        })
+    }
+
+    /// The backward's own checks (no window or softcap yet; with tensors: O, dO, L and the
+    /// gradients' dims and dtypes).
+    fn backward_problem(
+        &self,
+        problem: &Problem,
+        tensors: Option<&BackwardTensors<T>>,
+    ) -> Result<BackwardProblem> {
+        let spec = |t: &TensorRef<T>| TensorSpec {
+            dims: t.dims(),
+            strides: t.strides().map(|s| s as isize),
+            dtype: T::DTYPE,
+        };
+        let q = spec(&self.q);
+        let arguments = BackwardArguments {
+            q,
+            k: spec(&self.k),
+            v: spec(&self.v),
+            o: tensors.map_or(q, |t| spec(&t.o)),
+            d_o: tensors.map_or(q, |t| spec(&t.d_o)),
+            logsumexp: tensors.map_or([problem.batch, problem.heads, problem.seqlen_q], |t| {
+                t.logsumexp.dims()
+            }),
+            forward: None,
+        };
+        let checked = BackwardProblem::new(&arguments, &self.options)?;
+        if let Some(t) = tensors {
+            let Gradients { dq, dk, dv } = &t.gradients;
+            checked.check_gradients(&Gradients {
+                dq: spec(dq),
+                dk: spec(dk),
+                dv: spec(dv),
+            })?;
+        }
+        Ok(checked)
+    }
+}
+
+impl Plan {
+    /// Runs the plan on `call` (the description it was made from, or one of the same shapes with
+    /// new addresses) with the pass's tensors, on `gpu`'s stream. The workspace is allocated for
+    /// this run and freed in stream order after its kernels.
+    pub fn run<T: Element>(&self, gpu: &Gpu, call: &Attention<T>, tensors: Pass<T>) -> Result<()> {
+        self.run_with_workspace(gpu, call, tensors, &mut Workspace::default())
+    }
+
+    /// [`Plan::run`] with a workspace made for this plan ([`Workspace::new`]); what it lacks is
+    /// allocated for this run.
+    pub fn run_with_workspace<T: Element>(
+        &self,
+        gpu: &Gpu,
+        call: &Attention<T>,
+        tensors: Pass<T>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        let checked = call.check()?;
+        if call.key(&checked) != self.key {
+            return Err(Error::invalid(
+                "plan",
+                "a plan of another call",
+                "a plan made for this call's shapes, options and form (Attention::plan)",
+            ));
+        }
+        self.run_checked(Some(gpu), call, tensors, workspace)
+    }
+
+    /// Runs a plan whose key matches `call`: checks the memory of every tensor and the outputs'
+    /// shapes, then launches on `gpu` (without one: the checks alone).
+    fn run_checked<T: Element>(
+        &self,
+        gpu: Option<&Gpu>,
+        call: &Attention<T>,
+        tensors: Pass<T>,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        for (name, tensor) in call.inputs() {
+            check_memory(name, &tensor)?;
+        }
+        match (&self.pass, tensors) {
+            (PassPlan::Forward(plan), Pass::Forward(out)) => {
+                check_output("o", &out.o, call.q.dims(), "q")?;
+                if plan.needs_aligned_rows()
+                    && let Some(reason) = misaligned_view(&[("o", &out.o.view())])
+                {
+                    return Err(Error::invalid(
+                        "o",
+                        format!("strides {:?}", out.o.strides()),
+                        format!("{reason}, as the planned {} needs", plan.kernel_names()),
+                    ));
+                }
+                let stats = self.statistics_addresses(&out.stats)?;
+                let operands = call.operands(&out.o);
+                let dims = [call.q.dims(), call.k.dims(), call.v.dims()];
+                let Some(gpu) = gpu else { return Ok(()) };
+                match call.form {
+                    Form::Packed(batch) => {
+                        let StatisticsAddresses::LogSumExp(l) = stats else {
+                            unreachable!("a packed plan writes L")
+                        };
+                        launch_packed::<T>(gpu, plan, operands, dims, l, batch)
+                    }
+                    _ => {
+                        let workspace = match &mut workspace.forward {
+                            Some(w) => w,
+                            slot => slot.insert(ForwardWorkspace::covering(gpu, &[plan])?),
+                        };
+                        launch_forward::<T>(gpu, plan, operands, dims, stats, workspace)
+                    }
+                }
+            }
+            (PassPlan::Decode(plan), Pass::Forward(out)) => {
+                check_output("o", &out.o, call.q.dims(), "q")?;
+                super::decode::check_rows_aligned("o", out.o.strides())?;
+                let StatisticsAddresses::LogSumExp(l) = self.statistics_addresses(&out.stats)?
+                else {
+                    unreachable!("decode writes L")
+                };
+                let Form::Cache(cache) = call.form else {
+                    unreachable!("a decode plan's key is a KV-cache call's")
+                };
+                if let Some((k, v)) = cache.append {
+                    check_memory("k_new", &k)?;
+                    check_memory("v_new", &v)?;
+                }
+                let Some(gpu) = gpu else { return Ok(()) };
+                let workspace = match &mut workspace.decode {
+                    Some(w) => w,
+                    slot => {
+                        slot.insert(DecodeWorkspace::covering(gpu, std::slice::from_ref(plan))?)
+                    }
+                };
+                launch_decode(gpu, plan, call, &cache, &out.o, l, workspace)
+            }
+            (PassPlan::Backward(plan), Pass::Backward(t)) => {
+                // A reused plan meets these tensors for the first time: their shapes and dtypes
+                // as the backward needs them, and the alignment the plan assumed.
+                call.backward_problem(&plan.problem, Some(&t))?;
+                if plan.needs_aligned_rows() {
+                    let views = [
+                        ("d_o", t.d_o.view()),
+                        ("dk", t.gradients.dk.view()),
+                        ("dv", t.gradients.dv.view()),
+                    ];
+                    let named: Vec<(&str, &_)> = views.iter().map(|(n, v)| (*n, v)).collect();
+                    if let Some(reason) = misaligned_view(&named) {
+                        let name = named
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .find(|n| reason.starts_with(n))
+                            .unwrap_or("d_o");
+                        return Err(Error::invalid(
+                            name,
+                            "rows that are not 16-byte aligned",
+                            format!(
+                                "{reason}, as the planned {} needs (Attention::backward_into \
+                                 plans with the tensors)",
+                                plan.kernel_names()
+                            ),
+                        ));
+                    }
+                }
+                self.launch_backward(gpu, call, t)
+            }
+            (_, _) => Err(Error::invalid(
+                "tensors",
+                "another pass's tensors",
+                "Pass::Forward for a forward or decode plan, Pass::Backward for a backward plan",
+            )),
+        }
+    }
+
+    /// Launches a backward plan after the memory checks (the shapes were checked with the plan,
+    /// or by the run).
+    fn launch_backward<T: Element>(
+        &self,
+        gpu: Option<&Gpu>,
+        call: &Attention<T>,
+        t: BackwardTensors<T>,
+    ) -> Result<()> {
+        let PassPlan::Backward(plan) = &self.pass else {
+            unreachable!("a backward plan")
+        };
+        let problem = &plan.problem;
+        for (name, tensor) in call.inputs() {
+            check_memory(name, &tensor)?;
+        }
+        check_output("dq", &t.gradients.dq, call.q.dims(), "q")?;
+        check_output("dk", &t.gradients.dk, call.k.dims(), "k")?;
+        check_output("dv", &t.gradients.dv, call.v.dims(), "v")?;
+        check_memory("o", &t.o)?;
+        check_memory("d_o", &t.d_o)?;
+        let rows = [problem.batch, problem.heads, problem.seqlen_q];
+        check_rows("logsumexp", &t.logsumexp, rows)?;
+        let Gradients { dq, dk, dv } = &t.gradients;
+        let backward_call = BackwardCall {
+            operands: call.operands(&t.o),
+            d_o: t.d_o.view(),
+            gradients: Gradients {
+                dq: dq.view(),
+                dk: dk.view(),
+                dv: dv.view(),
+            },
+            logsumexp: t.logsumexp.address(),
+        };
+        match gpu {
+            Some(gpu) => launch_backward(gpu, plan, backward_call),
+            None => Ok(()),
+        }
+    }
+
+    /// The statistics' addresses, checked against what the plan writes.
+    fn statistics_addresses(&self, stats: &Statistics) -> Result<StatisticsAddresses> {
+        let rows = self.statistics_dims();
+        match (self.statistics(), stats) {
+            (StatisticsKind::LogSumExp, Statistics::LogSumExp(l)) => {
+                check_rows("lse", l, rows)?;
+                Ok(StatisticsAddresses::LogSumExp(l.address()))
+            }
+            (StatisticsKind::MaxAndSum, Statistics::MaxAndSum { max, sum }) => {
+                check_rows("m", max, rows)?;
+                check_rows("l", sum, rows)?;
+                Ok(StatisticsAddresses::MaxAndSum {
+                    max: max.address(),
+                    sum: sum.address(),
+                })
+            }
+            (kind, _) => Err(Error::invalid(
+                "stats",
+                "statistics of another kind",
+                format!("this plan writes {kind:?} statistics"),
+            )),
+        }
+    }
+
+    /// Which statistics the forward writes.
+    pub fn statistics(&self) -> StatisticsKind {
+        match &self.pass {
+            PassPlan::Forward(plan) => plan.statistics,
+            _ => StatisticsKind::LogSumExp,
+        }
+    }
+
+    /// The statistics' dims: (batch, heads, seqlen_q); a packed batch's (1, heads, total_q); a
+    /// decode's (batch, heads, q_tokens).
+    pub fn statistics_dims(&self) -> [usize; 3] {
+        match &self.pass {
+            PassPlan::Forward(plan) => {
+                let [_, heads, rows, _] = self.key.q_dims();
+                if plan.problem.packed {
+                    [1, heads, rows]
+                } else {
+                    [plan.problem.batch, heads, plan.problem.seqlen_q]
+                }
+            }
+            PassPlan::Backward(plan) => [
+                plan.problem.batch,
+                plan.problem.heads,
+                plan.problem.seqlen_q,
+            ],
+            PassPlan::Decode(plan) => [
+                plan.problem.batch,
+                plan.problem.heads_q,
+                plan.problem.q_tokens,
+            ],
+        }
+    }
+
+    /// The problem a forward or backward plan solves (a decode plan's is `PassPlan::Decode`'s).
+    pub fn problem(&self) -> Option<&Problem> {
+        match &self.pass {
+            PassPlan::Forward(plan) => Some(&plan.problem),
+            PassPlan::Backward(plan) => Some(&plan.problem),
+            PassPlan::Decode(_) => None,
+        }
+    }
+
+    /// The kernels in launch order (a packed batch of more than 255 sequences launches each
+    /// once per 255).
+    pub fn launches(&self) -> &[PlannedLaunch] {
+        match &self.pass {
+            PassPlan::Forward(plan) => &plan.launches,
+            PassPlan::Backward(plan) => &plan.launches,
+            PassPlan::Decode(plan) => &plan.launches,
+        }
+    }
+
+    /// Every kernel's name, in launch order, joined by `+`.
+    pub fn kernel_names(&self) -> String {
+        super::plan::kernel_names(self.launches())
+    }
+
+    /// Bytes of device memory the plan's kernels need besides the call's tensors (standard
+    /// attention's S and P, FA1's accumulator; the backward's D, dQ accumulator, flags and
+    /// expanded dK, dV; decode's per-split partials).
+    pub fn workspace_bytes(&self) -> usize {
+        let f32_bytes = std::mem::size_of::<f32>();
+        match &self.pass {
+            PassPlan::Forward(plan) => {
+                let w = plan.workspace;
+                w.scores * (f32_bytes + plan.dtype.size_bytes()) + w.o_accumulator * f32_bytes
+            }
+            PassPlan::Backward(plan) => plan.workspace_bytes(),
+            PassPlan::Decode(plan) => {
+                (plan.workspace_o + 2 * plan.workspace_stats + plan.workspace_counters) * f32_bytes
+            }
+        }
+    }
+
+    /// Why the algorithm asked for runs another family's kernels, if it does.
+    pub fn fallback(&self) -> Option<&str> {
+        match &self.pass {
+            PassPlan::Forward(plan) => plan.fallback.as_deref(),
+            PassPlan::Backward(plan) => plan.fallback.as_deref(),
+            PassPlan::Decode(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    /// One line: the family, the kernels with grid, threads and shared memory, the workspace,
+    /// and why (a fallback's reason; the decode merge's).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.pass {
+            PassPlan::Forward(plan) => plan.fmt(f),
+            PassPlan::Backward(plan) => plan.fmt(f),
+            PassPlan::Decode(plan) => plan.fmt(f),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;

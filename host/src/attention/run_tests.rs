@@ -1,0 +1,363 @@
+//! The front door's checks without a device: each bad argument is an error naming it, before
+//! anything could launch.
+
+use half::{bf16, f16};
+
+use super::*;
+use crate::attention::packed::PackedBatch;
+use crate::attention::problem::AttentionOptions;
+use crate::error::Error;
+
+const GIB: u64 = 1 << 30;
+const BASE: u64 = 0x7f00_0000_0000;
+
+/// (batch, seqlen, heads, head_dim) storage at gibibyte `slot`, viewed as (batch, heads, seqlen,
+/// head_dim): flash-attn's layout.
+fn bshd<T: Element>(slot: u64, [b, h, s, d]: [usize; 4]) -> TensorRef<'static, T> {
+    // SAFETY: the checks never touch the memory.
+    unsafe { TensorRef::from_raw(BASE + slot * GIB, [b, h, s, d], [s * h * d, d, h * d, 1]) }
+}
+
+fn rows(slot: u64, [b, h, n]: [usize; 3]) -> RowsRef<'static> {
+    // SAFETY: as `bshd`.
+    unsafe { RowsRef::from_raw(BASE + slot * GIB, [b, h, n], [h * n, n, 1]) }
+}
+
+/// The argument an error names.
+fn named<R: std::fmt::Debug>(result: Result<R>) -> &'static str {
+    match result {
+        Err(Error::InvalidArgument { name, .. }) => name,
+        other => panic!("expected an invalid argument, got {other:?}"),
+    }
+}
+
+struct Forward<T: Element> {
+    q: TensorRef<'static, T>,
+    k: TensorRef<'static, T>,
+    v: TensorRef<'static, T>,
+    o: TensorRef<'static, T>,
+    lse: RowsRef<'static>,
+    options: AttentionOptions,
+}
+
+impl<T: Element> Forward<T> {
+    fn new(dims: [usize; 4]) -> Self {
+        Self {
+            q: bshd(0, dims),
+            k: bshd(1, dims),
+            v: bshd(2, dims),
+            o: bshd(3, dims),
+            lse: rows(4, [dims[0], dims[1], dims[2]]),
+            options: AttentionOptions::default(),
+        }
+    }
+
+    fn check(&self) -> Result<Plan> {
+        let call = Attention::new(self.q, self.k, self.v).options(self.options);
+        call.check_forward(ForwardTensors {
+            o: self.o,
+            stats: Statistics::LogSumExp(self.lse),
+        })
+    }
+}
+
+#[test]
+fn accepts_flash_attention_and_sdpa_layouts_and_plans_auto_as_fa3_on_an_h200() {
+    let call = Forward::<bf16>::new([2, 8, 100, 64]);
+    let plan = call.check().expect("valid");
+    assert!(
+        plan.kernel_names().starts_with("fa3_forward_bf16_d64"),
+        "{plan}"
+    );
+    let mut sdpa = Forward::<bf16>::new([2, 8, 100, 64]);
+    for t in [&mut sdpa.q, &mut sdpa.k, &mut sdpa.v, &mut sdpa.o] {
+        // SAFETY: as `bshd`.
+        *t = unsafe { TensorRef::from_raw(t.address(), t.dims(), [8 * 100 * 64, 100 * 64, 64, 1]) };
+    }
+    assert!(sdpa.check().is_ok());
+}
+
+#[test]
+fn names_the_tensor_that_is_wrong() {
+    let restride = |t: &mut TensorRef<'static, f16>, strides| {
+        // SAFETY: as `bshd`.
+        *t = unsafe { TensorRef::from_raw(t.address(), t.dims(), strides) }
+    };
+    let readdress = |t: &mut TensorRef<'static, f16>, address| {
+        // SAFETY: as `bshd`.
+        *t = unsafe { TensorRef::from_raw(address, t.dims(), t.strides()) }
+    };
+    let dims = [1, 2, 16, 32];
+    let mut call = Forward::<f16>::new(dims);
+    restride(&mut call.k, [1024, 32, 64, 2]);
+    assert_eq!(named(call.check()), "k");
+    let mut call = Forward::<f16>::new(dims);
+    readdress(&mut call.v, 0);
+    assert_eq!(named(call.check()), "v");
+    let mut call = Forward::<f16>::new(dims);
+    readdress(&mut call.q, BASE + 1); // not a whole f16
+    assert_eq!(named(call.check()), "q");
+    let mut call = Forward::<f16>::new(dims);
+    call.o = bshd(3, [1, 2, 15, 32]);
+    assert_eq!(named(call.check()), "o");
+    let mut call = Forward::<f16>::new(dims);
+    call.k = bshd(1, [1, 3, 16, 32]);
+    assert_eq!(named(call.check()), "k");
+    let mut call = Forward::<f16>::new(dims);
+    call.lse = rows(4, [1, 2, 15]);
+    assert_eq!(named(call.check()), "lse");
+}
+
+#[test]
+fn rejects_an_overlapping_output_but_takes_a_broadcast_input() {
+    let mut call = Forward::<bf16>::new([2, 2, 16, 32]);
+    // SAFETY: as `bshd`.
+    call.o = unsafe { TensorRef::from_raw(call.o.address(), call.o.dims(), [0, 32, 64, 1]) };
+    assert_eq!(named(call.check()), "o");
+    let mut call = Forward::<bf16>::new([2, 2, 16, 32]);
+    // SAFETY: as `bshd`.
+    call.q = unsafe { TensorRef::from_raw(call.q.address(), call.q.dims(), [0, 32, 64, 1]) };
+    assert!(call.check().is_ok());
+}
+
+#[test]
+fn statistics_must_be_the_algorithms() {
+    let mut call = Forward::<f32>::new([1, 1, 8, 16]);
+    call.options.algorithm = Algorithm::Fa1;
+    assert_eq!(named(call.check()), "stats");
+}
+
+#[test]
+fn options_and_shapes_are_checked_with_the_call() {
+    let call = Forward::<f16>::new([1, 1, 8, 300]);
+    assert_eq!(named(call.check()), "head_dim");
+    let mut call = Forward::<f16>::new([1, 1, 8, 64]);
+    call.options.softmax_scale = Some(f32::NAN);
+    assert_eq!(named(call.check()), "softmax_scale");
+    let mut call = Forward::<f16>::new([1, 1, 8, 64]);
+    call.options.backward_algorithm = Algorithm::Fa1;
+    let attention = Attention::new(call.q, call.k, call.v).options(call.options);
+    assert_eq!(
+        named(attention.plan_backward(&CompiledLimits::H200)),
+        "backward_algorithm"
+    );
+}
+
+#[test]
+fn addresses_past_64_bits_are_rejected() {
+    let mut call = Forward::<f16>::new([2, 1, 8, 16]);
+    // SAFETY: as `bshd`.
+    call.v = unsafe {
+        TensorRef::from_raw(call.v.address(), call.v.dims(), [usize::MAX / 2, 16, 16, 1])
+    };
+    assert_eq!(named(call.check()), "v");
+}
+
+#[test]
+fn a_layout_only_call_plans_but_does_not_run() {
+    let dims = [1, 4, 128, 128];
+    let strides = Layout::BatchHeadSeqDim.strides(dims);
+    let q = TensorRef::<bf16>::layout_only(dims, strides);
+    let call = Attention::new(q, q, q).causal(true);
+    let plan = call.plan(&CompiledLimits::H200).expect("plans");
+    assert!(
+        plan.kernel_names().contains("fa3_forward_bf16_d128"),
+        "{plan}"
+    );
+    let o = bshd(3, dims);
+    let result = call.check_forward(ForwardTensors {
+        o,
+        stats: Statistics::LogSumExp(rows(4, [1, 4, 128])),
+    });
+    assert_eq!(named(result), "q");
+}
+
+#[test]
+fn a_plan_runs_only_its_own_calls_shapes() {
+    let dims = [1, 2, 64, 64];
+    let strides = Layout::BatchHeadSeqDim.strides(dims);
+    let q = TensorRef::<bf16>::layout_only(dims, strides);
+    let call = Attention::new(q, q, q);
+    let plan = call.plan(&CompiledLimits::H200).expect("plans");
+    let other = Attention::new(q, q, q).causal(true);
+    assert_ne!(other.key(&other.check().unwrap()), plan.key);
+    assert_eq!(call.key(&call.check().unwrap()), plan.key);
+}
+
+/// A packed batch of three sequences (5, 0, 11 queries; 7, 3, 9 keys), 4 query heads on 2 K/V
+/// heads, head dim 64, in flash-attn's (total, heads, d) layout.
+fn packed_call() -> (Forward<bf16>, PackedBatch) {
+    let packed = |slot, [total, heads, d]: [usize; 3]| bshd(slot, [1, heads, total, d]);
+    let call = Forward {
+        q: packed(0, [16, 4, 64]),
+        k: packed(1, [19, 2, 64]),
+        v: packed(2, [19, 2, 64]),
+        o: packed(3, [16, 4, 64]),
+        lse: rows(4, [1, 4, 16]),
+        options: AttentionOptions::default(),
+    };
+    let batch = PackedBatch::new(&[0, 5, 5, 16], &[0, 7, 10, 19]).expect("valid offsets");
+    (call, batch)
+}
+
+fn check_packed(call: &Forward<bf16>, batch: &PackedBatch) -> Result<Plan> {
+    Attention::new(call.q, call.k, call.v)
+        .options(call.options)
+        .packed(batch)
+        .check_forward(ForwardTensors {
+            o: call.o,
+            stats: Statistics::LogSumExp(call.lse),
+        })
+}
+
+#[test]
+fn a_packed_batch_takes_its_shape_from_the_offsets_and_names_bad_arguments() {
+    let (call, batch) = packed_call();
+    let plan = check_packed(&call, &batch).expect("valid");
+    assert!(plan.kernel_names().contains("varlen"), "{plan}");
+    assert_eq!(plan.statistics_dims(), [1, 4, 16]);
+    let (mut bad, _) = packed_call();
+    bad.lse = rows(4, [1, 4, 15]);
+    assert_eq!(named(check_packed(&bad, &batch)), "lse");
+    let (mut bad, _) = packed_call();
+    bad.q = bshd(0, [1, 4, 17, 64]);
+    bad.o = bshd(3, [1, 4, 17, 64]);
+    assert_eq!(named(check_packed(&bad, &batch)), "cu_seqlens_q");
+    let (mut bad, _) = packed_call();
+    bad.options.algorithm = Algorithm::Fa2;
+    assert_eq!(named(check_packed(&bad, &batch)), "algorithm");
+}
+
+struct Backward<T: Element> {
+    forward: Forward<T>,
+    d_o: TensorRef<'static, T>,
+    gradients: Gradients<TensorRef<'static, T>>,
+}
+
+impl<T: Element> Backward<T> {
+    /// Q (2, 3, 5, 40) against K, V (2, 3, 7, 40), every tensor in its own gibibyte.
+    fn new() -> Self {
+        let (q, kv) = ([2, 3, 5, 40], [2, 3, 7, 40]);
+        Self {
+            forward: Forward {
+                q: bshd(0, q),
+                k: bshd(1, kv),
+                v: bshd(2, kv),
+                o: bshd(3, q),
+                lse: rows(4, [2, 3, 5]),
+                options: AttentionOptions::default(),
+            },
+            d_o: bshd(5, q),
+            gradients: Gradients {
+                dq: bshd(6, q),
+                dk: bshd(7, kv),
+                dv: bshd(8, kv),
+            },
+        }
+    }
+
+    fn check(&self) -> Result<Plan> {
+        let f = &self.forward;
+        Attention::new(f.q, f.k, f.v)
+            .options(f.options)
+            .check_backward(BackwardTensors {
+                o: f.o,
+                logsumexp: f.lse,
+                d_o: self.d_o,
+                gradients: self.gradients,
+            })
+    }
+}
+
+#[test]
+fn backward_accepts_a_valid_call_with_seqlen_q_and_k_apart() {
+    let mut call = Backward::<bf16>::new();
+    call.forward.options.causal = true;
+    let plan = call.check().expect("valid");
+    let PassPlan::Backward(backward) = &plan.pass else {
+        panic!("a backward plan")
+    };
+    assert_eq!(
+        (backward.problem.seqlen_q, backward.problem.seqlen_k),
+        (5, 7)
+    );
+    assert!(backward.problem.causal);
+}
+
+#[test]
+fn backward_names_each_tensor_that_is_wrong() {
+    let mut call = Backward::<f16>::new();
+    // SAFETY: as `bshd`.
+    call.d_o =
+        unsafe { TensorRef::from_raw(call.d_o.address(), call.d_o.dims(), [1200, 40, 120, 2]) };
+    assert_eq!(named(call.check()), "d_o");
+    let mut call = Backward::<f16>::new();
+    call.forward.o = bshd(3, [2, 3, 4, 40]);
+    assert_eq!(named(call.check()), "o");
+    let mut call = Backward::<f16>::new();
+    call.d_o = bshd(5, [2, 3, 4, 40]);
+    assert_eq!(named(call.check()), "d_o");
+    let mut call = Backward::<f16>::new();
+    // SAFETY: as `bshd`.
+    call.gradients.dq = unsafe {
+        TensorRef::from_raw(
+            call.gradients.dq.address() + 1,
+            call.gradients.dq.dims(),
+            call.gradients.dq.strides(),
+        )
+    };
+    assert_eq!(named(call.check()), "dq");
+    let mut call = Backward::<f16>::new();
+    call.gradients.dk = bshd(7, [2, 3, 5, 40]); // Q's seqlen, not K's
+    assert_eq!(named(call.check()), "dk");
+    let mut call = Backward::<f16>::new();
+    // SAFETY: as `bshd`.
+    call.gradients.dv =
+        unsafe { TensorRef::from_raw(0, call.gradients.dv.dims(), call.gradients.dv.strides()) };
+    assert_eq!(named(call.check()), "dv");
+}
+
+#[test]
+fn gradients_must_not_overlap_but_d_o_may_broadcast() {
+    let mut call = Backward::<f32>::new();
+    let dk = call.gradients.dk;
+    // SAFETY: as `bshd`.
+    call.gradients.dk = unsafe { TensorRef::from_raw(dk.address(), dk.dims(), [0, 40, 120, 1]) };
+    assert_eq!(named(call.check()), "dk");
+    let mut call = Backward::<f32>::new();
+    // SAFETY: as `bshd`; dO of `o.sum(-1)`-like losses: one row broadcast.
+    call.d_o = unsafe { TensorRef::from_raw(call.d_o.address(), call.d_o.dims(), [0, 0, 0, 1]) };
+    assert!(call.check().is_ok());
+}
+
+#[test]
+fn logsumexp_must_be_contiguous_and_of_q_rows() {
+    let mut call = Backward::<bf16>::new();
+    // SAFETY: as `bshd`; (batch, heads) transposed.
+    call.forward.lse =
+        unsafe { RowsRef::from_raw(call.forward.lse.address(), [2, 3, 5], [5, 10, 1]) };
+    assert_eq!(named(call.check()), "logsumexp");
+    let mut call = Backward::<bf16>::new();
+    call.forward.lse = rows(4, [2, 3, 7]);
+    assert_eq!(named(call.check()), "logsumexp");
+    let mut call = Backward::<bf16>::new();
+    // SAFETY: as `bshd`.
+    call.forward.lse = unsafe { RowsRef::from_raw(BASE + 4 * GIB + 2, [2, 3, 5], [15, 5, 1]) };
+    assert_eq!(named(call.check()), "logsumexp");
+}
+
+#[test]
+fn the_backward_refuses_a_window_softcap_and_packed_batches_by_name() {
+    let mut call = Backward::<bf16>::new();
+    call.forward.options.window = Some((4, 0));
+    assert_eq!(named(call.check()), "window");
+    let mut call = Backward::<bf16>::new();
+    call.forward.options.softcap = 30.0;
+    assert_eq!(named(call.check()), "softcap");
+    let (call, batch) = packed_call();
+    let attention = Attention::new(call.q, call.k, call.v).packed(&batch);
+    assert_eq!(
+        named(attention.plan_backward(&CompiledLimits::H200)),
+        "form"
+    );
+}
