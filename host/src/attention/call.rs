@@ -287,19 +287,31 @@ pub(crate) fn check_layout(
             "the last dimension (head_dim) must be contiguous: stride 1",
         ));
     }
-    let last = dims.iter().zip(strides).try_fold(0u64, |acc, (&n, s)| {
-        (n.saturating_sub(1) as u64)
-            .checked_mul(s as u64)
-            .and_then(|x| x.checked_add(acc))
-    });
-    if last.and_then(|l| l.checked_mul(8)).is_none() {
+    if last_offset(dims, strides)
+        .and_then(|l| l.checked_mul(8))
+        .is_none()
+    {
         return Err(Error::invalid(
             name,
-            format!("strides {strides:?} for dims {dims:?}"),
+            layout_words(dims, strides),
             "every element's offset must fit in 64 bits",
         ));
     }
     Ok(())
+}
+
+/// The offset in elements of a tensor's last element, if it fits in 64 bits.
+fn last_offset(dims: [usize; 4], strides: [usize; 4]) -> Option<u64> {
+    dims.iter().zip(strides).try_fold(0u64, |acc, (&n, s)| {
+        (n.saturating_sub(1) as u64)
+            .checked_mul(s as u64)
+            .and_then(|x| x.checked_add(acc))
+    })
+}
+
+/// A tensor's layout as an error names it.
+fn layout_words(dims: [usize; 4], strides: [usize; 4]) -> String {
+    format!("strides {strides:?} for dims {dims:?}")
 }
 
 /// A tensor a run reads or writes: a device address, non-null, element-aligned, whose last
@@ -307,25 +319,13 @@ pub(crate) fn check_layout(
 pub(crate) fn check_memory<T: Element>(name: &'static str, tensor: &TensorRef<T>) -> Result<()> {
     let element_bytes = T::DTYPE.size_bytes() as u64;
     check_address(name, tensor.address(), element_bytes)?;
-    let last = tensor
-        .dims()
-        .iter()
-        .zip(tensor.strides())
-        .try_fold(0u64, |acc, (&n, s)| {
-            (n.saturating_sub(1) as u64)
-                .checked_mul(s as u64)
-                .and_then(|x| x.checked_add(acc))
-        })
+    let last = last_offset(tensor.dims(), tensor.strides())
         .and_then(|last| last.checked_mul(element_bytes))
         .and_then(|bytes| bytes.checked_add(tensor.address()));
     if last.is_none() {
         return Err(Error::invalid(
             name,
-            format!(
-                "strides {:?} for dims {:?}",
-                tensor.strides(),
-                tensor.dims()
-            ),
+            layout_words(tensor.dims(), tensor.strides()),
             "every element's address must fit in 64 bits",
         ));
     }
@@ -374,11 +374,7 @@ pub(crate) fn check_output<T: Element>(
         if stride < span {
             return Err(Error::invalid(
                 name,
-                format!(
-                    "strides {:?} for dims {:?}",
-                    tensor.strides(),
-                    tensor.dims()
-                ),
+                layout_words(tensor.dims(), tensor.strides()),
                 "an output whose elements do not overlap (no stride 0, no aliasing axes)",
             ));
         }

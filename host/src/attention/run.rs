@@ -231,26 +231,25 @@ impl<'a, T: Element> Attention<'a, T> {
     /// The forward into outputs the caller owns: plans with O's alignment known, then runs.
     /// Returns the plan.
     pub fn forward_into(&self, gpu: &Gpu, tensors: ForwardTensors<T>) -> Result<Plan> {
-        let plan = self.plan_forward(gpu, Some(&tensors.o))?;
-        plan.run_checked(
-            Some(gpu),
-            self,
-            Pass::Forward(tensors),
-            &mut Workspace::default(),
-        )?;
-        Ok(plan)
+        self.plan_and_run_forward(gpu, Some(gpu), tensors)
     }
 
     /// Every check [`Attention::forward_into`] makes, without a device: planned for an H200
     /// ([`CompiledLimits::H200`]). Returns that plan.
     pub fn check_forward(&self, tensors: ForwardTensors<T>) -> Result<Plan> {
-        let plan = self.plan_forward(&CompiledLimits::H200, Some(&tensors.o))?;
-        plan.run_checked(
-            None,
-            self,
-            Pass::Forward(tensors),
-            &mut Workspace::default(),
-        )?;
+        self.plan_and_run_forward(&CompiledLimits::H200, None, tensors)
+    }
+
+    /// Plans the forward with O's alignment known, then runs it on `gpu` (without one: checks).
+    fn plan_and_run_forward(
+        &self,
+        limits: &dyn LaunchLimits,
+        gpu: Option<&Gpu>,
+        tensors: ForwardTensors<T>,
+    ) -> Result<Plan> {
+        let plan = self.plan_forward(limits, Some(&tensors.o))?;
+        let mut workspace = Workspace::default();
+        plan.run_checked(gpu, self, Pass::Forward(tensors), &mut workspace)?;
         Ok(plan)
     }
 
