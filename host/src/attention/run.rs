@@ -190,7 +190,7 @@ impl<'a, T: Element> Attention<'a, T> {
     /// Checks the call and plans its backward within `limits`, assuming dO, dQ, dK, dV with
     /// 16-byte-aligned rows (a run with others is refused).
     pub fn plan_backward(&self, limits: &dyn LaunchLimits) -> Result<Plan> {
-        self.plan_backward_with(limits, None)
+        self.plan_backward_with(limits, None, None)
     }
 
     /// The forward into new outputs: O (Q's dims and layout) and the row statistics.
@@ -255,7 +255,7 @@ impl<'a, T: Element> Attention<'a, T> {
 
     /// Every check [`Attention::backward_into`] makes, without a device (planned for an H200).
     pub fn check_backward(&self, tensors: BackwardTensors<T>) -> Result<Plan> {
-        let plan = self.plan_backward_with(&CompiledLimits::H200, Some(&tensors))?;
+        let plan = self.plan_backward_with(&CompiledLimits::H200, Some(&tensors), None)?;
         plan.launch_backward(None, self, tensors)?;
         Ok(plan)
     }
@@ -293,14 +293,16 @@ impl<'a, T: Element> Attention<'a, T> {
                 dv: (&mut gradients.dv).into(),
             },
         };
-        let plan = self.backward_into(gpu, tensors)?;
+        // The forward's plan says which problem its O and L solve: this one, or an error.
+        let plan = self.plan_backward_with(gpu, Some(&tensors), forward.plan.problem().copied())?;
+        plan.launch_backward(Some(gpu), self, tensors)?;
         Ok(BackwardOutput { gradients, plan })
     }
 
     /// The backward into gradients the caller owns: plans with every tensor's alignment known,
     /// then runs. Returns the plan.
     pub fn backward_into(&self, gpu: &Gpu, tensors: BackwardTensors<T>) -> Result<Plan> {
-        let plan = self.plan_backward_with(gpu, Some(&tensors))?;
+        let plan = self.plan_backward_with(gpu, Some(&tensors), None)?;
         plan.launch_backward(Some(gpu), self, tensors)?;
         Ok(plan)
     }
@@ -335,10 +337,13 @@ impl<'a, T: Element> Attention<'a, T> {
         })
     }
 
+    /// The backward's plan, with the tensors' shapes and alignment where given, and the
+    /// problem of the forward that wrote O and L where known (it must be this call's).
     fn plan_backward_with(
         &self,
         limits: &dyn LaunchLimits,
         tensors: Option<&BackwardTensors<T>>,
+        forward: Option<Problem>,
     ) -> Result<Plan> {
         let checked = self.check()?;
         let problem = match (&checked, self.form) {
@@ -364,7 +369,7 @@ impl<'a, T: Element> Attention<'a, T> {
             dk: t.gradients.dk.view(),
             dv: t.gradients.dv.view(),
         });
-        let checked_backward = self.backward_problem(&problem, tensors)?;
+        let checked_backward = self.backward_problem(&problem, tensors, forward)?;
         let plan = BackwardPlan::new(
             limits,
             T::DTYPE,
@@ -405,6 +410,7 @@ impl<'a, T: Element> Attention<'a, T> {
         &self,
         problem: &Problem,
         tensors: Option<&BackwardTensors<T>>,
+        forward: Option<Problem>,
     ) -> Result<BackwardProblem> {
         let spec = |t: &TensorRef<T>| TensorSpec {
             dims: t.dims(),
@@ -421,7 +427,7 @@ impl<'a, T: Element> Attention<'a, T> {
             logsumexp: tensors.map_or([problem.batch, problem.heads, problem.seqlen_q], |t| {
                 t.logsumexp.dims()
             }),
-            forward: None,
+            forward,
         };
         let checked = BackwardProblem::new(&arguments, &self.options)?;
         if let Some(t) = tensors {
@@ -534,7 +540,7 @@ impl Plan {
             (PassPlan::Backward(plan), Pass::Backward(t)) => {
                 // A reused plan meets these tensors for the first time: their shapes and dtypes
                 // as the backward needs them, and the alignment the plan assumed.
-                call.backward_problem(&plan.problem, Some(&t))?;
+                call.backward_problem(&plan.problem, Some(&t), None)?;
                 if plan.needs_aligned_rows() {
                     let views = [
                         ("d_o", t.d_o.view()),

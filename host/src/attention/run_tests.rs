@@ -361,3 +361,21 @@ fn the_backward_refuses_a_window_softcap_and_packed_batches_by_name() {
         "form"
     );
 }
+
+#[test]
+fn the_backward_refuses_the_output_of_a_forward_of_another_problem() {
+    // The forward's plan records its problem; a backward of another (here: causal) problem
+    // is refused before anything runs, naming L.
+    let dims = [1, 2, 64, 64];
+    let strides = Layout::BatchHeadSeqDim.strides(dims);
+    let q = TensorRef::<bf16>::layout_only(dims, strides);
+    let forward = Attention::new(q, q, q).plan(&CompiledLimits::H200).unwrap();
+    let causal = Attention::new(q, q, q).causal(true);
+    let result = causal.plan_backward_with(&CompiledLimits::H200, None, forward.problem().copied());
+    assert_eq!(named(result), "logsumexp");
+    let same = Attention::new(q, q, q);
+    assert!(
+        same.plan_backward_with(&CompiledLimits::H200, None, forward.problem().copied())
+            .is_ok()
+    );
+}
