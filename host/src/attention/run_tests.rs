@@ -379,3 +379,17 @@ fn the_backward_refuses_the_output_of_a_forward_of_another_problem() {
             .is_ok()
     );
 }
+
+#[test]
+fn a_packed_batch_names_a_misaligned_tensor_and_f32_as_its_dtype() {
+    let (mut call, batch) = packed_call();
+    // SAFETY: as `bshd`; V's rows one element past a 16-byte boundary.
+    call.v = unsafe { TensorRef::from_raw(call.v.address() + 2, call.v.dims(), call.v.strides()) };
+    assert_eq!(named(check_packed(&call, &batch)), "v");
+    let f32_call = Forward::<f32>::new([1, 4, 16, 64]);
+    let offsets = PackedBatch::new(&[0, 16], &[0, 16]).unwrap();
+    let result = Attention::new(f32_call.q, f32_call.k, f32_call.v)
+        .packed(&offsets)
+        .plan(&CompiledLimits::H200);
+    assert_eq!(named(result), "dtype");
+}

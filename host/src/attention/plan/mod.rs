@@ -213,9 +213,18 @@ impl ForwardPlan {
         let problem = self.problem;
         if let Some(reason) = tensor_core_fallback(self.dtype, problem.head_dim, operands) {
             if problem.packed {
-                // The scalar FA2 takes no packed batch: nothing to fall back to.
+                // The scalar FA2 takes no packed batch: nothing to fall back to. The error names
+                // what stops the tensor cores: the dtype, or the tensor whose rows are misaligned.
+                let name = if self.dtype == DType::F32 {
+                    "dtype"
+                } else {
+                    ["q", "k", "v", "o"]
+                        .into_iter()
+                        .find(|name| reason.starts_with(&format!("{name}'s rows")))
+                        .unwrap_or("head_dim")
+                };
                 return Err(Error::invalid(
-                    "q",
+                    name,
                     format!(
                         "a packed batch of {} at head_dim {}",
                         self.dtype, problem.head_dim
