@@ -183,7 +183,7 @@ fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
         );
     }
     // No scalar kernel to fall back to: f32, a head dim FA2-TC does not compile.
-    assert_eq!(named(plan(Algorithm::Fa2Tc, DType::F32, 64, &options)), "q");
+    assert_eq!(named(plan(Algorithm::Fa2Tc, DType::F32, 64, &options)), "dtype");
     let err = plan(Algorithm::Fa2Tc, DType::Bf16, 40, &options)
         .unwrap_err()
         .to_string();
