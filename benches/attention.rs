@@ -5,10 +5,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flash_attn::tools::check::random_tensor;
 use flash_attn::{
     Algorithm, AttentionOptions, DeviceTensor, Gpu, Layout, attention_into, new_output,
 };
+use flash_attn_lab::tools::check::random_tensor;
 
 /// (batch, heads, seqlen, head_dim, causal): the papers' setup at 16k tokens and hidden 2048.
 const SHAPES: [(usize, usize, usize, usize, bool); 3] = [

@@ -5,8 +5,7 @@
 //! use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Gpu, Layout, attention};
 //! # fn main() -> flash_attn::Result<()> {
 //! let gpu = Gpu::open(0)?;
-//! let mut rng = rand::rng();
-//! let q = flash_attn::tools::check::random_tensor::<half::bf16>([2, 8, 1024, 64], &mut rng);
+//! let q = ndarray::Array4::from_elem([2, 8, 1024, 64], half::bf16::from_f32(0.5));
 //! let dq = DeviceTensor::from_array(&gpu, q.view(), Layout::BatchHeadSeqDim)?;
 //! let out = attention(&gpu, Algorithm::Fa2, &dq, &dq, &dq, &AttentionOptions { causal: true, ..Default::default() })?;
 //! let o = out.o.to_array(&gpu)?;
@@ -17,10 +16,8 @@ pub mod attention;
 pub mod device;
 pub mod dtype;
 pub mod error;
-pub mod model;
-pub mod safetensors_io;
+pub mod scoring;
 pub mod tensor;
-pub mod tools;
 
 pub use attention::{
     Algorithm, AttentionOptions, AttentionOutput, BackwardAlgorithm, BackwardOptions, BackwardPlan,

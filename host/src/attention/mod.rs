@@ -27,7 +27,7 @@ use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, S
 use flash_kernels::registry::ElementType;
 use ndarray::Array3;
 
-pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
+pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 pub use backward_gpu::{attention_backward, attention_backward_into};
 pub use backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
 pub use borrowed::{BorrowedArguments, BorrowedTensor, StatisticsAddresses, attention_borrowed};
