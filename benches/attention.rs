@@ -5,8 +5,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flash_attn::tools::check::random_tensor;
 use flash_attn::{Algorithm, Attention, AttentionOptions, DeviceTensor, Gpu, Layout};
+use flash_attn_lab::tools::check::random_tensor;
 
 /// (batch, heads, seqlen, head_dim, causal): the papers' setup at 16k tokens and hidden 2048.
 const SHAPES: [(usize, usize, usize, usize, bool); 3] = [

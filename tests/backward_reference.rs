@@ -2,17 +2,19 @@
 //! FA2 backward emulator against the reference, and its HBM counts against the formulas.
 
 use flash_attn::DType;
-use flash_attn::attention::{AttentionOptions, Gradients, backward_on_host};
-use flash_attn::model::fa2::emulate_fa2;
-use flash_attn::model::fa2_backward::{BackwardInputs, EmulatedBackward, emulate_fa2_backward};
-use flash_attn::model::formulas_backward::{fa2_backward_formula, standard_backward_formula};
-use flash_attn::model::prediction::IoShape;
-use flash_attn::model::reference::attention_reference;
-use flash_attn::model::reference_backward::{
+use flash_attn::attention::{AttentionOptions, Gradients};
+use flash_attn_lab::model::fa2::emulate_fa2;
+use flash_attn_lab::model::fa2_backward::{
+    BackwardInputs, EmulatedBackward, backward_on_host, emulate_fa2_backward,
+};
+use flash_attn_lab::model::formulas_backward::{fa2_backward_formula, standard_backward_formula};
+use flash_attn_lab::model::prediction::IoShape;
+use flash_attn_lab::model::reference::attention_reference;
+use flash_attn_lab::model::reference_backward::{
     ReferenceBackward, attention_backward_in_dtype, attention_backward_reference,
 };
-use flash_attn::model::traffic::{BackwardIoCounts, Traffic};
-use flash_attn::tools::check::F32_RELATIVE_TOLERANCE;
+use flash_attn_lab::model::traffic::{BackwardIoCounts, Traffic};
+use flash_attn_lab::tools::check::F32_RELATIVE_TOLERANCE;
 use ndarray::{Array4, Axis, s};
 mod common;
 

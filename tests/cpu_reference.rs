@@ -4,8 +4,8 @@
 mod common;
 
 use flash_attn::attention::{AttentionOptions, Problem, fa1_blocks, fa2_blocks};
-use flash_attn::model::reference::{attention_in_dtype, attention_reference};
 use flash_attn::{Algorithm, DType, Error};
+use flash_attn_lab::model::reference::{attention_in_dtype, attention_reference};
 use flash_kernels::registry::ForwardForm;
 use ndarray::{Array4, Axis, array, s};
 use rand::SeedableRng;
@@ -243,7 +243,7 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
     );
     let whole = attention_reference(q.view(), k.view(), v.view(), true, 0.3);
     let rows = [0, 19, 20, 21, 49];
-    let part = flash_attn::model::reference::attention_reference_rows(
+    let part = flash_attn_lab::model::reference::attention_reference_rows(
         q.view(),
         k.view(),
         v.view(),
@@ -261,8 +261,8 @@ fn a_row_subset_of_the_reference_equals_those_rows_of_the_whole() {
             whole.logsumexp.slice(s![.., .., row])
         );
     }
-    let sample = flash_attn::tools::check::rows_to_compare(5000, &mut rng);
-    assert_eq!(sample.len(), flash_attn::tools::check::FULL_CHECK_ROWS);
+    let sample = flash_attn_lab::tools::check::rows_to_compare(5000, &mut rng);
+    assert_eq!(sample.len(), flash_attn_lab::tools::check::FULL_CHECK_ROWS);
     assert!(
         sample.windows(2).all(|w| w[0] < w[1])
             && sample[0] == 0
@@ -526,8 +526,8 @@ fn check_decode_names_what_it_refuses_and_plans_every_case() {
     );
     let (ok, err) = run(&["--backward"]);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
-    for dtype in flash_attn::tools::check_decode::DECODE_DTYPES {
-        let cases = flash_attn::tools::check_decode::standard_decode_cases(dtype);
+    for dtype in flash_attn_lab::tools::check_decode::DECODE_DTYPES {
+        let cases = flash_attn_lab::tools::check_decode::standard_decode_cases(dtype);
         assert!(cases.len() >= 10 && cases.iter().all(|c| c.dtype == dtype));
         assert!(cases.iter().all(|c| {
             flash_kernels::decode::config::HEAD_DIMS.contains(&(c.head_dim as u32))

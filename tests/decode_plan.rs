@@ -5,9 +5,9 @@ use flash_attn::attention::CompiledLimits;
 use flash_attn::attention::decode::{
     CacheGeometry, DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes, SplitMerge, TablePages,
 };
-use flash_attn::model::decode_reference::{DecodeCase, decode_reference};
-use flash_attn::model::reference::attention_reference;
 use flash_attn::{DType, Error};
+use flash_attn_lab::model::decode_reference::{DecodeCase, decode_reference};
+use flash_attn_lab::model::reference::attention_reference;
 use flash_kernels::decode::config::HEAD_DIMS;
 use flash_kernels::registry::{CacheLayout, ElementType, Family, KERNELS, KernelId};
 use ndarray::{Array2, Array4, s};
@@ -410,7 +410,7 @@ fn the_reference_maps_heads_and_pages() {
 
 #[test]
 fn the_benchmark_runs_the_shapes_it_is_given_and_names_one_it_lacks() {
-    use flash_attn::tools::bench::decode::{anchor_shapes, select_shapes};
+    use flash_attn_lab::tools::bench::decode::{anchor_shapes, select_shapes};
     let all = anchor_shapes(false);
     assert_eq!(select_shapes(all.clone(), &[]).unwrap(), all);
     let picked = select_shapes(all.clone(), &["32768x64".into(), "131072x16".into()]).unwrap();

@@ -4,17 +4,17 @@
 
 use flash_attn::DType;
 use flash_attn::attention::{Algorithm, fa1_blocks, fa2_blocks};
-use flash_attn::model::fa1::emulate_fa1;
-use flash_attn::model::fa2::emulate_fa2;
-use flash_attn::model::formulas::{fa1_formula, fa2_formula, standard_formula};
-use flash_attn::model::io_table::{H200_SHARED_MEMORY_PER_BLOCK, io_table, io_table_markdown};
-use flash_attn::model::prediction::{
+use flash_attn::{Error, Result};
+use flash_attn_lab::model::fa1::emulate_fa1;
+use flash_attn_lab::model::fa2::emulate_fa2;
+use flash_attn_lab::model::formulas::{fa1_formula, fa2_formula, standard_formula};
+use flash_attn_lab::model::io_table::{H200_SHARED_MEMORY_PER_BLOCK, io_table, io_table_markdown};
+use flash_attn_lab::model::prediction::{
     IoShape, predicted_fa1_io, predicted_fa2_io, predicted_standard_io,
 };
-use flash_attn::model::reference::{Reference, attention_reference};
-use flash_attn::model::traffic::{IoCounts, Traffic};
-use flash_attn::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
-use flash_attn::{Error, Result};
+use flash_attn_lab::model::reference::{Reference, attention_reference};
+use flash_attn_lab::model::traffic::{IoCounts, Traffic};
+use flash_attn_lab::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
 use flash_kernels::fwd::fa1::config::Fa1Blocks;
 use ndarray::{Array3, Array4, Axis};
 mod common;
@@ -103,7 +103,7 @@ fn fa1_block_choices(head_dim: usize) -> Vec<Fa1Blocks> {
     choices
 }
 
-/// The rule of `flash_attn::tools::check` for f32: max |O − O_ref| / max |O_ref| ≤ 1e-5; L within 1e-4
+/// The rule of `flash_attn_lab::tools::check` for f32: max |O − O_ref| / max |O_ref| ≤ 1e-5; L within 1e-4
 /// where finite; rows that see no key have O = 0 and L = −∞ exactly. Every output must have been
 /// written (the emulators start from NaN).
 fn assert_matches_reference(

@@ -6,9 +6,9 @@
 mod common;
 
 use flash_attn::attention::{CompiledLimits, ForwardPlan, PackedBatch};
-use flash_attn::model::reference::{attention_reference, packed_attention_reference};
-use flash_attn::model::scoring::Scoring;
+use flash_attn::scoring::Scoring;
 use flash_attn::{Algorithm, AttentionOptions, DType, Error};
+use flash_attn_lab::model::reference::{attention_reference, packed_attention_reference};
 use flash_kernels::common::mask::KeyWindow;
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use ndarray::{Array4, Axis, s};
@@ -183,7 +183,10 @@ fn a_packed_batch_plans_the_varlen_kernels_over_the_longest_sequence() {
         );
     }
     // No scalar kernel to fall back to: f32, a head dim FA2-TC does not compile.
-    assert_eq!(named(plan(Algorithm::Fa2Tc, DType::F32, 64, &options)), "dtype");
+    assert_eq!(
+        named(plan(Algorithm::Fa2Tc, DType::F32, 64, &options)),
+        "dtype"
+    );
     let err = plan(Algorithm::Fa2Tc, DType::Bf16, 40, &options)
         .unwrap_err()
         .to_string();
@@ -339,8 +342,8 @@ fn check_packed_names_what_it_refuses_and_covers_every_head_dim() {
     assert!(!ok && err.contains("`dtypes`: got f32"), "{err}");
     let (ok, err) = run(&["--decode"]);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
-    for dtype in flash_attn::tools::check_packed::PACKED_DTYPES {
-        let cases = flash_attn::tools::check_packed::standard_packed_cases(dtype);
+    for dtype in flash_attn_lab::tools::check_packed::PACKED_DTYPES {
+        let cases = flash_attn_lab::tools::check_packed::standard_packed_cases(dtype);
         for d in flash_attn::attention::fa2_tc_head_dims() {
             assert!(cases.iter().any(|c| c.head_dim == d as usize && c.causal));
             assert!(cases.iter().any(|c| c.head_dim == d as usize && !c.causal));
@@ -353,7 +356,7 @@ fn check_packed_names_what_it_refuses_and_covers_every_head_dim() {
         );
         assert!(cases.iter().any(|c| c.heads_kv == 1));
         // Batches that take several launches, with and without a window.
-        let several = |c: &&flash_attn::tools::check_packed::PackedCheckCase| {
+        let several = |c: &&flash_attn_lab::tools::check_packed::PackedCheckCase| {
             c.lengths.len() > flash_kernels::common::params::MAX_SEQUENCES_PER_LAUNCH
         };
         assert!(cases.iter().filter(several).any(|c| c.window.is_none()));

@@ -9,11 +9,11 @@ use flash_attn::attention::{
     AttentionOptions, BackwardArguments, BackwardProblem, CompiledLimits, ForwardPlan, Problem,
     TensorSpec,
 };
-use flash_attn::model::fa2::emulate_fa2;
-use flash_attn::model::reference::{Reference, attention_reference};
-use flash_attn::model::scoring::Scoring;
-use flash_attn::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
+use flash_attn::scoring::Scoring;
 use flash_attn::{Algorithm, DType, Error};
+use flash_attn_lab::model::fa2::emulate_fa2;
+use flash_attn_lab::model::reference::{Reference, attention_reference};
+use flash_attn_lab::tools::check::{F32_RELATIVE_TOLERANCE, LOGSUMEXP_TOLERANCE};
 use flash_kernels::common::mask::KeyWindow;
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use ndarray::{Array4, ArrayView1, s};

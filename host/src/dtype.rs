@@ -6,8 +6,7 @@ use flash_kernels::registry::ElementType;
 pub use half::{bf16, f16};
 
 /// Element type of Q, K, V and O (all four share one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,

@@ -56,7 +56,8 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn invalid(
+    /// An [`Error::InvalidArgument`]: the argument `name`, the `value` given and what is `allowed`.
+    pub fn invalid(
         name: &'static str,
         value: impl std::fmt::Display,
         allowed: impl Into<String>,

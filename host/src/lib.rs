@@ -27,10 +27,8 @@ pub mod attention;
 pub mod device;
 pub mod dtype;
 pub mod error;
-pub mod model;
-pub mod safetensors_io;
+pub mod scoring;
 pub mod tensor;
-pub mod tools;
 
 pub use attention::{
     Algorithm, Attention, AttentionOptions, AttentionOutput, BackwardOutput, BackwardTensors,

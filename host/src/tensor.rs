@@ -11,7 +11,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 
 /// How a (batch, heads, seqlen, head_dim) tensor is laid out in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// (batch, heads, seqlen, head_dim) contiguous: PyTorch SDPA's layout.
     BatchHeadSeqDim,

@@ -1,6 +1,6 @@
 """The f64 reference and the project's tolerance rule, in PyTorch, mirroring the Rust tests
-(`host/src/tools/check.rs`, `host/src/model/reference.rs`, `tests/gpu_backward.rs`,
-`host/src/model/reference_backward.rs`):
+(`lab/src/tools/check.rs`, `lab/src/model/reference.rs`, `tests/gpu/backward.rs`,
+`lab/src/model/reference_backward.rs`):
 
 - forward O: f32 within 1e-5 of max |O_ref|; f16/bf16 within 2 × (the error of standard
   attention computed in that dtype: inputs in the dtype, P and O rounded to it) + 1e-5;

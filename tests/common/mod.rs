@@ -43,7 +43,7 @@ pub fn median_ms(mut times: Vec<f32>) -> f64 {
 }
 
 /// A tensor-core family (`fa2-tc`, `fa3`) ran its own kernels, not a fallback's.
-pub fn assert_own_kernels(result: &flash_attn::tools::check::CheckResult) {
+pub fn assert_own_kernels(result: &flash_attn_lab::tools::check::CheckResult) {
     let family = match result.algorithm {
         flash_attn::Algorithm::Fa3 => "fa3_forward_",
         flash_attn::Algorithm::Fa2Tc => "fa2tc_forward_",
@@ -58,7 +58,7 @@ pub fn assert_own_kernels(result: &flash_attn::tools::check::CheckResult) {
 }
 
 /// FA3's dense kernels, one per (compiled head dim, tiling): the bf16 entries of the Hopper
-/// list (each packed `_varlen` kernel is a dense tiling's twin, `gpu_packed`'s to check).
+/// list (each packed `_varlen` kernel is a dense tiling's twin, `gpu/packed.rs`'s to check).
 pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
     use flash_kernels::registry::{ElementType, Family, HOPPER_KERNELS};
     HOPPER_KERNELS
@@ -195,8 +195,9 @@ pub fn run_backward_poisoned<T: flash_attn::Element>(
         deterministic: backward.deterministic,
         ..*options
     };
-    let (gradients, plan) =
-        flash_attn::tools::check_backward::run_backward_poisoned(gpu, tensors, &options, layout)?;
+    let (gradients, plan) = flash_attn_lab::tools::check_backward::run_backward_poisoned(
+        gpu, tensors, &options, layout,
+    )?;
     match plan.pass {
         flash_attn::attention::PassPlan::Backward(plan) => Ok((gradients, plan)),
         _ => unreachable!("a backward plan"),

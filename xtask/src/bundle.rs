@@ -1,9 +1,11 @@
 //! `cargo xtask bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
-//! `bundle/bin/` holds the release CLI, the test binaries that need a GPU and the benchmark
-//! binary (the PTX is embedded in each). Scripts:
-//! - `run.sh`: every binary with `FLASH_ATTN_REQUIRE_GPU=1` (a missing GPU fails instead of
-//!   skipping); ends with "N passed, N failed";
+//! `bundle/bin/` holds the release CLI, the GPU test binary (`test-gpu`: every suite with GPU work)
+//! and the benchmark binary (the PTX is embedded in each); `bundle/scripts/` PyTorch's benchmark
+//! scripts. Every file is listed first, and the bundle written only if it fits the GPU machine's
+//! transfer (`bundle_files`). Scripts:
+//! - `run.sh`: the CLI's checks and each GPU test suite with `FLASH_ATTN_REQUIRE_GPU=1` (a missing
+//!   GPU fails instead of skipping); ends with "N passed, N failed";
 //! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, the backward
 //!   and its memory table, then decode), and ncu's HBM traffic;
 //! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes;
@@ -13,18 +15,24 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::bundle_files::{BundleFile, check_size, mib, step_function, write};
 use crate::{Result, cargo, root};
 
-/// Whether test binary `name` has work for a GPU: the `gpu_*` suites and the safetensors CLI
-/// tests (which run the CLI on the GPU). The CPU-only suites (the references, emulators,
-/// plans, the kernel lists) stay behind: the CI runs them, and each binary carries the embedded
-/// PTX (about 5 MiB) into the GPU machine's 64 MiB transfer.
-fn needs_a_gpu(name: &str) -> bool {
-    name.starts_with("gpu_") || name == "safetensors_io"
-}
+/// The package of the CLI, the integration tests and the benchmark.
+const LAB: &str = "flash-attn-lab";
 
-/// What travels to the GPU machine must stay under its 64 MiB limit.
-const MAX_BUNDLE_BYTES: u64 = 64 * 1024 * 1024;
+/// The one test binary with work for a GPU (`tests/gpu/`: each GPU suite a module, the
+/// safetensors CLI tests among them). The CPU-only suites (the references, emulators, plans, the
+/// kernel lists) stay behind: the CI runs them, and each binary carries the embedded PTX (about
+/// 5 MiB) into the GPU machine's 64 MiB transfer.
+const GPU_TESTS: &str = "gpu";
+
+/// PyTorch's side of the benchmark (`lab/scripts/`), which `run-bench.sh` runs from `scripts/`.
+const TORCH_SCRIPTS: [&str; 3] = [
+    "torch_sdpa_bench.py",
+    "torch_backward_bench.py",
+    "torch_decode_bench.py",
+];
 
 const BENCH_SCRIPT: &str = r#"#!/usr/bin/env bash
 # On the GPU machine: PyTorch's SDPA backends and ours on the same shapes, merged into one table,
@@ -86,14 +94,15 @@ done
 # The backward and decode kernels, which `check` does not run: their GPU tests under memcheck and
 # synccheck (SANITIZER_TESTS=0 skips them; the tests' f64 references make these runs CPU-bound).
 if [ "${SANITIZER_TESTS:-1}" != 0 ]; then
-  for test in gpu_backward gpu_decode; do
+  for suite in backward decode; do
     for tool in memcheck synccheck; do
+      log=$logs/gpu-$suite-$tool.log
       if FLASH_ATTN_REQUIRE_GPU=1 timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" \
-          --error-exitcode 99 --print-limit 20 "bin/test-$test" --test-threads=1 \
-          > "$logs/$test-$tool.log" 2>&1; then
-        passed=$((passed + 1)); echo "$test $tool: pass ($(grep -E 'ERROR SUMMARY' "$logs/$test-$tool.log" | tail -1))"
+          --error-exitcode 99 --print-limit 20 bin/test-gpu "$suite::" --test-threads=1 \
+          > "$log" 2>&1; then
+        passed=$((passed + 1)); echo "gpu $suite $tool: pass ($(grep -E 'ERROR SUMMARY' "$log" | tail -1))"
       else
-        failed=$((failed + 1)); echo "$test $tool: FAIL"; tail -30 "$logs/$test-$tool.log"
+        failed=$((failed + 1)); echo "gpu $suite $tool: FAIL"; tail -30 "$log"
       fi
     done
   done
@@ -101,21 +110,6 @@ fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
 "#;
-
-/// The scripts' `step NAME COMMAND…`: runs one step, counts it passed or failed, never stops.
-macro_rules! step_function {
-    () => {
-        r#"passed=0; failed=0; failures=()
-step() {
-  local name=$1; shift
-  echo "=== $name: $* ==="
-  if "$@"; then passed=$((passed + 1)); echo "=== $name: pass ==="
-  else failed=$((failed + 1)); failures+=("$name"); echo "=== $name: FAIL ==="; fi
-}
-"#
-    };
-}
-pub(crate) use step_function;
 
 const RUN_SCRIPT: &str = concat!(
     r#"#!/usr/bin/env bash
@@ -130,7 +124,12 @@ export FLASH_ATTN_REQUIRE_GPU=1
 step check bin/flash-attn check --require-gpu --backward
 step check-decode bin/flash-attn check --require-gpu --decode
 step check-packed bin/flash-attn check --require-gpu --packed
-for t in bin/test-*; do step "$(basename "$t")" "$t" --test-threads=1 --show-output; done
+# The GPU tests, one step per suite (the module names of bin/test-gpu's tests).
+suites=$(bin/test-gpu --list 2>/dev/null | sed -n 's/::.*: test$//p' | sort -u)
+[ -n "$suites" ] || step "test-gpu --list" false
+for suite in $suites; do
+  step "test-gpu $suite" bin/test-gpu "$suite::" --test-threads=1 --show-output
+done
 if [ "${1:-}" != "--quick" ]; then
   for b in bin/bench-*; do step "$(basename "$b")" "$b" --bench --quick; done
 fi
@@ -146,71 +145,49 @@ pub fn run(out: &Path) -> Result {
     } else {
         root().join(out)
     };
-    let bin = out.join("bin");
-    if out.exists() {
-        std::fs::remove_dir_all(&out)
-            .map_err(|e| format!("cannot clear {}: {e}", out.display()))?;
-    }
-    std::fs::create_dir_all(&bin).map_err(|e| format!("cannot create {}: {e}", bin.display()))?;
-
-    let mut copies: Vec<(PathBuf, String)> =
-        compiled(&["build", "--release", "-p", "flash-attn", "--bins"], "bin")?;
-    for (path, name) in compiled(
-        &["test", "--release", "-p", "flash-attn", "--no-run"],
-        "test",
-    )? {
-        if needs_a_gpu(&name) {
-            copies.push((path, format!("test-{name}")));
+    let mut files = Vec::new();
+    let builds: [(&[&str], &str, &str); 3] = [
+        (&["build", "--release", "--bins"], "bin", ""),
+        (
+            &["test", "--release", "--test", GPU_TESTS, "--no-run"],
+            "test",
+            "test-",
+        ),
+        (&["bench", "--benches", "--no-run"], "bench", "bench-"),
+    ];
+    for (args, kind, prefix) in builds {
+        for (path, name) in compiled(&[args, &["-p", LAB]].concat(), kind)? {
+            files.push(BundleFile::copy(format!("bin/{prefix}{name}"), path));
         }
     }
-    for (path, name) in compiled(&["bench", "-p", "flash-attn", "--no-run"], "bench")? {
-        copies.push((path, format!("bench-{name}")));
+    let binaries = files.len();
+    files.extend([
+        BundleFile::script("run.sh", RUN_SCRIPT),
+        BundleFile::script("run-bench.sh", BENCH_SCRIPT),
+        BundleFile::script("run-sanitizer.sh", SANITIZER_SCRIPT),
+    ]);
+    for name in TORCH_SCRIPTS {
+        let from = root().join("lab/scripts").join(name);
+        files.push(BundleFile::copy(Path::new("scripts").join(name), from));
     }
-    let mut total = 0;
-    for (path, name) in &copies {
-        let dest = bin.join(name);
-        total += std::fs::copy(path, &dest)
-            .map_err(|e| format!("cannot copy {} to {}: {e}", path.display(), dest.display()))?;
+    files.extend(crate::bundle_python::files()?);
+    let total = check_size(&files)?;
+    write(&out, &files)?;
+    for file in &files {
+        println!(
+            "  {:<40} {:>8.2} MiB",
+            file.path.display(),
+            mib(file.bytes()?)
+        );
     }
-    for (name, text) in [
-        ("run.sh", RUN_SCRIPT),
-        ("run-bench.sh", BENCH_SCRIPT),
-        ("run-sanitizer.sh", SANITIZER_SCRIPT),
-    ] {
-        let script = out.join(name);
-        std::fs::write(&script, text)
-            .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
-        make_executable(&script)?;
-    }
-    let scripts = out.join("scripts");
-    std::fs::create_dir_all(&scripts)
-        .map_err(|e| format!("cannot create {}: {e}", scripts.display()))?;
-    for name in [
-        "torch_sdpa_bench.py",
-        "torch_backward_bench.py",
-        "torch_decode_bench.py",
-    ] {
-        let torch_script = root().join("scripts").join(name);
-        std::fs::copy(&torch_script, scripts.join(name))
-            .map_err(|e| format!("cannot copy {}: {e}", torch_script.display()))?;
-    }
-    for (_, name) in &copies {
-        println!("  bin/{name}");
-    }
-    total += crate::bundle_python::bundle(&out)?;
     println!(
-        "bundle: {} binaries and the Python wheel, {:.1} MiB, in {} (run: {}/run.sh, {}/run-python-tests.sh)",
-        copies.len(),
-        total as f64 / 1048576.0,
+        "bundle: {} files ({binaries} binaries, the Python wheel, scripts), {total} bytes ({:.1} MiB), in {} (run: {}/run.sh, {}/run-python-tests.sh)",
+        files.len(),
+        mib(total),
         out.display(),
         out.display(),
         out.display()
     );
-    if total > MAX_BUNDLE_BYTES {
-        return Err(format!(
-            "the bundle is {total} bytes, over the {MAX_BUNDLE_BYTES}-byte limit of the GPU machine's transfer"
-        ));
-    }
     Ok(())
 }
 
@@ -247,16 +224,4 @@ fn compiled(args: &[&str], kind: &str) -> Result<Vec<(PathBuf, String)>> {
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let start = line.find(key)? + key.len();
     line[start..].split('"').next()
-}
-
-#[cfg(unix)]
-pub(crate) fn make_executable(path: &Path) -> Result {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
-}
-
-#[cfg(not(unix))]
-pub(crate) fn make_executable(_: &Path) -> Result {
-    Ok(())
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle::step_function;
+use crate::bundle_files::{BundleFile, step_function};
 use crate::{Result, root, run_command};
 
 const PYTHON_TESTS_SCRIPT: &str = concat!(
@@ -50,11 +50,14 @@ echo "$passed passed, $failed failed"
 "#
 );
 
-/// Builds the wheel into `out/python/wheels`, copies the tests and examples beside it and writes
-/// `run-python-tests.sh`. Returns the bytes written (the wheel's, mostly).
-pub fn bundle(out: &Path) -> Result<u64> {
-    let python = out.join("python");
-    let wheels = python.join("wheels");
+/// Builds the wheel (into `target/bundle-wheels/`) and lists the bundle's Python files: the wheel
+/// in `python/wheels/`, the tests and examples beside it, and `run-python-tests.sh`.
+pub fn files() -> Result<Vec<BundleFile>> {
+    let built = root().join("target").join("bundle-wheels");
+    if built.exists() {
+        std::fs::remove_dir_all(&built)
+            .map_err(|e| format!("cannot clear {}: {e}", built.display()))?;
+    }
     let maturin = maturin()?;
     run_command(
         Command::new(&maturin)
@@ -68,32 +71,27 @@ pub fn bundle(out: &Path) -> Result<u64> {
                 "target",
             ])
             .arg("--out")
-            .arg(&wheels),
+            .arg(&built),
     )?;
-    let mut total = 0;
-    for entry in read_dir(&wheels)? {
-        total += entry.metadata().map(|m| m.len()).unwrap_or(0);
-        println!("  python/wheels/{}", entry.file_name().to_string_lossy());
+    let mut files = Vec::new();
+    for entry in read_dir(&built)? {
+        let wheel = Path::new("python/wheels").join(entry.file_name());
+        files.push(BundleFile::copy(wheel, entry.path()));
     }
     for folder in ["tests", "examples"] {
-        let from = root().join("python").join(folder);
-        let to = python.join(folder);
-        std::fs::create_dir_all(&to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
-        for entry in read_dir(&from)? {
+        for entry in read_dir(&root().join("python").join(folder))? {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "py") {
-                let dest = to.join(entry.file_name());
-                total += std::fs::copy(&path, &dest).map_err(|e| {
-                    format!("cannot copy {} to {}: {e}", path.display(), dest.display())
-                })?;
+                let dest = Path::new("python").join(folder).join(entry.file_name());
+                files.push(BundleFile::copy(dest, path));
             }
         }
     }
-    let script = out.join("run-python-tests.sh");
-    std::fs::write(&script, PYTHON_TESTS_SCRIPT)
-        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
-    crate::bundle::make_executable(&script)?;
-    Ok(total)
+    files.push(BundleFile::script(
+        "run-python-tests.sh",
+        PYTHON_TESTS_SCRIPT,
+    ));
+    Ok(files)
 }
 
 fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {

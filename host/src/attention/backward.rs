@@ -5,7 +5,6 @@
 //! - [`BackwardProblem`]: the forward's [`Problem`] plus the checks of O, dO and L, each failure an
 //!   [`Error::InvalidArgument`] naming the argument and what is allowed;
 //! - [`Gradients`]: dQ, dK, dV, on the host or (for the GPU call to come) on the device;
-//! - [`backward_on_host`]: FA2's backward emulator on host tensors, behind the same checks.
 //!
 //! The GPU call, [`attention_backward_into`](crate::attention::attention_backward_into)
 //! (`backward_gpu.rs`), builds the same [`TensorSpec`]s from its device tensors, takes L and the
@@ -13,13 +12,11 @@
 //! (its plan records the problem), and checks its gradient tensors with
 //! [`BackwardProblem::check_gradients`].
 
-use ndarray::{Array4, ArrayView4};
+use ndarray::ArrayView4;
 
 use crate::attention::{AttentionOptions, Problem};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::model::fa2_backward::{BackwardInputs, emulate_fa2_backward};
-use crate::model::traffic::BackwardIoCounts;
 use crate::tensor::DeviceTensor;
 
 /// dQ, dK, dV: each the shape of the input it is the gradient of.
@@ -190,67 +187,6 @@ fn check_dims(
         name,
         format!("shape {dims:?}"),
         format!("must equal {other_name}'s shape {other:?}"),
-    ))
-}
-
-/// FA2's backward pass on the CPU ([`emulate_fa2_backward`]) with (B_r, B_c) = `blocks`, after
-/// the checks of [`BackwardProblem::new`] (`forward`: the problem the forward solved, if known).
-/// Returns dQ, dK, dV in `T` and the HBM traffic the kernel would move.
-pub fn backward_on_host<T: Element>(
-    inputs: &BackwardInputs<T>,
-    forward: Option<&Problem>,
-    options: &AttentionOptions,
-    blocks: (u32, u32),
-) -> Result<(Gradients<Array4<T>>, BackwardIoCounts)> {
-    let arguments = BackwardArguments {
-        q: TensorSpec::of_array(&inputs.q),
-        k: TensorSpec::of_array(&inputs.k),
-        v: TensorSpec::of_array(&inputs.v),
-        o: TensorSpec::of_array(&inputs.o),
-        d_o: TensorSpec::of_array(&inputs.d_o),
-        logsumexp: inputs.logsumexp.dim().into(),
-        forward: forward.copied(),
-    };
-    let checked = BackwardProblem::new(&arguments, options)?;
-    if blocks.0 == 0 || blocks.1 == 0 {
-        return Err(Error::invalid(
-            "blocks",
-            format!("{blocks:?}"),
-            "B_r and B_c must be at least 1",
-        ));
-    }
-    let wide = |a: &ArrayView4<T>| a.mapv(|x| x.to_f64() as f32);
-    let (q, k, v, o, d_o) = (
-        wide(&inputs.q),
-        wide(&inputs.k),
-        wide(&inputs.v),
-        wide(&inputs.o),
-        wide(&inputs.d_o),
-    );
-    let emulated = emulate_fa2_backward(
-        BackwardInputs {
-            q: q.view(),
-            k: k.view(),
-            v: v.view(),
-            o: o.view(),
-            d_o: d_o.view(),
-            logsumexp: inputs.logsumexp.view(),
-        },
-        checked.problem.causal,
-        checked.problem.softmax_scale,
-        blocks,
-        checked.dtype,
-    );
-    // Exact: the emulator has already rounded every gradient to `T`.
-    let narrow = |a: &Array4<f32>| a.mapv(|x| T::from_f64(f64::from(x)));
-    let g = &emulated.gradients;
-    Ok((
-        Gradients {
-            dq: narrow(&g.dq),
-            dk: narrow(&g.dk),
-            dv: narrow(&g.dv),
-        },
-        emulated.io,
     ))
 }
 
@@ -429,53 +365,5 @@ mod tests {
         let mut bad = good;
         bad.dk.strides[3] = 3;
         assert_eq!(name(bad), "dk");
-    }
-
-    #[test]
-    fn the_host_entry_point_checks_before_it_runs() {
-        let q = Array4::<f32>::zeros(Q);
-        let kv = Array4::<f32>::zeros(KV);
-        let logsumexp = ndarray::Array3::<f32>::zeros((2, 3, 5));
-        let short_d_o = Array4::<f32>::zeros([2, 3, 4, 8]);
-        let inputs = BackwardInputs {
-            q: q.view(),
-            k: kv.view(),
-            v: kv.view(),
-            o: q.view(),
-            d_o: short_d_o.view(),
-            logsumexp: logsumexp.view(),
-        };
-        let options = AttentionOptions::default();
-        let error = backward_on_host(&inputs, None, &options, (4, 4)).unwrap_err();
-        assert!(
-            matches!(error, Error::InvalidArgument { name: "d_o", .. }),
-            "{error}"
-        );
-        let inputs = BackwardInputs {
-            d_o: q.view(),
-            ..inputs
-        };
-        let error = backward_on_host(&inputs, None, &options, (0, 4)).unwrap_err();
-        assert!(
-            matches!(error, Error::InvalidArgument { name: "blocks", .. }),
-            "{error}"
-        );
-        // A transposed view: head_dim no longer contiguous.
-        let transposed = q.view().reversed_axes();
-        let contiguous = Array4::<f32>::zeros([8, 5, 3, 2]);
-        let logsumexp = ndarray::Array3::<f32>::zeros((8, 5, 3));
-        let inputs = BackwardInputs {
-            q: contiguous.view(),
-            k: contiguous.view(),
-            v: contiguous.view(),
-            o: contiguous.view(),
-            d_o: transposed,
-            logsumexp: logsumexp.view(),
-        };
-        let error = backward_on_host(&inputs, None, &options, (4, 4)).unwrap_err();
-        assert!(
-            matches!(error, Error::InvalidArgument { name: "d_o", .. }),
-            "{error}"
-        );
     }
 }

@@ -25,7 +25,7 @@ use cudarc::driver::CudaSlice;
 use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, StandardParams};
 use flash_kernels::registry::ElementType;
 
-pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec, backward_on_host};
+pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 pub use backward_plan::{BackwardAlgorithm, BackwardPlan};
 pub use call::{Attention, Form, KvCache};
 pub use decode::{BlockTable, CacheSeqlens, DecodePlan};

@@ -9,7 +9,7 @@ use flash_kernels::fwd::standard::config::MATMUL_TILE;
 use flash_kernels::registry::ForwardForm;
 
 use crate::error::{Error, Result};
-use crate::model::scoring::Scoring;
+use crate::scoring::Scoring;
 
 /// Largest head dim any algorithm takes.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -17,10 +17,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// Which kernel(s) compute the attention.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// The fastest kernel for the device and the call: FA3 on compute capability 9.0, FA2 on
     /// tensor cores elsewhere, each falling back where it cannot run (the plan says why). The
@@ -36,7 +33,6 @@ pub enum Algorithm {
     /// FlashAttention-2 forward on tensor cores (mma.sync, ldmatrix, cp.async), f16/bf16 at the
     /// compiled head dims (32, 64, 96, 128, 256) with 16-byte-aligned rows; anything else runs
     /// [`Algorithm::Fa2`], and the plan says why.
-    #[serde(rename = "fa2-tc")]
     Fa2Tc,
     /// FlashAttention-3 forward on Hopper (TMA, wgmma, a producer and consumer warpgroups),
     /// f16/bf16, head dims up to 256 (each on the smallest compiled one that holds it: 64, 96,

@@ -55,7 +55,7 @@ unsafe fn is_capturing(stream: RawStream) -> Result<bool> {
 }
 
 /// What the host needs to know about the device.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug)]
 pub struct DeviceInfo {
     pub ordinal: usize,
     pub name: String,

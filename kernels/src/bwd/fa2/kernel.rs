@@ -1,5 +1,5 @@
 //! FlashAttention-2 backward (Dao 2023, Algorithm 2), as the article lays it out, in three
-//! kernels that follow the CPU emulator (`host/src/model/fa2_backward.rs`) step for step:
+//! kernels that follow the CPU emulator (`lab/src/model/fa2_backward.rs`) step for step:
 //!
 //! 1. [`preprocess`], per row block: D_i = rowsum(dO_i ∘ O_i), and the f32 dQ accumulator
 //!    zeroed;
