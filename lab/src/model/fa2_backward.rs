@@ -76,7 +76,7 @@ pub struct EmulatedBackward {
 ///
 /// `blocks` is (B_r, B_c), as for [`emulate_fa2`](crate::model::fa2::emulate_fa2): B_r rows per
 /// row block of the inner loop, B_c keys per key block of the outer loop, any sizes ≥ 1.
-/// Assumes shapes the host has checked ([`BackwardProblem`](flash_attn::attention::backward::BackwardProblem)):
+/// Assumes shapes the host has checked ([`BackwardProblem`]):
 /// Q and dO and O (batch, heads, seqlen_q, d), K and V (batch, heads_kv, seqlen_k, d) with
 /// heads_kv a divisor of heads (grouped K/V heads: see the module documentation), L
 /// (batch, heads, seqlen_q). Panics otherwise.
