@@ -4,13 +4,12 @@
 //!   a [`DeviceTensor`] alike;
 //! - [`BackwardProblem`]: the forward's [`Problem`] plus the checks of O, dO and L, each failure an
 //!   [`Error::InvalidArgument`] naming the argument and what is allowed;
-//! - [`Gradients`]: dQ, dK, dV, on the host or (for the GPU call to come) on the device;
+//! - [`Gradients`]: dQ, dK, dV, on the host or on the device.
 //!
-//! The GPU call, [`attention_backward_into`](crate::attention::attention_backward_into)
-//! (`backward_gpu.rs`), builds the same [`TensorSpec`]s from its device tensors, takes L and the
-//! forward's problem from the forward's [`AttentionOutput`](crate::attention::AttentionOutput)
-//! (its plan records the problem), and checks its gradient tensors with
-//! [`BackwardProblem::check_gradients`].
+//! A backward call ([`Attention::backward_into`](crate::attention::Attention::backward_into))
+//! builds the [`TensorSpec`]s from its tensors, takes the forward's problem from the forward's
+//! plan where it has one ([`Attention::backward`](crate::attention::Attention::backward)), and
+//! checks its gradient tensors with [`BackwardProblem::check_gradients`].
 
 use ndarray::ArrayView4;
 
