@@ -8,6 +8,7 @@
 //! - `flash-attn plan`   which kernels a call would run, with which launches (no GPU needed)
 
 mod bench;
+mod call_args;
 mod check;
 mod io;
 mod plan;

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use flash_attn::attention::decode::{DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes};
 use flash_attn::attention::{
     Algorithm, Attention, AttentionOptions, CompiledLimits, LaunchLimits, PassPlan, Plan, Problem,
-    parse_optional_fa2_tc_tiling,
 };
 use flash_attn::{DType, Element, Gpu, Layout, TensorRef, with_element};
 
@@ -29,13 +28,8 @@ pub struct PlanArgs {
     /// Algorithms to plan, comma-separated (default: all).
     #[arg(long, value_delimiter = ',')]
     algorithms: Option<Vec<Algorithm>>,
-    #[arg(long)]
-    causal: bool,
     #[command(flatten)]
-    scoring: crate::run::ScoringArgs,
-    /// FA2-TC's tiling, e.g. 4x2s1c64 (default: measured per head dim).
-    #[arg(long, value_name = "TILING")]
-    fa2_tc_tiling: Option<String>,
+    call: crate::call_args::CallArgs,
     /// Also plan the backward: each backward algorithm (with grouped K/V heads, the group sum
     /// and its workspace show).
     #[arg(long)]
@@ -53,13 +47,7 @@ pub struct PlanArgs {
 }
 
 pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
-    let options = AttentionOptions {
-        causal: args.causal,
-        window: args.scoring.window,
-        softcap: args.scoring.softcap,
-        fa2_tc_tiling: parse_optional_fa2_tc_tiling(args.fa2_tc_tiling.as_deref())?,
-        ..Default::default()
-    };
+    let options = args.call.options(Algorithm::Auto)?;
     if args.decode {
         return decode_plan(device, args);
     }
@@ -180,7 +168,7 @@ fn decode_plan(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
         block_table: None,
     };
     let options = DecodeOptions {
-        causal: args.causal,
+        causal: args.call.causal,
         splits: args.splits,
         one_launch: args.one_launch,
         ..Default::default()

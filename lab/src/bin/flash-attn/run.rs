@@ -10,6 +10,8 @@ use std::process::ExitCode;
 
 use flash_attn::attention::{Attention, Gradients, PackedBatch, Plan, Problem};
 use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Error, Gpu, Layout, RowStatistics};
+
+use crate::call_args::{CallArgs, split_exact};
 use flash_attn_lab::safetensors_io::{
     self, AttentionFileOutput, BACKWARD_INPUT_ROLES, HostQkv, INPUT_ROLES, Qkv, SafetensorsElement,
 };
@@ -29,20 +31,8 @@ pub struct RunArgs {
     /// where it cannot run, and the plan says why), fa3, fa2-tc, fa2, fa1 or standard.
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
-    /// Causal mask, aligned to the bottom-right corner when seqlen_q ≠ seqlen_k.
-    #[arg(long)]
-    causal: bool,
-    /// Softmax scale multiplying Q·Kᵀ (default 1/√head_dim).
-    #[arg(long, value_name = "S", allow_negative_numbers = true)]
-    scale: Option<f32>,
     #[command(flatten)]
-    scoring: ScoringArgs,
-    /// FA1's SRAM budget M in f32 elements (default: the most that fits in shared memory).
-    #[arg(long, value_name = "M")]
-    fa1_sram_floats: Option<u32>,
-    /// FA2's block sizes B_r,B_c, each 64 or 128 (default: the largest that fit).
-    #[arg(long, value_name = "R,C", value_parser = parse_fa2_blocks)]
-    fa2_blocks: Option<(u32, u32)>,
+    call: CallArgs,
     /// The K/V heads the file must hold (grouped-query attention: a divisor of Q's heads; 1 is
     /// MQA). Checked before the GPU is opened; default: whatever the file has.
     #[arg(long, value_name = "H")]
@@ -58,15 +48,6 @@ pub struct RunArgs {
     /// Name of the dO tensor in the input file (with --backward).
     #[arg(long, value_name = "NAME", default_value = "do")]
     do_name: String,
-    /// The backward: auto (the default: fa3, Hopper's wgmma and TMA, falling back to fa2-tc,
-    /// and that to fa2, where it cannot run; the plan says why), fa3, fa2-tc (mma.sync tensor
-    /// cores), fa2 (scalar) or standard (S, P, dP, dS in HBM: O(N²) memory).
-    #[arg(long, value_name = "ALGORITHM")]
-    backward_algorithm: Option<Algorithm>,
-    /// dQ with the same bits on every run (fa2-tc orders its adds; standard has none; with
-    /// --backward).
-    #[arg(long)]
-    deterministic: bool,
     /// The input is a packed batch of sequences of different lengths, as flash-attn's varlen
     /// call takes it: Q (total_q, heads, head_dim), K and V (total_k, heads_kv, head_dim), and
     /// the offsets (1-D I32, U32 or I64, batch + 1 each, from 0; --offsets names them). Writes
@@ -86,13 +67,25 @@ impl RunArgs {
         let misplaced = [
             (
                 "fa1_sram_floats",
-                self.fa1_sram_floats.is_some(),
+                self.call.fa1_sram_floats.is_some(),
                 Algorithm::Fa1,
             ),
-            ("fa2_blocks", self.fa2_blocks.is_some(), Algorithm::Fa2),
+            ("fa2_blocks", self.call.fa2_blocks.is_some(), Algorithm::Fa2),
+            (
+                "fa2_tc_tiling",
+                self.call.fa2_tc_tiling.is_some(),
+                Algorithm::Fa2Tc,
+            ),
+            ("fa3_tiling", self.call.fa3_tiling.is_some(), Algorithm::Fa3),
         ]
         .into_iter()
-        .find(|&(_, given, applies_to)| given && applies_to != self.algorithm);
+        // Auto runs FA3's chain: FA3's tiling applies to it too.
+        .map(|(name, given, applies_to)| {
+            let applies = applies_to == self.algorithm
+                || (applies_to == Algorithm::Fa3 && self.algorithm == Algorithm::Auto);
+            (name, given && !applies, applies_to)
+        })
+        .find(|&(_, misplaced, _)| misplaced);
         if let Some((name, _, applies_to)) = misplaced {
             return Err(Error::InvalidArgument {
                 name,
@@ -102,8 +95,8 @@ impl RunArgs {
         }
         if !self.backward {
             let backward_only = [
-                ("backward_algorithm", self.backward_algorithm.is_some()),
-                ("deterministic", self.deterministic),
+                ("backward_algorithm", self.call.backward_algorithm.is_some()),
+                ("deterministic", self.call.deterministic),
             ];
             if let Some((name, _)) = backward_only.into_iter().find(|&(_, given)| given) {
                 return Err(Error::InvalidArgument {
@@ -119,46 +112,7 @@ impl RunArgs {
                 allowed: "the backward takes L = m + log ℓ: standard, fa2, fa2-tc or fa3".into(),
             });
         }
-        Ok(AttentionOptions {
-            algorithm: self.algorithm,
-            backward_algorithm: self.backward_algorithm.unwrap_or_default(),
-            deterministic: self.deterministic,
-            causal: self.causal,
-            window: self.scoring.window,
-            softcap: self.scoring.softcap,
-            softmax_scale: self.scale,
-            fa1_sram_floats: self.fa1_sram_floats,
-            fa2_blocks: self.fa2_blocks,
-            ..Default::default()
-        })
-    }
-}
-
-/// `--window` and `--softcap`, shared by `run` and `plan`.
-#[derive(clap::Args)]
-pub struct ScoringArgs {
-    /// Sliding-window (local) attention as flash-attn's window_size: query i sees key j iff
-    /// i + offset − L ≤ j ≤ i + offset + R (offset = seqlen_k − seqlen_q); −1 leaves a side
-    /// unbounded; with --causal, R is 0. fa2-tc, fa3 and standard take it.
-    #[arg(long, value_name = "L,R", allow_hyphen_values = true, value_parser = parse_window)]
-    pub window: Option<(i64, i64)>,
-    /// Logit soft-capping (Gemma 2): scores become X·tanh(scale·q·k / X) before the softmax
-    /// (0, the default, is off). fa2-tc, fa3 and standard take it.
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub softcap: f32,
-}
-
-/// Splits a comma-separated list into exactly `N` non-empty items.
-fn split_exact<const N: usize>(list: &str, what: &str) -> Result<[String; N], String> {
-    let items: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
-    match <[String; N]>::try_from(items) {
-        Ok(items) if items.iter().all(|s| !s.is_empty()) => Ok(items),
-        _ => Err(format!("expected {N} comma-separated {what}, got `{list}`")),
+        self.call.options(self.algorithm)
     }
 }
 
@@ -166,27 +120,8 @@ fn parse_names(list: &str) -> Result<[String; 3], String> {
     split_exact(list, "tensor names (q,k,v)")
 }
 
-/// `--window L,R`: two integers (the library checks their range and names `window`).
-fn parse_window(list: &str) -> Result<(i64, i64), String> {
-    let [left, right] = split_exact(list, "window sides (L,R)")?;
-    let parse = |s: &str| {
-        s.parse::<i64>()
-            .map_err(|e| format!("window side `{s}`: {e}"))
-    };
-    Ok((parse(&left)?, parse(&right)?))
-}
-
 fn parse_offset_names(list: &str) -> Result<[String; 2], String> {
     split_exact(list, "tensor names (cu_seqlens_q,cu_seqlens_k)")
-}
-
-fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
-    let [rows, cols] = split_exact(list, "block sizes (B_r,B_c)")?;
-    let parse = |s: &str| {
-        s.parse::<u32>()
-            .map_err(|e| format!("block size `{s}`: {e}"))
-    };
-    Ok((parse(&rows)?, parse(&cols)?))
 }
 
 /// "causal ", "window (l, r) ", "softcap X " as the call asks, for the summary line.
