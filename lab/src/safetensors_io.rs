@@ -44,6 +44,12 @@ const EXPECTED_LAYOUT: &str = "(batch, heads, seqlen, head_dim)";
 const PACKED_LAYOUT: &str = "(total tokens, heads, head_dim)";
 /// The offsets' names read from a packed file when the caller gives none.
 pub const PACKED_OFFSET_NAMES: [&str; 2] = ["cu_seqlens_q", "cu_seqlens_k"];
+/// A KV-cache call's tensors: Q, the caches, and the keys and values to append.
+pub const DECODE_INPUT_ROLES: [&str; 5] = ["q", "k_cache", "v_cache", "k_new", "v_new"];
+/// Each sequence's cache length (1-D integers, batch), read when the caller gives no name.
+pub const CACHE_SEQLENS_NAME: &str = "cache_seqlens";
+/// The caches as a call that appended keys leaves them, written back under these names.
+pub const CACHE_NAMES: [&str; 2] = ["k_cache", "v_cache"];
 
 /// An [`Element`] that safetensors can store: its file dtype and its little-endian encoding.
 pub trait SafetensorsElement: Element {
@@ -97,6 +103,8 @@ pub struct Qkv<T> {
     pub k: Array4<T>,
     pub v: Array4<T>,
     pub d_o: Option<Array4<T>>,
+    /// A KV-cache call's new keys and values ([`read_decode`] with `append`).
+    pub appended: Option<(Array4<T>, Array4<T>)>,
 }
 
 impl<T> Qkv<T> {
@@ -165,23 +173,38 @@ pub fn read_packed(
 
 /// A 1-D tensor of offsets as u32.
 fn read_offsets(file: &SafeTensors, path: &Path, name: &str) -> Result<Vec<u32>> {
+    let role = if name == PACKED_OFFSET_NAMES[1] {
+        PACKED_OFFSET_NAMES[1]
+    } else {
+        PACKED_OFFSET_NAMES[0]
+    };
+    let (_, values) = read_integers(file, path, name, role, 1, "a packed batch's offsets")?;
+    Ok(values)
+}
+
+/// A tensor of `rank` dimensions of I32, U32 or I64 values, each in u32, with its shape; errors
+/// name `role` (what the call calls it) and say what the tensor is for (`what`).
+fn read_integers(
+    file: &SafeTensors,
+    path: &Path,
+    name: &str,
+    role: &'static str,
+    rank: usize,
+    what: &str,
+) -> Result<(Vec<usize>, Vec<u32>)> {
     let view = file.tensor(name).map_err(|_| {
         Error::File(format!(
-            "{} has no tensor named `{name}` (a packed batch's offsets)",
+            "{} has no tensor named `{name}` ({what})",
             path.display()
         ))
     })?;
     let label = tensor_label(name, path);
-    let bad = |what: String| Error::InvalidArgument {
-        name: if name == PACKED_OFFSET_NAMES[1] {
-            PACKED_OFFSET_NAMES[1]
-        } else {
-            PACKED_OFFSET_NAMES[0]
-        },
-        value: format!("{label} {what}"),
-        allowed: "1-D I32, U32 or I64 offsets, 0 ≤ each < 2^32".into(),
+    let bad = |found: String| Error::InvalidArgument {
+        name: role,
+        value: format!("{label} {found}"),
+        allowed: format!("{rank}-D I32, U32 or I64 values, 0 ≤ each < 2^32 ({what})"),
     };
-    if view.shape().len() != 1 {
+    if view.shape().len() != rank {
         return Err(bad(format!("with shape {:?}", view.shape())));
     }
     let data = view.data();
@@ -200,10 +223,67 @@ fn read_offsets(file: &SafeTensors, path: &Path, name: &str) -> Result<Vec<u32>>
             .collect(),
         other => return Err(bad(format!("with dtype {other}"))),
     };
-    values
+    if values.len() != view.shape().iter().product::<usize>() {
+        return Err(bad(format!(
+            "whose data does not fill its shape {:?}",
+            view.shape()
+        )));
+    }
+    let values = values
         .into_iter()
         .map(|x| u32::try_from(x).map_err(|_| bad(format!("holding {x}"))))
-        .collect()
+        .collect::<Result<Vec<u32>>>()?;
+    Ok((view.shape().to_vec(), values))
+}
+
+/// A KV-cache call read from a file: Q (batch, heads, q_tokens, d), the caches (batch, heads_kv,
+/// capacity, d), or (pages, heads_kv, page_size, d) with a block table, with any keys and values
+/// to append (batch, heads_kv, new_tokens, d), all in `tensors` (the caches as K and V); the
+/// lengths; the block table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeFile {
+    pub tensors: HostQkv,
+    pub cache_seqlens: Vec<u32>,
+    pub block_table: Option<Array2<u32>>,
+}
+
+/// Reads a KV-cache call from the file at `path`: Q and the caches (the tensors `names`), the
+/// keys and values to append (`append`, if given), the lengths (`cache_seqlens`, 1-D integers)
+/// and a paged cache's block table (`block_table`, 2-D integers, if given). The shapes agree or
+/// not by the library's checks.
+pub fn read_decode(
+    path: &Path,
+    names: [&str; 3],
+    append: Option<[&str; 2]>,
+    cache_seqlens: &str,
+    block_table: Option<&str>,
+) -> Result<DecodeFile> {
+    let bytes = read_bytes(path)?;
+    let file = deserialize(&bytes, path)?;
+    let mut all: Vec<&str> = names.to_vec();
+    all.extend(append.iter().flatten());
+    let tensors = read_inputs(&file, path, &DECODE_INPUT_ROLES[..all.len()], &all, false)?;
+    let (_, lengths) = read_integers(
+        &file,
+        path,
+        cache_seqlens,
+        "cache_seqlens",
+        1,
+        "each sequence's cache length",
+    )?;
+    let table = block_table
+        .map(|name| {
+            let (shape, pages) =
+                read_integers(&file, path, name, "block_table", 2, "a paged cache's pages")?;
+            Array2::from_shape_vec((shape[0], shape[1]), pages)
+                .map_err(|e| Error::File(format!("{}: {e}", tensor_label(name, path))))
+        })
+        .transpose()?;
+    Ok(DecodeFile {
+        tensors,
+        cache_seqlens: lengths,
+        block_table: table,
+    })
 }
 
 /// [`read_qkv`] plus dO, the fourth of `names` ([`BACKWARD_INPUT_ROLES`] by default), with the
@@ -392,11 +472,18 @@ fn decode_qkv<T: SafetensorsElement>(inputs: &[InputTensor]) -> Result<Qkv<T>> {
             .next()
             .ok_or_else(|| Error::File("fewer than three tensors read".into()))
     };
+    let (q, k, v) = (next()?, next()?, next()?);
+    // A fourth tensor is dO; a fourth and fifth are a KV-cache call's new keys and values.
+    let (d_o, appended) = match (next().ok(), next().ok()) {
+        (Some(k_new), Some(v_new)) => (None, Some((k_new, v_new))),
+        (d_o, _) => (d_o, None),
+    };
     Ok(Qkv {
-        q: next()?,
-        k: next()?,
-        v: next()?,
-        d_o: next().ok(),
+        q,
+        k,
+        v,
+        d_o,
+        appended,
     })
 }
 
@@ -411,6 +498,8 @@ pub struct AttentionFileOutput<T> {
     pub row_max_and_sum: Option<(Array3<f32>, Array3<f32>)>,
     /// dQ, dK, dV when the backward ran, written as [`GRADIENT_NAMES`].
     pub gradients: Option<Gradients<Array4<T>>>,
+    /// The caches after a KV-cache call appended to them, written as [`CACHE_NAMES`].
+    pub caches: Option<(Array4<T>, Array4<T>)>,
 }
 
 /// Writes `output` to `path` as [`OUTPUT_NAME`], [`LOGSUMEXP_NAME`] and, when present,
@@ -433,6 +522,10 @@ pub fn write_outputs<T: SafetensorsElement>(
         for (name, gradient) in GRADIENT_NAMES.into_iter().zip([&g.dq, &g.dk, &g.dv]) {
             tensors.push((name, EncodedTensor::new(gradient)));
         }
+    }
+    if let Some((k, v)) = &output.caches {
+        tensors.push((CACHE_NAMES[0], EncodedTensor::new(k)));
+        tensors.push((CACHE_NAMES[1], EncodedTensor::new(v)));
     }
     safetensors::serialize_to_file(tensors, Some(metadata), path)
         .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))

@@ -332,6 +332,7 @@ fn write_and_read_back<T: flash_attn_lab::safetensors_io::SafetensorsElement>(
             dk: o.mapv(|x| T::from_f64(x.to_f64() - 0.5)),
             dv: o.mapv(|x| T::from_f64(-x.to_f64())),
         }),
+        caches: None,
     };
     let metadata = HashMap::from([("algorithm".to_string(), "fa1".to_string())]);
     write_outputs(&path, &output, metadata.clone()).expect("writing the outputs");
@@ -982,4 +983,174 @@ fn run_command_takes_a_packed_batch_on_a_gpu() {
         o_error < 2e-2 && l_error < 1e-3,
         "O error {o_error}, L error {l_error}"
     );
+}
+
+/// A KV-cache file: f16 Q (2, 8, 1, 64), caches (2, 2, 48, 64), the lengths `lengths` (I32) and,
+/// with `append`, three new keys and values per sequence; the values drawn from `rng`.
+fn decode_file(
+    dir: &TempDir,
+    lengths: &[f32],
+    append: bool,
+    rng: &mut rand::rngs::StdRng,
+) -> PathBuf {
+    let draw = |dims: [usize; 4], rng: &mut rand::rngs::StdRng| {
+        flash_attn_lab::tools::check::random_tensor::<f16>(dims, rng)
+            .iter()
+            .map(|x| x.to_f32())
+            .collect::<Vec<f32>>()
+    };
+    let tensor = |name, dims: [usize; 4], rng: &mut rand::rngs::StdRng| TestTensor {
+        name,
+        dtype: Dtype::F16,
+        shape: dims.to_vec(),
+        values: draw(dims, rng),
+    };
+    let mut tensors = vec![
+        tensor("q", [2, 8, 1, 64], rng),
+        tensor("k", [2, 2, 48, 64], rng),
+        tensor("v", [2, 2, 48, 64], rng),
+        TestTensor {
+            name: "cache_seqlens",
+            dtype: Dtype::I32,
+            shape: vec![lengths.len()],
+            values: lengths.to_vec(),
+        },
+    ];
+    if append {
+        tensors.push(tensor("k_new", [2, 2, 3, 64], rng));
+        tensors.push(tensor("v_new", [2, 2, 3, 64], rng));
+    }
+    write_file(dir, "decode.safetensors", &tensors)
+}
+
+#[test]
+fn cli_checks_a_kv_cache_file_before_looking_for_a_gpu() {
+    let dir = temp_dir();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let output = dir.path().join("out.safetensors");
+    let run = |input: &Path, extra: &[&str]| {
+        let io = ["--input", path_str(input), "--output", path_str(&output)];
+        run_cli(&[&["run", "--decode"][..], &io, extra].concat())
+    };
+    // A length past the cache's 48 keys (with 3 appended: 46 + 3 > 48).
+    let past = decode_file(&dir, &[10.0, 46.0], true, &mut rng);
+    for (extra, expected) in [
+        (&["--append", "k_new,v_new"][..], "cache_seqlens"),
+        (
+            &["--algorithm", "fa3"][..],
+            "a KV-cache call runs the split-KV decode kernels",
+        ),
+        (
+            &["--cache-seqlens", "lengths"][..],
+            "no tensor named `lengths`",
+        ),
+        (&["--window", "4,0"][..], "window"),
+    ] {
+        let result = run(&past, extra);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{extra:?}: {stderr}");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+        assert!(
+            !stderr.contains("GPU"),
+            "{extra:?}: checked after the GPU: {stderr}"
+        );
+    }
+    let result = run_cli(&[
+        "run",
+        "--input",
+        path_str(&past),
+        "--output",
+        path_str(&output),
+        "--block-table",
+        "table",
+    ]);
+    assert!(!result.status.success());
+    assert!(String::from_utf8_lossy(&result.stderr).contains("--decode"));
+    assert!(!output.exists(), "no output after an error");
+}
+
+/// `flash-attn run --decode --append` writes what the library's own KV-cache call gives on the
+/// same tensors (the same kernels: bit for bit), and the caches with the keys appended.
+#[test]
+fn run_decode_command_matches_the_library_on_a_gpu() {
+    let Some(gpu) = common::gpu_or_skip("run_decode_command") else {
+        return;
+    };
+    let dir = temp_dir();
+    let seed: u64 = rand::random();
+    println!("run_decode_command: seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let input = decode_file(&dir, &[17.0, 40.0], true, &mut rng);
+    let output = dir.path().join("out.safetensors");
+    let result = run_cli(&[
+        "run",
+        "--decode",
+        "--causal",
+        "--append",
+        "k_new,v_new",
+        "--input",
+        path_str(&input),
+        "--output",
+        path_str(&output),
+    ]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    println!("{}", String::from_utf8_lossy(&result.stdout));
+
+    // The library's call on the same tensors.
+    let file = flash_attn_lab::safetensors_io::read_decode(
+        &input,
+        ["q", "k", "v"],
+        Some(["k_new", "v_new"]),
+        "cache_seqlens",
+        None,
+    )
+    .expect("the input reads");
+    let HostQkv::F16(qkv) = &file.tensors else {
+        panic!("f16 tensors")
+    };
+    let upload = |a: &Array4<f16>| {
+        flash_attn::DeviceTensor::from_array(&gpu, a.view(), flash_attn::Layout::BatchHeadSeqDim)
+            .expect("upload")
+    };
+    let (q, k_cache, v_cache) = (upload(&qkv.q), upload(&qkv.k), upload(&qkv.v));
+    let (k_new, v_new) = qkv.appended.as_ref().expect("appended");
+    let (k_new, v_new) = (upload(k_new), upload(v_new));
+    let seqlens = flash_attn::CacheSeqlens::new(&gpu, &file.cache_seqlens).expect("lengths");
+    let out = flash_attn::Attention::new(&q, &k_cache, &v_cache)
+        .causal(true)
+        .kv_cache(flash_attn::KvCache {
+            seqlens: &seqlens,
+            block_table: None,
+            append: Some(((&k_new).into(), (&v_new).into())),
+        })
+        .forward(&gpu)
+        .expect("the library's call");
+    let bytes = std::fs::read(&output).expect("the output file");
+    let written = SafeTensors::deserialize(&bytes).expect("a valid output file");
+    assert_eq!(
+        names(&written),
+        names_of(&[OUTPUT_NAME, LOGSUMEXP_NAME, "k_cache", "v_cache"])
+    );
+    let values = |a: &Array4<f16>| a.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let (_, shape, o) = tensor_values(&written, OUTPUT_NAME);
+    assert_eq!(shape, vec![2, 8, 1, 64]);
+    assert_eq!(o, values(&out.o.to_array(&gpu).expect("download")), "O");
+    let (_, _, lse) = tensor_values(&written, LOGSUMEXP_NAME);
+    let want: Vec<f64> = out
+        .stats
+        .logsumexp(&gpu)
+        .expect("L")
+        .iter()
+        .map(|&x| f64::from(x))
+        .collect();
+    assert_eq!(lse, want, "L");
+    for (name, cache) in [("k_cache", &k_cache), ("v_cache", &v_cache)] {
+        let (_, _, got) = tensor_values(&written, name);
+        assert_eq!(
+            got,
+            values(&cache.to_array(&gpu).expect("download")),
+            "{name}"
+        );
+    }
 }

@@ -528,6 +528,20 @@ impl Plan {
                     check_memory("k_new", &k)?;
                     check_memory("v_new", &v)?;
                 }
+                if cache.seqlens.device.is_none() {
+                    return Err(Error::invalid(
+                        "cache_seqlens",
+                        "lengths on the host alone (CacheSeqlens::host)",
+                        "lengths on the device: CacheSeqlens::new",
+                    ));
+                }
+                if cache.block_table.is_some_and(|t| t.device.is_none()) {
+                    return Err(Error::invalid(
+                        "block_table",
+                        "a table on the host alone (BlockTable::host)",
+                        "a table on the device: BlockTable::new",
+                    ));
+                }
                 let Some(gpu) = gpu else { return Ok(()) };
                 let workspace = match &mut workspace.decode {
                     Some(w) => w,

@@ -393,3 +393,39 @@ fn a_packed_batch_names_a_misaligned_tensor_and_f32_as_its_dtype() {
         .plan(&CompiledLimits::H200);
     assert_eq!(named(result), "dtype");
 }
+
+#[test]
+fn a_kv_cache_call_plans_from_host_lengths_and_runs_only_with_device_ones() {
+    use crate::attention::{CacheSeqlens, KvCache};
+    let lengths = CacheSeqlens::host(&[100, 4000]).unwrap();
+    let q = bshd::<bf16>(0, [2, 8, 1, 128]);
+    let (k, v) = (bshd(1, [2, 2, 4096, 128]), bshd(2, [2, 2, 4096, 128]));
+    let cache = KvCache {
+        seqlens: &lengths,
+        block_table: None,
+        append: None,
+    };
+    let call = Attention::new(q, k, v).causal(true).kv_cache(cache);
+    let plan = call.plan(&CompiledLimits::H200).expect("plans");
+    assert!(
+        plan.kernel_names().contains("decode_splitkv_bf16_d128"),
+        "{plan}"
+    );
+    assert_eq!(plan.statistics_dims(), [2, 8, 1]);
+    let result = call.check_forward(ForwardTensors {
+        o: bshd(3, [2, 8, 1, 128]),
+        stats: Statistics::LogSumExp(rows(4, [2, 8, 1])),
+    });
+    assert_eq!(named(result), "cache_seqlens");
+    // Only auto runs a KV cache, and a length past the cache is named.
+    let fa3 = Attention::new(q, k, v)
+        .kv_cache(cache)
+        .algorithm(Algorithm::Fa3);
+    assert_eq!(named(fa3.plan(&CompiledLimits::H200)), "algorithm");
+    let long = CacheSeqlens::host(&[100, 5000]).unwrap();
+    let past = Attention::new(q, k, v).kv_cache(KvCache {
+        seqlens: &long,
+        ..cache
+    });
+    assert_eq!(named(past.plan(&CompiledLimits::H200)), "cache_seqlens");
+}

@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 /// the host so that every call is checked before it launches (lengths past the cache, pages the
 /// block table does not name).
 pub struct CacheSeqlens {
-    pub(crate) device: CudaSlice<u32>,
+    /// `None` for lengths that only plan a call ([`CacheSeqlens::host`]).
+    pub(crate) device: Option<CudaSlice<u32>>,
     host: Vec<u32>,
 }
 
@@ -24,6 +25,14 @@ impl std::fmt::Debug for CacheSeqlens {
 impl CacheSeqlens {
     /// Uploads `lengths` (one per sequence; 0 is an empty cache).
     pub fn new(gpu: &Gpu, lengths: &[u32]) -> Result<Self> {
+        let mut seqlens = Self::host(lengths)?;
+        seqlens.device = Some(gpu.upload(lengths, "cache_seqlens")?);
+        Ok(seqlens)
+    }
+
+    /// `lengths` on the host alone: enough to check and plan a call (with layout-only tensors,
+    /// without a GPU), not to run it.
+    pub fn host(lengths: &[u32]) -> Result<Self> {
         if lengths.is_empty() {
             return Err(Error::invalid(
                 "cache_seqlens",
@@ -32,7 +41,7 @@ impl CacheSeqlens {
             ));
         }
         Ok(Self {
-            device: gpu.upload(lengths, "cache_seqlens")?,
+            device: None,
             host: lengths.to_vec(),
         })
     }
@@ -45,7 +54,8 @@ impl CacheSeqlens {
 /// A paged cache's block table: row b names the pages of sequence b, page i holding its keys
 /// [i·page_size, (i + 1)·page_size). Entries past a sequence's length are never read.
 pub struct BlockTable {
-    pub(crate) device: CudaSlice<u32>,
+    /// `None` for a table that only plans a call ([`BlockTable::host`]).
+    pub(crate) device: Option<CudaSlice<u32>>,
     /// Per row, the running maximum of its entries: the largest page the first i + 1 entries
     /// name is `prefix_max[b][i]`, so a call checks its pages in O(batch).
     prefix_max: Vec<Vec<u32>>,
@@ -63,6 +73,14 @@ impl std::fmt::Debug for BlockTable {
 impl BlockTable {
     /// Uploads `table` (batch rows × pages-per-sequence columns).
     pub fn new(gpu: &Gpu, table: ArrayView2<u32>) -> Result<Self> {
+        let mut block_table = Self::host(table)?;
+        let contiguous: Vec<u32> = table.iter().copied().collect();
+        block_table.device = Some(gpu.upload(&contiguous, "block_table")?);
+        Ok(block_table)
+    }
+
+    /// `table` on the host alone: enough to check and plan a call, not to run it.
+    pub fn host(table: ArrayView2<u32>) -> Result<Self> {
         let (rows, width) = table.dim();
         if rows == 0 || width == 0 {
             return Err(Error::invalid(
@@ -71,7 +89,6 @@ impl BlockTable {
                 "at least one row (sequence) and one column (page)",
             ));
         }
-        let contiguous: Vec<u32> = table.iter().copied().collect();
         let prefix_max = table
             .rows()
             .into_iter()
@@ -85,7 +102,7 @@ impl BlockTable {
             })
             .collect();
         Ok(Self {
-            device: gpu.upload(&contiguous, "block_table")?,
+            device: None,
             prefix_max,
             width,
         })

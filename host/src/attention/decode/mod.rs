@@ -158,7 +158,7 @@ fn cache_params<T: Element>(
                 ..
             },
         ) => (
-            gpu.address(&table.device),
+            table.device.as_ref().map_or(0, |d| gpu.address(d)),
             table_width as u32,
             page_size as u32,
         ),
@@ -172,7 +172,7 @@ fn cache_params<T: Element>(
         v_cache: call.v.view(),
         k_new,
         v_new,
-        cache_seqlens: gpu.address(&cache.seqlens.device),
+        cache_seqlens: cache.seqlens.device.as_ref().map_or(0, |d| gpu.address(d)),
         block_table,
         table_stride,
         page_size,

@@ -13,6 +13,7 @@ mod check;
 mod io;
 mod plan;
 mod run;
+mod run_decode;
 
 use std::process::ExitCode;
 

@@ -4,9 +4,9 @@
 
 use std::process::ExitCode;
 
-use flash_attn::attention::decode::{DecodeOptions, DecodePlan, DecodeProblem, DecodeShapes};
 use flash_attn::attention::{
-    Algorithm, Attention, AttentionOptions, CompiledLimits, LaunchLimits, PassPlan, Plan, Problem,
+    Algorithm, Attention, AttentionOptions, CacheSeqlens, CompiledLimits, KvCache, LaunchLimits,
+    PassPlan, Plan, Problem,
 };
 use flash_attn::{DType, Element, Gpu, Layout, TensorRef, with_element};
 
@@ -157,25 +157,29 @@ fn decode_plan(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
     let q = args.shape;
     let [batch, heads, _, head_dim] = q;
     let cached = args.seqlen_k.unwrap_or(q[2]);
-    let lengths = vec![u32::try_from(cached).unwrap_or(u32::MAX); batch];
-    let k_cache = [batch, args.kv_heads.unwrap_or(heads), cached, head_dim];
-    let shapes = DecodeShapes {
-        q,
-        k_cache,
-        v_cache: k_cache,
-        new_kv: None,
-        cache_seqlens: &lengths,
-        block_table: None,
+    let lengths = CacheSeqlens::host(&vec![u32::try_from(cached).unwrap_or(u32::MAX); batch])?;
+    let cache = [batch, args.kv_heads.unwrap_or(heads), cached, head_dim];
+    let options = AttentionOptions {
+        decode_splits: args.splits,
+        decode_one_launch: args.one_launch,
+        ..args.call.options(Algorithm::Auto)?
     };
-    let options = DecodeOptions {
-        causal: args.call.causal,
-        splits: args.splits,
-        one_launch: args.one_launch,
-        ..Default::default()
-    };
-    let problem = DecodeProblem::new(args.dtype, &shapes, &options)?;
     let gpu = open_gpu(device)?;
-    let plan = DecodePlan::new(limits_of(device, &gpu), args.dtype, &problem, &options)?;
+    let limits = limits_of(device, &gpu);
+    let plan = with_element!(args.dtype, T => {
+        let layout = |dims: [usize; 4]| {
+            TensorRef::<T>::layout_only(dims, Layout::BatchHeadSeqDim.strides(dims))
+        };
+        let kv_cache = KvCache {
+            seqlens: &lengths,
+            block_table: None,
+            append: None,
+        };
+        Attention::new(layout(q), layout(cache), layout(cache))
+            .options(options)
+            .kv_cache(kv_cache)
+            .plan(limits)
+    })?;
     println!("{plan}");
     Ok(ExitCode::SUCCESS)
 }

@@ -22,11 +22,11 @@ pub struct RunArgs {
     /// layout), all three F32, F16 or BF16. K and V may have fewer heads than Q, a divisor of Q's
     /// (grouped-query attention: query head h reads K/V head h / (heads_q / heads_kv)).
     #[arg(long, value_name = "FILE")]
-    input: PathBuf,
+    pub input: PathBuf,
     /// safetensors file to write: `o` (q's dtype and shape), `lse` (F32, (batch, heads,
     /// seqlen_q)), for fa1 `row_max` and `row_sum`, and with --backward `dq`, `dk`, `dv`.
     #[arg(long, value_name = "FILE")]
-    output: PathBuf,
+    pub output: PathBuf,
     /// auto (the fastest: fa3 on compute capability 9.0, fa2-tc elsewhere, each falling back
     /// where it cannot run, and the plan says why), fa3, fa2-tc, fa2, fa1 or standard.
     #[arg(long, default_value = "auto")]
@@ -39,7 +39,7 @@ pub struct RunArgs {
     kv_heads: Option<usize>,
     /// Names of the Q, K and V tensors in the input file.
     #[arg(long, value_name = "Q,K,V", default_value = "q,k,v", value_parser = parse_names)]
-    names: [String; 3],
+    pub names: [String; 3],
     /// Also the backward pass: read dO (q's shape and dtype) from the input file and write dQ,
     /// dK, dV (`attention_backward` on the forward's O and L; not with fa1, whose m and ℓ it
     /// does not take).
@@ -55,6 +55,30 @@ pub struct RunArgs {
     /// runs fa2-tc); not with --backward.
     #[arg(long, conflicts_with_all = ["backward", "fa1_sram_floats", "fa2_blocks"])]
     packed: bool,
+    /// The input is a KV-cache call (decoding): Q (batch, heads, q_tokens ≤ 16, head_dim), and
+    /// --names' K and V are the caches, (batch, heads_kv, capacity, head_dim) or, with
+    /// --block-table, (pages, heads_kv, page_size, head_dim); each sequence's cache length is
+    /// --cache-seqlens. Writes `o`, `lse` (F32, (batch, heads, q_tokens)) and, with --append,
+    /// the caches after the append (`k_cache`, `v_cache`). f16 or bf16, head dims 64 and 128.
+    #[arg(long, conflicts_with_all = ["backward", "packed"])]
+    pub decode: bool,
+    /// Name of the cache lengths (1-D I32, U32 or I64, batch) in a KV-cache input (with
+    /// --decode).
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "cache_seqlens",
+        requires = "decode"
+    )]
+    pub cache_seqlens: String,
+    /// Name of a paged cache's block table (2-D I32, U32 or I64, (batch, pages per sequence))
+    /// in a KV-cache input (with --decode).
+    #[arg(long, value_name = "NAME", requires = "decode")]
+    pub block_table: Option<String>,
+    /// Names of new keys and values to append to the caches first, each (batch, heads_kv,
+    /// new_tokens, head_dim) (with --decode).
+    #[arg(long, value_name = "K,V", value_parser = parse_append_names, requires = "decode")]
+    pub append: Option<[String; 2]>,
     /// Names of the offsets of Q's and K's rows in a packed input (with --packed).
     #[arg(long, value_name = "Q,K", default_value = "cu_seqlens_q,cu_seqlens_k", value_parser = parse_offset_names)]
     offsets: [String; 2],
@@ -118,6 +142,10 @@ impl RunArgs {
 
 fn parse_names(list: &str) -> Result<[String; 3], String> {
     split_exact(list, "tensor names (q,k,v)")
+}
+
+fn parse_append_names(list: &str) -> Result<[String; 2], String> {
+    split_exact(list, "tensor names (k_new,v_new)")
 }
 
 fn parse_offset_names(list: &str) -> Result<[String; 2], String> {
@@ -227,6 +255,9 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
         return run_packed(device, args);
     }
     let options = args.options()?;
+    if args.decode {
+        return crate::run_decode::main(device, args, &options);
+    }
     let [q_name, k_name, v_name] = args.names.each_ref().map(String::as_str);
     let qkv = if args.backward {
         safetensors_io::read_backward_inputs(
@@ -346,6 +377,7 @@ impl Run<'_> {
             logsumexp: out.stats.logsumexp(gpu)?,
             row_max_and_sum,
             gradients,
+            caches: None,
         };
         safetensors_io::write_outputs(&self.args.output, &output, metadata)?;
         Ok(RunOutcome {
