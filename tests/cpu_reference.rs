@@ -419,7 +419,7 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
             "{err}"
         );
     }
-    // The measured defaults (PERF.md, FA2-TC v5): two K/V stages up to d = 64, one above.
+    // The measured defaults (docs/perf, FA2-TC v5): two K/V stages up to d = 64, one above.
     for (d, expected) in [
         (32, default),
         (64, default),

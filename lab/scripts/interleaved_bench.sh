@@ -2,7 +2,7 @@
 # fa2-tc against PyTorch's flash backend, interleaved: each round times every shape with ours, then
 # with PyTorch (odd rounds) or the other way round (even rounds), while `nvidia-smi dmon` logs SM
 # clock, power and temperature once a second. Meant to tell a real gap from the session-to-session
-# spread (PERF.md, v5: the same kernel measured 0.96–1.02× in one session, 0.93–0.96× in another)
+# spread (docs/perf, v5: the same kernel measured 0.96–1.02× in one session, 0.93–0.96× in another)
 # and from clock or power throttling under long back-to-back runs.
 # Run from the repository root after `cargo xtask bundle`; everything lands in OUT_DIR, and the
 # table of ratios per round in OUT_DIR/summary.md.

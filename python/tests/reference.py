@@ -8,7 +8,7 @@
 - dQ, dK, dV: f32 within 1e-4 × max(max |ref|, 1); f16/bf16 within 2 × (the error of the
   backward computed in that dtype: O rounded before D, P rounded before dV, dS rounded before dQ
   and dK, the gradients rounded) + one unit in the dtype's last place at max |ref| (flash-attn's
-  absolute slack; a flat 1e-5 failed f32-accumulated gradients that were right, PERF.md).
+  absolute slack; a flat 1e-5 failed f32-accumulated gradients that were right, docs/perf).
 
 Tensors here are in SDPA's layout (batch, heads, seqlen, head_dim); the exact reference is
 float64 PyTorch math (its gradients by autograd), with FlashAttention's bottom-right causal mask.

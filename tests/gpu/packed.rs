@@ -209,7 +209,7 @@ fn random_short_sequences_and_mqa() {
 /// same Q, K, V (flash-attn's layout, bf16, the benchmark's B·N = 16384 tokens and H·d = 2048),
 /// FA3 (where it runs) and FA2-TC, causal both ways, N = 2k and 4k: the median of ten timed
 /// runs each, and packed / dense. The dense FA3 call takes the packed kernel's one-tile split, so
-/// the ratio is the packing's cost alone (the persistent grid's own gain is PERF.md's v4). GPU
+/// the ratio is the packing's cost alone (the persistent grid's own gain is docs/perf's v4). GPU
 /// time: run with `--ignored`.
 #[test]
 #[ignore]

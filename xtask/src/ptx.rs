@@ -129,7 +129,7 @@ pub fn ptxas_report(arch: Arch, module: Module) -> Result<Vec<KernelResources>> 
     if !spilling.is_empty() {
         // Reported, not fatal: `xtask sass` shows whether the spill sits in the main loop.
         println!(
-            "Hopper kernels with spills (see PERF.md): {}",
+            "Hopper kernels with spills (see docs/perf): {}",
             spilling.join(", ")
         );
     }

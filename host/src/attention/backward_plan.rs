@@ -40,7 +40,7 @@ pub enum BackwardAlgorithm {
     /// multiples of 8 up to 128 (each on the smallest compiled one: 64, 96, 128), rows 16-byte
     /// aligned, not deterministic; anything else runs [`BackwardAlgorithm::Fa2Tc`] (or what
     /// that falls back to), and the plan says why. The default: its second version measured
-    /// 223–307 TFLOP/s against fa2-tc's 156–197 and PyTorch flash's 198–301 (call 23, PERF.md).
+    /// 223–307 TFLOP/s against fa2-tc's 156–197 and PyTorch flash's 198–301 (call 23, docs/perf).
     #[default]
     Fa3,
     /// The standard backward (`bwd::standard`): S and P recomputed into HBM by the standard

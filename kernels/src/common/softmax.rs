@@ -121,7 +121,7 @@ pub fn fa2_rescale(
 /// tolerance ratio of 0.47 against 0.42 for the exact update, over 50 random 1024 × 1023, d = 64
 /// problems) and failed one tiling-test case at 1.04× the bound. At 2 the error is within 3% of
 /// the exact update's, and N(0, 1) inputs move the max in about one warp-block in ten
-/// (PERF.md, FA2-TC v6).
+/// (docs/perf, FA2-TC v6).
 pub const RESCALE_THRESHOLD: f32 = 2.0;
 
 /// Whether a row must move its running max to take a block whose row max is `block_max`: the

@@ -6,7 +6,7 @@
 /// Which calls a forward kernel of the tensor-core families serves. Each form is its own entry,
 /// compiled from the same kernel body with the form's features as constants, so the dense
 /// kernels carry none of the others' work: the window and soft-capping cost FA2-TC up to 11% and
-/// FA3 up to 8% when they were runtime options of every kernel (call 20, PERF.md).
+/// FA3 up to 8% when they were runtime options of every kernel (call 20, docs/perf).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ForwardForm {
     /// One length per batch, the causal mask or none, no soft-capping.

@@ -163,7 +163,7 @@ macro_rules! for_each_kernel {
 /// at each head dim's default split).
 ///
 /// The defaults (`Fa3Tiling::default_for`): d = 64 with three consumer warpgroups (B_r = 192,
-/// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, PERF.md), the others
+/// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, docs/perf), the others
 /// with two. Also compiled, for measurement: d = 64 with two consumers and with B_c = 96 and
 /// 64, d = 128 with B_c = 176 (FlashAttention-3's non-causal tile), d = 256 with B_c = 64; and
 /// the d = 64 and 128 defaults on the persistent grid (`Fa3Tiling::persistent`), which the

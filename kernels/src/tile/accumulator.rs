@@ -77,7 +77,7 @@ impl ScoreBlock {
     ///
     /// FA3 uses this form, FA2-TC the element-wise one: each is the faster in its kernel, timed
     /// against the other in one call (FA3 +3–6% where blocks are masked, call 11; FA2-TC −3–4%,
-    /// call 9; PERF.md).
+    /// call 9; docs/perf).
     #[inline(always)]
     pub fn apply_mask_by_row_ends<const TILES: usize>(
         &self,

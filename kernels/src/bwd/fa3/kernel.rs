@@ -29,7 +29,7 @@
 //! computes it at step i (its "owner"), from both warpgroups' dSᵀ, while the other goes on to the
 //! next step (whose dQ it owns), and the owners alternate. ncu on the first version, where each
 //! warpgroup added its own 64 keys' share every step, put the L2 at 72% of its throughput with
-//! the warps stalled on those reductions (PERF.md). dSᵀ is double-buffered by step parity; two
+//! the warps stalled on those reductions (docs/perf). dSᵀ is double-buffered by step parity; two
 //! pairs of named barriers order it between the warpgroups (`DsHandOff`); L_i, D_i are per
 //! warpgroup, ordered by a named barrier among its 128 threads. Shared memory: K_j, V_j, the
 //! Q_i/dO_i ring in two stages, every tile in 64-column panels with the 128-byte swizzle

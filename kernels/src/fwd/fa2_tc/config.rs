@@ -71,7 +71,7 @@ impl Fa2TcTiling {
         (self.block_rows() + self.kv_stages * 2 * self.block_cols) * shared_row_stride(head_dim) * 2
     }
 
-    /// The tiling the host picks, measured on the H200 (PERF.md, FA2-TC v3 and v5): 4 warps × 2
+    /// The tiling the host picks, measured on the H200 (docs/perf, FA2-TC v3 and v5): 4 warps × 2
     /// row tiles (B_r = 128), with two K/V stages at d ≤ 64 and one (FlashAttention-2's
     /// schedule, 2–5% faster there) at d = 96 and 128; at d = 256, 4 warps × 1 row tile with one
     /// stage (B_r = 64: 8% faster than 8 × 1).
@@ -86,7 +86,7 @@ impl Fa2TcTiling {
 
 /// Whether the tensor-core kernel at `head_dim` moves a row's running max only when it jumps past
 /// `softmax::RESCALE_THRESHOLD` (one warp vote per K/V block, FA2-TC v6) instead of at every
-/// block (v5). Measured on the H200 (PERF.md, FA2-TC v6): +7 to +13% at d = 64 to 128, but 3–5%
+/// block (v5). Measured on the H200 (docs/perf, FA2-TC v6): +7 to +13% at d = 64 to 128, but 3–5%
 /// slower at d = 256, where v5's unconditional rescale stays.
 pub const fn conditional_rescale(head_dim: u32) -> bool {
     head_dim <= 128

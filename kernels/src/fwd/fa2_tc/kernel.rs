@@ -246,7 +246,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
             ..step_base
         };
         // `blocks.needs_mask(key_start)`, written out from this function's own values: read
-        // through `KeyBlocks`, the same test changes this kernel's machine code (PERF.md, the
+        // through `KeyBlocks`, the same test changes this kernel's machine code (docs/perf, the
         // house refactor), which is kept identical to the measured v6.
         if key_start + block_cols > seqlen_k
             || blocks.mask().tile_needs_mask(

@@ -107,7 +107,7 @@ impl Fa3Tiling {
 
     /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
     /// consumers' registers allow (FlashAttention-3's sizes, `hopper/tile_size.h`, within the
-    /// two-consumer design); on the persistent grid where it measured faster (PERF.md, "FA3 on
+    /// two-consumer design); on the persistent grid where it measured faster (docs/perf, "FA3 on
     /// Hopper", call 9), which is where tiles are short (seqlen_k ≤ 2048: the next tile's loads
     /// hide behind the current one's last products and stores) and d = 128 without the mask.
     pub const fn default_for(head_dim: u32, causal: bool, seqlen_k: u32) -> Self {
@@ -149,7 +149,7 @@ pub const fn panels(head_dim: u32) -> u32 {
 /// The exponentials a kernel at `head_dim` moves to the FMA units
 /// ([`exp2_polynomial`](crate::common::softmax::exp2_polynomial)): at d = 64 the SFU's 16
 /// exponentials per cycle take as long as a K/V block's two products on the tensor cores, at
-/// d ≥ 128 half as long or less. None until the split is timed (PERF.md, "FA3 on Hopper", v6):
+/// d ≥ 128 half as long or less. None until the split is timed (docs/perf, "FA3 on Hopper", v6):
 /// for that A/B, a PTX build with `FLASH_ATTN_FA3_EXP2_POLYNOMIAL_EVERY=n` in its environment
 /// moves every n-th 8-key tile's exponentials at d ≤ 64.
 pub const fn exp2_split(head_dim: u32) -> Exp2Split {
