@@ -3,7 +3,9 @@
 //! shared memory, workspace, and why), then run into outputs the caller owns or new ones.
 //!
 //! - [`call`]: the description and its checks;
-//! - [`run`]: the plan of a call, and running it (with the conveniences that allocate);
+//! - [`call_plan`]: the plan of a call (which pass, its kernels, the call it was made for);
+//! - [`run`]: planning a call and running its plan (with the conveniences that allocate);
+//! - [`tensors`]: the tensors a run takes and the outputs it returns, and the workspace;
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
 //! - [`plan`]: the forward's kernels and launches, checked against the device;
 //! - [`backward_plan`], [`backward`], [`backward_gpu`]: the backward's plan, checks, launches;
@@ -15,11 +17,13 @@ pub mod backward;
 pub mod backward_gpu;
 pub mod backward_plan;
 pub mod call;
+pub mod call_plan;
 pub mod decode;
 pub mod packed;
 pub mod plan;
 pub mod problem;
 pub mod run;
+pub mod tensors;
 
 use cudarc::driver::CudaSlice;
 use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, StandardParams};
@@ -28,6 +32,7 @@ use flash_kernels::registry::ElementType;
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 pub use backward_plan::{BackwardAlgorithm, BackwardPlan};
 pub use call::{Attention, Form, KvCache};
+pub use call_plan::{PassPlan, Plan};
 pub use decode::{BlockTable, CacheSeqlens, DecodePlan};
 pub use packed::PackedBatch;
 pub use plan::{
@@ -40,9 +45,9 @@ pub use problem::{
     Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem, parse_fa2_tc_tiling, parse_fa3_tiling,
     parse_optional_fa2_tc_tiling,
 };
-pub use run::{
-    AttentionOutput, BackwardOutput, BackwardTensors, ForwardTensors, Pass, PassPlan, Plan,
-    RowStatistics, Statistics, Workspace,
+pub use tensors::{
+    AttentionOutput, BackwardOutput, BackwardTensors, ForwardTensors, Pass, RowStatistics,
+    Statistics, Workspace,
 };
 
 use crate::device::Gpu;

@@ -3,181 +3,24 @@
 //! ([`Attention::forward`], [`Attention::backward`]). A plan is made once per problem and can
 //! run again on new addresses of the same shapes; a run of another problem is refused.
 
-use std::fmt;
-
 use super::backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 use super::backward_gpu::{BackwardCall, launch_backward};
 use super::backward_plan::{BackwardAlgorithm, BackwardOptions, BackwardPlan, BackwardViews};
-use super::call::{Attention, CallKey, Checked, Form, check_memory, check_output, check_rows};
+use super::call::{Attention, Checked, Form, check_memory, check_output, check_rows};
+use super::call_plan::{PassPlan, Plan};
 use super::decode::{DecodePlan, DecodeWorkspace, launch_decode};
 use super::packed::launch_packed;
-use super::plan::{
-    CompiledLimits, ForwardPlan, LaunchLimits, PlannedLaunch, StatisticsKind, misaligned_view,
-};
+use super::plan::{CompiledLimits, ForwardPlan, LaunchLimits, StatisticsKind, misaligned_view};
 use super::problem::{Algorithm, Problem};
+use super::tensors::{
+    AttentionOutput, BackwardOutput, BackwardTensors, ForwardTensors, Pass, RowStatistics,
+    Statistics, Workspace,
+};
 use super::{ForwardWorkspace, StatisticsAddresses, launch_forward};
 use crate::device::Gpu;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::tensor::{DeviceRows, DeviceTensor, Layout, RowsRef, TensorRef};
-
-/// Which kernels one call runs and why, decided before any launch; made by
-/// [`Attention::plan`] or [`Attention::plan_backward`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
-    pub pass: PassPlan,
-    key: CallKey,
-}
-
-/// The plan of one pass.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PassPlan {
-    /// Dense or packed attention's forward.
-    Forward(ForwardPlan),
-    /// The backward: dQ, dK, dV.
-    Backward(BackwardPlan),
-    /// A KV-cache call's split-KV decode.
-    Decode(DecodePlan),
-}
-
-/// The tensors a run takes besides Q, K, V: the forward's outputs, or the backward's (a few
-/// hundred bytes of addresses, passed by value once per run).
-#[derive(Clone, Copy, Debug)]
-#[allow(clippy::large_enum_variant)]
-pub enum Pass<'a, T> {
-    Forward(ForwardTensors<'a, T>),
-    Backward(BackwardTensors<'a, T>),
-}
-
-/// What the forward writes: O (Q's dims) and the row statistics.
-#[derive(Clone, Copy, Debug)]
-pub struct ForwardTensors<'a, T> {
-    pub o: TensorRef<'a, T>,
-    pub stats: Statistics<'a>,
-}
-
-/// The row statistics a forward writes: L = m + log ℓ, (batch, heads, seqlen_q) (a packed
-/// batch's (1, heads, total_q); a KV-cache call's (batch, heads, q_tokens)), or FA1's m and ℓ.
-#[derive(Clone, Copy, Debug)]
-pub enum Statistics<'a> {
-    LogSumExp(RowsRef<'a>),
-    MaxAndSum { max: RowsRef<'a>, sum: RowsRef<'a> },
-}
-
-/// The backward's tensors: the forward's O and L for this call, dO, and dQ, dK, dV to write (dQ
-/// Q's dims, dK and dV K's; any strides with a contiguous head dim).
-#[derive(Clone, Copy, Debug)]
-pub struct BackwardTensors<'a, T> {
-    pub o: TensorRef<'a, T>,
-    pub logsumexp: RowsRef<'a>,
-    pub d_o: TensorRef<'a, T>,
-    pub gradients: Gradients<TensorRef<'a, T>>,
-}
-
-/// O, the row statistics and the plan that wrote them.
-pub struct AttentionOutput<T> {
-    pub o: DeviceTensor<T>,
-    pub stats: RowStatistics,
-    pub plan: Plan,
-}
-
-impl<T: Element> AttentionOutput<T> {
-    /// This output as the tensors a forward writes ([`Attention::forward_into`]).
-    pub fn tensors(&mut self) -> ForwardTensors<'_, T> {
-        ForwardTensors {
-            o: (&mut self.o).into(),
-            stats: self.stats.as_refs(),
-        }
-    }
-
-    /// This output as a run's tensors, to run its plan again into it ([`Plan::run`]).
-    pub fn pass(&mut self) -> Pass<'_, T> {
-        Pass::Forward(self.tensors())
-    }
-}
-
-/// The row statistics on the device (see [`Statistics`]).
-pub enum RowStatistics {
-    LogSumExp(DeviceRows),
-    MaxAndSum { max: DeviceRows, sum: DeviceRows },
-}
-
-impl RowStatistics {
-    /// L as a (batch, heads, rows) array: downloaded, or m + ln ℓ for FA1 (−∞ where ℓ = 0).
-    pub fn logsumexp(&self, gpu: &Gpu) -> Result<ndarray::Array3<f32>> {
-        match self {
-            RowStatistics::LogSumExp(l) => l.to_array(gpu),
-            RowStatistics::MaxAndSum { max, sum } => {
-                let (m, l) = (max.to_array(gpu)?, sum.to_array(gpu)?);
-                Ok(ndarray::Zip::from(&m).and(&l).map_collect(|&m, &l| {
-                    if l > 0.0 {
-                        m + l.ln()
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                }))
-            }
-        }
-    }
-
-    /// The statistics as a run writes them.
-    pub fn as_refs(&mut self) -> Statistics<'_> {
-        match self {
-            RowStatistics::LogSumExp(l) => Statistics::LogSumExp(l.into()),
-            RowStatistics::MaxAndSum { max, sum } => Statistics::MaxAndSum {
-                max: max.into(),
-                sum: sum.into(),
-            },
-        }
-    }
-}
-
-/// dQ, dK, dV and the plan that wrote them.
-pub struct BackwardOutput<T> {
-    pub gradients: Gradients<DeviceTensor<T>>,
-    pub plan: Plan,
-}
-
-/// Device memory a plan needs besides its tensors (standard attention's S and P, FA1's
-/// accumulator, decode's per-split partials), allocated once to serve many runs.
-#[derive(Default)]
-pub struct Workspace {
-    forward: Option<ForwardWorkspace>,
-    decode: Option<DecodeWorkspace>,
-}
-
-impl Workspace {
-    /// What `plan` needs (the backward allocates its own per run).
-    pub fn new(gpu: &Gpu, plan: &Plan) -> Result<Self> {
-        Self::covering(gpu, std::slice::from_ref(plan))
-    }
-
-    /// What the most demanding of `plans` needs, so that one workspace runs each.
-    pub fn covering(gpu: &Gpu, plans: &[Plan]) -> Result<Self> {
-        let forward: Vec<&ForwardPlan> = plans
-            .iter()
-            .filter_map(|p| match &p.pass {
-                PassPlan::Forward(f) => Some(f),
-                _ => None,
-            })
-            .collect();
-        let decode: Vec<DecodePlan> = plans
-            .iter()
-            .filter_map(|p| match &p.pass {
-                PassPlan::Decode(d) => Some(d.clone()),
-                _ => None,
-            })
-            .collect();
-        Ok(Self {
-            forward: (!forward.is_empty())
-                .then(|| ForwardWorkspace::covering(gpu, &forward))
-                .transpose()?,
-            decode: (!decode.is_empty())
-                .then(|| DecodeWorkspace::covering(gpu, &decode))
-                .transpose()?,
-        })
-    }
-}
+use crate::tensor::{DeviceRows, DeviceTensor, Layout, TensorRef};
 
 impl<'a, T: Element> Attention<'a, T> {
     /// Checks the call and plans its forward (a KV-cache call's decode) within `limits` (a
@@ -195,18 +38,27 @@ impl<'a, T: Element> Attention<'a, T> {
 
     /// The forward into new outputs: O (Q's dims and layout) and the row statistics.
     pub fn forward(&self, gpu: &Gpu) -> Result<AttentionOutput<T>> {
-        self.forward_filled(gpu, T::default())
+        self.forward_new(gpu, T::default(), None)
     }
 
-    /// [`Attention::forward`] with O filled with `fill` first (NaN: a test sees every element
-    /// the kernels leave unwritten).
+    /// [`Attention::forward`] with O filled with `fill` and the statistics with NaN first (a
+    /// test then sees every element the kernels leave unwritten).
     pub fn forward_filled(&self, gpu: &Gpu, fill: T) -> Result<AttentionOutput<T>> {
+        self.forward_new(gpu, fill, Some(f32::NAN))
+    }
+
+    /// The forward into new outputs: O filled with `fill`, the statistics with `fill_rows`
+    /// (uninitialised for `None`).
+    fn forward_new(
+        &self,
+        gpu: &Gpu,
+        fill: T,
+        fill_rows: Option<f32>,
+    ) -> Result<AttentionOutput<T>> {
         let plan = self.plan(gpu)?;
         let layout = Layout::of(self.q.dims(), self.q.strides()).unwrap_or(Layout::BatchHeadSeqDim);
         let mut o = DeviceTensor::filled(gpu, self.q.dims(), layout, fill)?;
-        // The statistics filled with NaN too when O is poisoned.
         let rows = plan.statistics_dims();
-        let fill_rows = (fill.to_f64() != 0.0).then_some(f32::NAN);
         let new_rows = |what| DeviceRows::new(gpu, rows, fill_rows, what);
         let mut stats = match plan.statistics() {
             StatisticsKind::LogSumExp => RowStatistics::LogSumExp(new_rows("L")?),
@@ -649,101 +501,6 @@ impl Plan {
                 "statistics of another kind",
                 format!("this plan writes {kind:?} statistics"),
             )),
-        }
-    }
-
-    /// Which statistics the forward writes.
-    pub fn statistics(&self) -> StatisticsKind {
-        match &self.pass {
-            PassPlan::Forward(plan) => plan.statistics,
-            _ => StatisticsKind::LogSumExp,
-        }
-    }
-
-    /// The statistics' dims: (batch, heads, seqlen_q); a packed batch's (1, heads, total_q); a
-    /// decode's (batch, heads, q_tokens).
-    pub fn statistics_dims(&self) -> [usize; 3] {
-        match &self.pass {
-            PassPlan::Forward(plan) => {
-                let [_, heads, rows, _] = self.key.q_dims();
-                if plan.problem.packed {
-                    [1, heads, rows]
-                } else {
-                    [plan.problem.batch, heads, plan.problem.seqlen_q]
-                }
-            }
-            PassPlan::Backward(plan) => [
-                plan.problem.batch,
-                plan.problem.heads,
-                plan.problem.seqlen_q,
-            ],
-            PassPlan::Decode(plan) => [
-                plan.problem.batch,
-                plan.problem.heads_q,
-                plan.problem.q_tokens,
-            ],
-        }
-    }
-
-    /// The problem a forward or backward plan solves (a decode plan's is `PassPlan::Decode`'s).
-    pub fn problem(&self) -> Option<&Problem> {
-        match &self.pass {
-            PassPlan::Forward(plan) => Some(&plan.problem),
-            PassPlan::Backward(plan) => Some(&plan.problem),
-            PassPlan::Decode(_) => None,
-        }
-    }
-
-    /// The kernels in launch order (a packed batch of more than 255 sequences launches each
-    /// once per 255).
-    pub fn launches(&self) -> &[PlannedLaunch] {
-        match &self.pass {
-            PassPlan::Forward(plan) => &plan.launches,
-            PassPlan::Backward(plan) => &plan.launches,
-            PassPlan::Decode(plan) => &plan.launches,
-        }
-    }
-
-    /// Every kernel's name, in launch order, joined by `+`.
-    pub fn kernel_names(&self) -> String {
-        super::plan::kernel_names(self.launches())
-    }
-
-    /// Bytes of device memory the plan's kernels need besides the call's tensors (standard
-    /// attention's S and P, FA1's accumulator; the backward's D, dQ accumulator, flags and
-    /// expanded dK, dV; decode's per-split partials).
-    pub fn workspace_bytes(&self) -> usize {
-        let f32_bytes = std::mem::size_of::<f32>();
-        match &self.pass {
-            PassPlan::Forward(plan) => {
-                let w = plan.workspace;
-                w.scores * (f32_bytes + plan.dtype.size_bytes()) + w.o_accumulator * f32_bytes
-            }
-            PassPlan::Backward(plan) => plan.workspace_bytes(),
-            PassPlan::Decode(plan) => {
-                (plan.workspace_o + 2 * plan.workspace_stats + plan.workspace_counters) * f32_bytes
-            }
-        }
-    }
-
-    /// Why the algorithm asked for runs another family's kernels, if it does.
-    pub fn fallback(&self) -> Option<&str> {
-        match &self.pass {
-            PassPlan::Forward(plan) => plan.fallback.as_deref(),
-            PassPlan::Backward(plan) => plan.fallback.as_deref(),
-            PassPlan::Decode(_) => None,
-        }
-    }
-}
-
-impl fmt::Display for Plan {
-    /// One line: the family, the kernels with grid, threads and shared memory, the workspace,
-    /// and why (a fallback's reason; the decode merge's).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.pass {
-            PassPlan::Forward(plan) => plan.fmt(f),
-            PassPlan::Backward(plan) => plan.fmt(f),
-            PassPlan::Decode(plan) => plan.fmt(f),
         }
     }
 }

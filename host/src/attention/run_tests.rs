@@ -7,6 +7,7 @@ use super::*;
 use crate::attention::packed::PackedBatch;
 use crate::attention::problem::AttentionOptions;
 use crate::error::Error;
+use crate::tensor::RowsRef;
 
 const GIB: u64 = 1 << 30;
 const BASE: u64 = 0x7f00_0000_0000;
