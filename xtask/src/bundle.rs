@@ -66,8 +66,10 @@ fi
 
 const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
-# shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; causal off and on; every dtype and
-# algorithm; then memcheck and synccheck over the backward's and decode's GPU tests.
+# shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; 2 x 40 heads at seqlen 300 where
+# FA3's persistent grid takes several tiles a block; causal off and on; every dtype and algorithm;
+# then every compiled FA3 tiling, not only the defaults, under each tool; then memcheck and
+# synccheck over the backward's and decode's GPU tests.
 # Usage: bundle/run-sanitizer.sh [log-dir]
 # racecheck is the slow tool: it instruments every shared-memory access. On the H200, FA1's 90
 # cases took about 400 s (one process per dtype); all 432 cases take longer than one 10-minute
@@ -91,6 +93,23 @@ for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
     failed=$((failed + 1)); echo "$tool: FAIL"; tail -30 "$logs/$tool.log"
   fi
 done
+# Every dense FA3 tiling the module holds (the kernel list's names, `fa3_forward_bf16_d<d>_<tiling>`),
+# each at its head dim under each tool, both dtypes (SANITIZER_FA3_TILINGS=0 skips them).
+if [ "${SANITIZER_FA3_TILINGS:-1}" != 0 ]; then
+  for kernel in $(bin/flash-attn info | grep -oE 'fa3_forward_bf16_d[0-9]+_w[0-9]c[0-9]+p?\b' | sort -u); do
+    d=${kernel#fa3_forward_bf16_d}; d=${d%%_*}; tiling=${kernel##*_}
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+      log=$logs/fa3-d$d-$tiling-$tool.log
+      if timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+          --print-limit 20 bin/flash-attn check --require-gpu --shapes sanitizer --algorithms fa3 \
+          --dtypes bf16,f16 --head-dims "$d" --fa3-tiling "$tiling" > "$log" 2>&1; then
+        passed=$((passed + 1)); echo "fa3 d=$d $tiling $tool: pass ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1))"
+      else
+        failed=$((failed + 1)); echo "fa3 d=$d $tiling $tool: FAIL"; tail -30 "$log"
+      fi
+    done
+  done
+fi
 # The backward and decode kernels, which `check` does not run: their GPU tests under memcheck and
 # synccheck (SANITIZER_TESTS=0 skips them; the tests' f64 references make these runs CPU-bound).
 if [ "${SANITIZER_TESTS:-1}" != 0 ]; then

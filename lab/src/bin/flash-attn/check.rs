@@ -32,8 +32,9 @@ pub struct CheckArgs {
     require_gpu: bool,
     /// `standard`: the check shapes below, with and without sliding windows and soft-capping;
     /// `window`: only those with them; `sanitizer`: the odd shapes compute-sanitizer runs
-    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; batch 1, heads 1; with --decode, a few
-    /// short caches through both merges and repeated calls).
+    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; batch 1, heads 1; and 2 × 40 heads
+    /// at seqlen 300, d = 64 and 128, where the persistent grid's blocks take several tiles each;
+    /// with --decode, a few short caches through both merges and repeated calls).
     #[arg(long, default_value = "standard")]
     shapes: String,
     /// Only the shapes with these head dims (default: every shape of the set), e.g. to split a
@@ -116,6 +117,12 @@ const STANDARD_SHAPES: [Shape; 15] = [
     (2, 8, 1, 300, 300, 96),
     (1, 16, 2, 129, 250, 256),
 ];
+
+/// The sanitizer set's shapes with more tiles than the H200 has SMs, at the head dims FA3 has
+/// persistent tilings for (80 heads × 3 row blocks of 128 rows, or 2 of 192: 240 and 160 tiles
+/// for 132 SMs), so the persistent grid's blocks take several tiles each and hand their numbers
+/// over more than once: the hand-off racecheck must see ordered.
+const MANY_TILES: [Shape; 2] = [(2, 40, 40, 300, 300, 64), (2, 40, 40, 300, 300, 128)];
 
 /// A shape with its window (flash-attn's `window_size`) and soft-cap (0: off).
 type Case = (Shape, Option<(i64, i64)>, f32);
@@ -200,6 +207,7 @@ fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Case>> {
         "sanitizer" => Ok([1, 17, 1000]
             .into_iter()
             .flat_map(|n| [8, 40, 64, 96, 128, 256].map(|d| plain((1, 1, 1, n, n, d))))
+            .chain(MANY_TILES.map(plain))
             .collect()),
         other => Err(flash_attn::Error::InvalidArgument {
             name: "shapes",
