@@ -1,13 +1,15 @@
 //! `cargo xtask bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
 //! `bundle/bin/` holds the release CLI, the GPU test binary (`test-gpu`: every suite with GPU work)
-//! and the benchmark binary (the PTX is embedded in each); `bundle/scripts/` PyTorch's benchmark
-//! scripts. Every file is listed first, and the bundle written only if it fits the GPU machine's
-//! transfer (`bundle_files`). Scripts:
+//! and the benchmark binary (the PTX is embedded in each); `bundle/scripts/` the Python benchmark
+//! scripts (`lab/scripts/`). Every file is listed first, and the bundle written only if it fits
+//! the GPU machine's transfer (`bundle_files`). Scripts:
 //! - `run.sh`: the CLI's checks and each GPU test suite with `FLASH_ATTN_REQUIRE_GPU=1` (a missing
 //!   GPU fails instead of skipping); ends with "N passed, N failed";
-//! - `run-bench.sh`: PyTorch's SDPA backends and ours, one merged table (the sweep, the backward
-//!   and its memory table, then decode), and ncu's HBM traffic;
+//! - `run-bench.sh`: the comparisons with PyTorch first (`bench_vs_torch.py`: ours through the
+//!   Python wheel and SDPA's cuDNN and flash backends in one process with one timer, forward and
+//!   backward; then `train_step_bench.py`, a training step per backend), then the Rust runner's
+//!   sweeps (our own versions' A/B, the backward's memory table), decode, and ncu's HBM traffic;
 //! - `run-sanitizer.sh`: compute-sanitizer's four tools over every kernel at odd shapes;
 //! - `run-python-tests.sh` (`bundle_python`): the `flash_attn_rs` wheel in `python/wheels/`,
 //!   installed without network, its GPU test suite and the training example.
@@ -15,7 +17,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle_files::{BundleFile, check_size, mib, step_function, write};
+use crate::bundle_files::{
+    BundleFile, check_size, install_wheel_function, mib, step_function, write,
+};
 use crate::{Result, cargo, root};
 
 /// The package of the CLI, the integration tests and the benchmark.
@@ -27,42 +31,86 @@ const LAB: &str = "flash-attn-lab";
 /// 5 MiB) into the GPU machine's 64 MiB transfer.
 const GPU_TESTS: &str = "gpu";
 
-/// PyTorch's side of the benchmark (`lab/scripts/`), which `run-bench.sh` runs from `scripts/`.
-const TORCH_SCRIPTS: [&str; 3] = [
+/// The benchmark scripts (`lab/scripts/`), which `run-bench.sh` runs from `scripts/`.
+const SCRIPTS: [&str; 5] = [
+    // The comparisons with PyTorch: one process, one timer, through the Python wheel.
+    "bench_vs_torch.py",
+    "train_step_bench.py",
+    // PyTorch's decode timings for the Rust runner's `--decode --torch` (two timers).
+    "torch_decode_bench.py",
+    // PyTorch's forward and backward timings in the Rust runner's JSON schema, for a `--torch`
+    // merge by hand: two timers, so not the comparisons the README cites.
     "torch_sdpa_bench.py",
     "torch_backward_bench.py",
-    "torch_decode_bench.py",
 ];
 
-const BENCH_SCRIPT: &str = r#"#!/usr/bin/env bash
-# On the GPU machine: PyTorch's SDPA backends and ours on the same shapes, merged into one table,
-# then the HBM traffic of each algorithm measured with ncu beside the articles' predictions.
+const BENCH_SCRIPT: &str = concat!(
+    r#"#!/usr/bin/env bash
+# On the GPU machine: the benchmarks, in this order.
+# 1. The comparisons with PyTorch, forward and backward: scripts/bench_vs_torch.py times ours (the
+#    flash_attn_rs wheel, installed here without network) and SDPA's cuDNN and flash backends on
+#    the same tensors in one process, all with triton's do_bench, alternated; the README's tables
+#    come from its results/vs-torch.md (and .json).
+# 2. A training step per attention backend (a 4-layer Llama, 64k tokens per step):
+#    scripts/train_step_bench.py, results/train-step.md (and .json). TRAIN=0 skips it.
+# 3. The Rust runner (bin/flash-attn bench): every algorithm of ours over the sweep, the backward
+#    variants and the backward's memory table. Its own timer (CUDA events over back-to-back
+#    launches): for our own versions' A/B, not for ratios against PyTorch. RUNNER=0 skips it.
+# 4. Decode: PyTorch's backends, then ours, one table. Two timers still: decode has no Python
+#    entry yet (issue #33), so it cannot run in the one-timer harness.
+# 5. ncu's HBM traffic of each algorithm beside the articles' formulas.
 # Usage: bundle/run-bench.sh [--quick] [results-dir]
-set -euo pipefail
+#   VS_TORCH_ARGS, TRAIN_ARGS: more options for the two Python benchmarks (e.g.
+#   VS_TORCH_ARGS="--dtypes bf16 --passes forward"). A failed step does not stop the next ones;
+#   ends with "N passed, N failed".
+set -uo pipefail
 cd "$(dirname "$0")"
 quick=""
 if [ "${1:-}" = "--quick" ]; then quick="--quick"; shift; fi
 out=${1:-results}
 mkdir -p "$out"
-python3 scripts/torch_sdpa_bench.py $quick --out "$out/torch.json"
-bin/flash-attn bench $quick --torch "$out/torch.json" --out-dir "$out"
-# The backward (issue #15): PyTorch's flash and cuDNN backward, then ours (fa2-tc, fa2,
-# deterministic), backward alone and forward + backward, one table each; then the memory table
-# (batch 1, d = 128, N = 1k-128k: peak memory and where each runs out).
-python3 scripts/torch_backward_bench.py $quick --out "$out/torch-backward.json"
-bin/flash-attn bench --backward $quick --torch "$out/torch-backward.json" --out-dir "$out"
-bin/flash-attn bench --backward --memory --out-dir "$out"
-# Decode (split-KV) at ANCHORS.md's shapes: PyTorch's backends, then ours, one table.
-python3 scripts/torch_decode_bench.py $quick --out "$out/torch-decode.json"
-bin/flash-attn bench --decode $quick --torch "$out/torch-decode.json" --out-dir "$out"
-if command -v ncu >/dev/null; then
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+"#,
+    step_function!(),
+    install_wheel_function!(),
+    r#"step install install_wheel
+# shellcheck disable=SC2086
+step vs-torch python3 scripts/bench_vs_torch.py $quick ${VS_TORCH_ARGS:-} \
+  --out "$out/vs-torch.json" --markdown "$out/vs-torch.md"
+if [ "${TRAIN:-1}" != 0 ]; then
+  # shellcheck disable=SC2086
+  step train-step python3 scripts/train_step_bench.py $quick ${TRAIN_ARGS:-} \
+    --out "$out/train-step.json" --markdown "$out/train-step.md"
+fi
+if [ "${RUNNER:-1}" != 0 ]; then
+  # Our own versions' A/B (no PyTorch columns: those are in vs-torch.md, timed the same way).
+  step bench bin/flash-attn bench $quick --out-dir "$out"
+  # The backward variants (fa3, fa2-tc, fa2, deterministic), backward alone and forward +
+  # backward; then the memory table (batch 1, d = 128, N = 1k-128k: peak memory and where each
+  # runs out).
+  step bench-backward bin/flash-attn bench --backward $quick --out-dir "$out"
+  step bench-memory bin/flash-attn bench --backward --memory --out-dir "$out"
+fi
+# Decode (split-KV) at ANCHORS.md's shapes: PyTorch's backends, then ours, one table; two timers
+# until decode has a Python entry (issue #33).
+step torch-decode python3 scripts/torch_decode_bench.py $quick --out "$out/torch-decode.json"
+step bench-decode bin/flash-attn bench --decode $quick --torch "$out/torch-decode.json" \
+  --out-dir "$out"
+hbm_traffic() {
   ncu --csv --print-units base --clock-control none \
-    --metrics dram__bytes_read.sum,dram__bytes_write.sum bin/flash-attn io > "$out/ncu.csv"
-  bin/flash-attn io --ncu "$out/ncu.csv" | tee "$out/io.md"
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum bin/flash-attn io > "$out/ncu.csv" &&
+    bin/flash-attn io --ncu "$out/ncu.csv" | tee "$out/io.md"
+}
+if command -v ncu >/dev/null; then
+  step hbm-traffic hbm_traffic
 else
   echo "ncu not found: HBM traffic not measured"
 fi
-"#;
+[ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
+"#
+);
 
 const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
@@ -185,7 +233,7 @@ pub fn run(out: &Path) -> Result {
         BundleFile::script("run-bench.sh", BENCH_SCRIPT),
         BundleFile::script("run-sanitizer.sh", SANITIZER_SCRIPT),
     ]);
-    for name in TORCH_SCRIPTS {
+    for name in SCRIPTS {
         let from = root().join("lab/scripts").join(name);
         files.push(BundleFile::copy(Path::new("scripts").join(name), from));
     }
@@ -243,4 +291,82 @@ fn compiled(args: &[&str], kind: &str) -> Result<Vec<(PathBuf, String)>> {
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let start = line.find(key)? + key.len();
     line[start..].split('"').next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bundled_script_is_in_lab_scripts() {
+        for name in SCRIPTS {
+            let path = root().join("lab/scripts").join(name);
+            assert!(path.is_file(), "{} is listed but missing", path.display());
+        }
+    }
+
+    /// The comparisons with PyTorch come from the one-timer harness, before the Rust runner, and
+    /// the runner's forward and backward sweeps merge no PyTorch timings (two timers).
+    #[test]
+    fn run_bench_compares_with_pytorch_through_the_one_timer_harness_first() {
+        let position = |needle: &str| {
+            BENCH_SCRIPT
+                .find(needle)
+                .unwrap_or_else(|| panic!("run-bench.sh has no {needle:?}"))
+        };
+        let install = position("step install install_wheel");
+        let harness = position("scripts/bench_vs_torch.py $quick");
+        let train = position("scripts/train_step_bench.py $quick");
+        let runner = position("bin/flash-attn bench $quick");
+        assert!(install < harness && harness < train && train < runner);
+        assert!(
+            BENCH_SCRIPT.contains(r#"--out "$out/vs-torch.json" --markdown "$out/vs-torch.md""#)
+        );
+        for line in BENCH_SCRIPT
+            .lines()
+            .filter(|l| l.contains("bin/flash-attn bench"))
+        {
+            assert!(
+                !line.contains("--torch") || line.contains("--decode"),
+                "a two-timer merge: {line}"
+            );
+        }
+        for name in ["bench_vs_torch.py", "train_step_bench.py"] {
+            assert!(SCRIPTS.contains(&name), "{name} is not bundled");
+        }
+    }
+
+    /// `bash -n` on every run script: a syntax error fails here, not on the GPU machine.
+    #[test]
+    fn the_run_scripts_parse() {
+        use std::io::Write;
+        let scripts = [
+            ("run.sh", RUN_SCRIPT),
+            ("run-bench.sh", BENCH_SCRIPT),
+            ("run-sanitizer.sh", SANITIZER_SCRIPT),
+            (
+                "run-python-tests.sh",
+                crate::bundle_python::PYTHON_TESTS_SCRIPT,
+            ),
+        ];
+        for (name, text) in scripts {
+            let mut bash = Command::new("bash")
+                .arg("-n")
+                .stdin(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("bash runs");
+            bash.stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            let output = bash.wait_with_output().unwrap();
+            assert!(
+                output.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
 }

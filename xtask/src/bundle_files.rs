@@ -127,6 +127,23 @@ step() {
 }
 pub(crate) use step_function;
 
+/// The scripts' `install_wheel`: installs the bundle's `flash_attn_rs` wheel into a fresh folder
+/// with pip from the file alone (the GPU machine has no network; PyTorch is there already) and
+/// puts that folder first on `PYTHONPATH`. Run in the script's shell (e.g. as `step install
+/// install_wheel`), so the export stays.
+macro_rules! install_wheel_function {
+    () => {
+        r#"install_wheel() {
+  local site; site=$(mktemp -d)
+  python3 -m pip install --quiet --no-deps --no-index --no-compile --target "$site" \
+    python/wheels/flash_attn_rs-*.whl || return
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+}
+"#
+    };
+}
+pub(crate) use install_wheel_function;
+
 #[cfg(unix)]
 fn make_executable(path: &Path) -> Result {
     use std::os::unix::fs::PermissionsExt;

@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle_files::{BundleFile, step_function};
+use crate::bundle_files::{BundleFile, install_wheel_function, step_function};
 use crate::{Result, root, run_command};
 
-const PYTHON_TESTS_SCRIPT: &str = concat!(
+pub(crate) const PYTHON_TESTS_SCRIPT: &str = concat!(
     r#"#!/usr/bin/env bash
 # On the GPU machine: installs the flash_attn_rs wheel into this machine's python3 (no network:
 # pip takes the file alone; torch and transformers must be installed already), runs the Python
@@ -24,10 +24,8 @@ out=$(mkdir -p "${1:-python-results}" && cd "${1:-python-results}" && pwd)
 export FLASH_ATTN_REQUIRE_GPU=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 "#,
     step_function!(),
-    r#"site=$(mktemp -d)
-step install python3 -m pip install --quiet --no-deps --no-index --no-compile --target "$site" \
-  python/wheels/flash_attn_rs-*.whl
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    install_wheel_function!(),
+    r#"step install install_wheel
 step import python3 -c 'import sys, torch, transformers, flash_attn_rs
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, flash_attn_rs from {flash_attn_rs.__file__}")
 print(f"CUDA: {torch.cuda.is_available()}, {torch.cuda.get_device_name() if torch.cuda.is_available() else None}")'
