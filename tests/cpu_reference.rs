@@ -480,7 +480,8 @@ fn check_filters_name_the_bad_value_and_the_allowed_ones() {
     };
     let (ok, err) = run("sanitizer", &["--head-dims", "7"]);
     assert!(
-        !ok && err.contains("`head-dims`: got [7]") && err.contains("[8, 40, 64, 96, 128, 256]"),
+        !ok && err.contains("`head-dims`: got [7]")
+            && err.contains("[8, 40, 64, 96, 128, 192, 256]"),
         "{err}"
     );
     let (ok, err) = run("sanitizer", &["--head-dims", "40", "--seqlens", "5"]);

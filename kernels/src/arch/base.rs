@@ -136,14 +136,6 @@ pub fn shuffle_broadcast(value: f32, source_lane: u32) -> f32 {
     unsafe { nvvm_shfl_sync_idx_f32(FULL_WARP, value, source_lane, SHUFFLE_CLAMP) }
 }
 
-/// The value lane `source_lane` holds (`shfl.sync.idx.b32`), for an integer only one lane knows
-/// (one that lane took from an atomic).
-#[inline(always)]
-pub fn broadcast_u32(value: u32, source_lane: u32) -> u32 {
-    // SAFETY: as for `shuffle_xor`.
-    unsafe { nvvm_shfl_sync_idx_i32(FULL_WARP, value as i32, source_lane, SHUFFLE_CLAMP) as u32 }
-}
-
 /// `value` as lane 0 holds it (`shfl.sync.idx.b32`), for a value the caller knows is the same on
 /// every lane (a warp or warpgroup index): ptxas cannot prove that of `tid.x / 128`, but it can
 /// of a shuffle's result, and then keeps what is derived from it (wgmma descriptors, shared

@@ -215,14 +215,12 @@ pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(p: &Fa3BackwardParam
     split_roles!(
         C,
         sram.init_barriers::<C>(),
-        if arch::lane_idx() == 0 {
-            produce::<C>(p, &sram)
-        },
+        produce::<C>(p, &sram),
         |consumer| consume::<T, C>(p, &sram, consumer)
     );
 }
 
-/// The producer warp's lane 0: K_j and V_j once, then Q_i and dO_i into the ring as stages free
+/// The producer's one thread: K_j and V_j once, then Q_i and dO_i into the ring as stages free
 /// up.
 #[inline(always)]
 fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) {

@@ -27,7 +27,6 @@
 use super::config::{
     BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
 };
-use super::handoff::TileHandOff;
 use super::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use super::scheduler::{Tile, TileScheduler};
 use super::turns::GemmTurns;
@@ -73,10 +72,22 @@ impl Fa3Sram {
         }
     }
 
-    /// The persistent grid's hand-off of tile numbers (the word after the barriers).
+    /// The producer hands tile `t`'s number to the consumers (before Q_i's arrival on q_full,
+    /// whose release orders this store before their acquire of the barrier).
     #[inline(always)]
-    fn handoff<C: Fa3Config>(&self) -> TileHandOff {
-        TileHandOff::new(self.tile_slot, C::TILING.consumers)
+    fn set_tile(&self, t: u32) {
+        // SAFETY: a word of the block's shared memory past the barriers (`shared_bytes` counts
+        // it); the consumers read it only after waiting on q_full, which this thread arrives on
+        // after the store.
+        unsafe { self.tile_slot.store_u32(t) }
+    }
+
+    /// The current tile's number, once q_full's phase for it has completed.
+    #[inline(always)]
+    fn tile(&self) -> u32 {
+        // SAFETY: as for `set_tile`; the producer rewrites it only after every consumer warp has
+        // arrived on q_empty, after this read.
+        unsafe { self.tile_slot.load_u32() }
     }
 
     #[inline(always)]
@@ -221,42 +232,38 @@ impl TileWalk {
     }
 }
 
-/// The producer warp: the block's tile, or on the persistent grid each tile it takes until none
-/// is left. Lane 0 issues the copies and takes the numbers; on the persistent grid the whole warp
-/// publishes each tile's number to the consumers (`TileHandOff`), the end mark (a number past the
-/// problem) last.
+/// The producer's one thread: the block's tile, or on the persistent grid each tile it takes
+/// until none is left. Each tile's number goes to the consumers through shared memory with its
+/// Q (an end mark, a number past the problem, arrives alone).
 #[inline(always)]
 fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: PackedTable, sram: &Fa3Sram) {
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let counters = TileCounters::new(p.tile_counters);
-    let handoff = sram.handoff::<C>();
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
         let tile = tile_at::<C>(p, packed, &scheduler, t);
         if C::PERSISTENT {
-            handoff.publish(walk.n, t);
+            // The consumers are done with the previous Q_i, and read its number long before.
+            sram.q_empty().wait(walk.q_phase() ^ 1);
+            sram.set_tile(t);
         }
         let Some(tile) = tile else {
+            sram.q_full().arrive();
             break;
         };
-        let lead = arch::lane_idx() == 0;
         // Taken before this tile's loads, so the counter's latency hides behind them.
-        let next = if C::PERSISTENT && lead {
+        let next = if C::PERSISTENT {
             counters.take(arch::grid_dim_x())
         } else {
             0
         };
-        if lead {
-            produce::<C>(p, tile, sram, walk);
-        }
+        produce::<C>(p, tile, sram, walk);
         if !C::PERSISTENT {
             break;
         }
-        // The warp converges for the next hand-off's barriers, with lane 0's number.
-        arch::sync_warp();
-        (t, walk) = (arch::broadcast_u32(next, 0), walk.after(&tile));
+        (t, walk) = (next, walk.after(&tile));
     }
-    if C::PERSISTENT && arch::lane_idx() == 0 {
+    if C::PERSISTENT {
         counters.finish(arch::grid_dim_x());
     }
 }
@@ -272,19 +279,15 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let turns = GemmTurns::new(consumer, C::TILING.consumers, C::PING_PONG);
     turns.start();
-    let handoff = sram.handoff::<C>();
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
+        sram.q_full().wait(walk.q_phase());
         if C::PERSISTENT {
-            t = handoff.receive();
+            t = sram.tile();
         }
         let Some(tile) = tile_at::<C>(p, packed, &scheduler, t) else {
             break;
         };
-        if C::PERSISTENT {
-            handoff.release();
-        }
-        sram.q_full().wait(walk.q_phase());
         consume::<T, C>(p, packed, tile, sram, consumer, turns, walk);
         if !C::PERSISTENT {
             break;
@@ -294,8 +297,8 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
     turns.finish();
 }
 
-/// The producer's lane 0, for one tile: Q_i once its buffer is free, then K_j and V_j into the
-/// ring as stages free up.
+/// The producer's one thread, for one tile: Q_i, then K_j and V_j into the ring as stages free
+/// up.
 #[inline(always)]
 fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWalk) {
     let Tile {
@@ -307,11 +310,6 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
     let q = HeadTensorMap::new(maps, info.head, info.batch);
     let k = HeadTensorMap::new(maps + TENSOR_MAP_BYTES, info.kv_head, info.batch);
     let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
-    if C::PERSISTENT {
-        // The consumers are done with the previous tile's Q_i (a fresh barrier's previous phase
-        // counts as complete).
-        sram.q_empty().wait(walk.q_phase() ^ 1);
-    }
     sram.q_full().arrive_expect_bytes(C::Q_BYTES);
     // Rows from the sequence's first in a packed batch, whose maps span every sequence.
     let (q_start, k_start) = if C::PACKED {

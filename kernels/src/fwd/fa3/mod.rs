@@ -4,8 +4,6 @@
 
 pub mod config;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
-mod handoff;
-#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub mod kernel;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub(crate) mod roles;

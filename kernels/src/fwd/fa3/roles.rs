@@ -11,8 +11,8 @@ pub(crate) const TENSOR_MAP_BYTES: u64 = 128;
 
 /// The warp-specialized start of every FA3 kernel (forward and backward), for config `$c` (its
 /// `PRODUCER_REGISTERS` and `CONSUMER_REGISTERS`): thread 0 runs `$init` (the mbarriers), a
-/// block barrier publishes it; then warpgroup 0 gives registers back and its first warp runs
-/// `$produce` (the TMA copies, issued by one lane), while the other warpgroups take registers and run `$consume`
+/// block barrier publishes it; then warpgroup 0 gives registers back and its thread 0 runs
+/// `$produce` (the TMA copies), while the other warpgroups take registers and run `$consume`
 /// with their consumer index (0-based). A macro, not a function of closures: the roles' bodies
 /// must be inlined into the entry (a closure LLVM keeps out of line becomes a `.func` call).
 macro_rules! split_roles {
@@ -24,7 +24,7 @@ macro_rules! split_roles {
         let warpgroup = $crate::arch::thread_idx_x() / $crate::fwd::fa3::config::WARPGROUP_THREADS;
         if warpgroup == 0 {
             $crate::arch::release_registers::<{ $c::PRODUCER_REGISTERS }>();
-            if $crate::arch::warp_idx() == 0 {
+            if $crate::arch::thread_idx_x() == 0 {
                 $produce;
             }
         } else {

@@ -32,7 +32,7 @@ pub struct CheckArgs {
     require_gpu: bool,
     /// `standard`: the check shapes below, with and without sliding windows and soft-capping;
     /// `window`: only those with them; `sanitizer`: the odd shapes compute-sanitizer runs
-    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 256; batch 1, heads 1; and 2 × 40 heads
+    /// (seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 192, 256; batch 1, heads 1; and 2 × 40 heads
     /// at seqlen 300, d = 64 and 128, where the persistent grid's blocks take several tiles each;
     /// with --decode, a few short caches through both merges and repeated calls).
     #[arg(long, default_value = "standard")]
@@ -206,7 +206,7 @@ fn shapes_of_set(set: &str) -> flash_attn::Result<Vec<Case>> {
         "window" => Ok(WINDOW_CASES.to_vec()),
         "sanitizer" => Ok([1, 17, 1000]
             .into_iter()
-            .flat_map(|n| [8, 40, 64, 96, 128, 256].map(|d| plain((1, 1, 1, n, n, d))))
+            .flat_map(|n| [8, 40, 64, 96, 128, 192, 256].map(|d| plain((1, 1, 1, n, n, d))))
             .chain(MANY_TILES.map(plain))
             .collect()),
         other => Err(flash_attn::Error::InvalidArgument {
