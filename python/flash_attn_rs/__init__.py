@@ -15,6 +15,13 @@ backward names them). ``flash_attn_varlen_func`` is forward only (its backward r
 NotImplementedError: the library has no packed backward yet).
 ``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention here.
 
+The flash-attn functions take flash-attn's arguments in flash-attn's order (``dropout_p`` third,
+``return_attn_probs`` returning ``(out, softmax_lse, S_dmask)``), so code written for flash-attn
+runs by changing its import; so do its packed forms, ``flash_attn_qkvpacked_func``,
+``flash_attn_kvpacked_func``, ``flash_attn_varlen_qkvpacked_func`` and
+``flash_attn_varlen_kvpacked_func`` (views of the packed tensor, no copies). What the kernels
+do not have yet (dropout, ALiBi, a paged cache in the varlen call) is refused by name.
+
 How: this half checks the tensors (``_checks``), allocates outputs and gradients with PyTorch and
 passes addresses, dims, strides and the stream to the native half (``_native``, Rust) as plain
 integers (``_launch``); the native half checks them again with the host crate's checks, then
@@ -32,7 +39,11 @@ __all__ = [
     "ALGORITHMS",
     "PACKED_ALGORITHMS",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "last_backward_plan",
     "last_plan",
     "reset_workspace_peak",
@@ -115,13 +126,59 @@ def _check_all_options(softmax_scale, causal, algorithm, window_size, softcap):
 
 
 def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-1, -1),
-               softcap=0.0):
+               softcap=0.0, deterministic=False):
     """Checks every argument, then runs the autograd Function; returns (O, L)."""
     dtype = check_inputs(q, k, v, layout)
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
+    _check_bool("deterministic", deterministic)
     return attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                                      window, softcap)
+                                      window, softcap, deterministic)
+
+
+def _check_bool(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
+                                return_lse, block_table=None):
+    """flash-attn's arguments beyond the tensors and the scores, checked before anything else.
+    Those for what the kernels do not have yet (dropout, ALiBi, and in the varlen call a paged KV
+    cache) pass at their off values; anything else is refused by name, never ignored."""
+    for name, value in (("deterministic", deterministic),
+                        ("return_attn_probs", return_attn_probs), ("return_lse", return_lse)):
+        _check_bool(name, value)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0:
+        raise ValueError(f"dropout_p is {dropout_p}; allowed: 0.0 (the kernels have no dropout "
+                         "yet: pass 0.0, e.g. in eval mode or with attention_dropout = 0)")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes is given; allowed: None (the kernels have no ALiBi yet)")
+    if block_table is not None:
+        raise ValueError("block_table is given; allowed: None (flash_attn_varlen_func reads no "
+                         "paged KV cache here yet)")
+
+
+def _returns(o, lse, return_attn_probs, return_lse):
+    """flash-attn's return convention: O, or with ``return_attn_probs`` (O, softmax_lse,
+    S_dmask), S_dmask None as flash-attn's is without dropout; ``return_lse`` (ours): (O, L)."""
+    if return_attn_probs:
+        return o, lse, None
+    return (o, lse) if return_lse else o
+
+
+def _unpack(name, tensor, dim, count):
+    """The ``count`` tensors stacked in ``tensor`` along ``dim`` (flash-attn's packed QKV or KV),
+    as views: nothing is copied, and gradients flow back into ``tensor``."""
+    shape = getattr(tensor, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if len(shape) <= dim or shape[dim] != count:
+        raise ValueError(f"{name} has shape {tuple(shape)}; allowed: {count} stacked at dim {dim} "
+                         f"({'q, k, v' if count == 3 else 'k, v'}), as flash-attn's")
+    return tensor.unbind(dim)
 
 
 def _check_max_seqlen(name, value):
@@ -138,8 +195,9 @@ def _check_max_seqlen(name, value):
     return value
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    algorithm=None, return_lse=False):
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, algorithm=None, return_lse=False):
     """Attention on flash-attn's layout: q (batch, seqlen_q, heads, head_dim), k and v
     (batch, seqlen_k, heads, head_dim), CUDA, float16, bfloat16 or float32, any strides with a
     contiguous last dim, read in place. ``softmax_scale`` defaults to 1/sqrt(head_dim);
@@ -154,21 +212,59 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     (float16 and bfloat16); the backward raises a ValueError naming them, so no gradient is
     computed without them. A row that sees no key gets O = 0 and L = -inf.
 
-    Returns O (q's shape, allocated by PyTorch), and with ``return_lse`` also
-    L = logsumexp of the scaled scores, float32 (batch, heads, seqlen_q), -inf for a row that sees
-    no key. Differentiable in q, k and v (``loss.backward()`` runs the backward on the GPU: FA3's
-    on compute capability 9.0) without a window or soft-capping; L is not. Raises TypeError or
-    ValueError naming the argument before anything is launched, RuntimeError inside a CUDA graph
-    capture.
+    flash-attn's signature, argument for argument and in its order, so code written for it runs
+    by changing the import: ``dropout_p`` must be 0.0 and ``alibi_slopes`` None (the kernels
+    have neither yet: anything else is a ValueError naming it); ``deterministic=True`` makes the
+    backward's dQ the same bits on every run (fa2-tc's ordered adds; the backward's plan says
+    so). ``algorithm`` and ``return_lse`` are ours, keyword-only.
+
+    Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` flash-attn's
+    (O, softmax_lse, S_dmask), S_dmask None (flash-attn's is only filled with dropout), and with
+    ``return_lse`` (O, L). L = logsumexp of the scaled scores, float32
+    (batch, heads, seqlen_q), -inf for a row that sees no key. Differentiable in q, k and v
+    (``loss.backward()`` runs the backward on the GPU: FA3's on compute capability 9.0) without a
+    window or soft-capping; L is not. Raises TypeError or ValueError naming the argument before
+    anything is launched, RuntimeError inside a CUDA graph capture.
     """
+    _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
+                                return_lse)
     o, lse = _attention(q, k, v, FLASH_ATTN, softmax_scale, causal, algorithm, window_size,
-                        softcap)
-    return (o, lse) if return_lse else o
+                        softcap, deterministic)
+    return _returns(o, lse, return_attn_probs, return_lse)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, *, algorithm=None,
+                              return_lse=False):
+    """flash-attn's ``flash_attn_qkvpacked_func``: ``flash_attn_func`` on
+    qkv (batch, seqlen, 3, heads, head_dim), Q, K and V read in place (views along dim 2, no
+    copy); the gradient lands in qkv's. Arguments and returns as ``flash_attn_func``."""
+    q, k, v = _unpack("qkv", qkv, 2, 3)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, algorithm=algorithm,
+                           return_lse=return_lse)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, *, algorithm=None,
+                             return_lse=False):
+    """flash-attn's ``flash_attn_kvpacked_func``: ``flash_attn_func`` on q
+    (batch, seqlen_q, heads, head_dim) and kv (batch, seqlen_k, 2, heads_kv, head_dim), K and V
+    read in place (views along dim 2); heads_kv divides heads (grouped-query heads). Arguments
+    and returns as ``flash_attn_func``."""
+    k, v = _unpack("kv", kv, 2, 2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, algorithm=algorithm,
+                           return_lse=return_lse)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           algorithm=None, return_lse=False):
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, algorithm=None,
+                           return_lse=False):
     """flash-attn's varlen call: attention over a packed batch of sequences of different lengths,
     each attending to its own keys only. q is (total_q, heads, head_dim), k and v
     (total_k, heads_kv, head_dim) (heads_kv divides heads: grouped-query heads, read in place),
@@ -196,14 +292,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     be empty: without keys its rows get O = 0 and L = -inf, without queries it writes nothing;
     q and k need at least one row each.
 
-    Returns O (q's shape, allocated by PyTorch), and with ``return_lse`` also L = logsumexp of the
-    scaled scores, float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no
-    key. Forward only: O of inputs that require grad has a grad_fn, but ``backward`` raises
+    flash-attn's signature, in its order: ``dropout_p`` must be 0.0, ``alibi_slopes`` and
+    ``block_table`` None (ValueError naming them otherwise); ``deterministic`` is taken and has
+    nothing to do here (no backward yet); ``algorithm`` and ``return_lse`` are ours,
+    keyword-only.
+
+    Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` (O, softmax_lse,
+    None) as flash-attn's, with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
+    float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key. Forward only: O of inputs that require grad has a grad_fn, but ``backward`` raises
     NotImplementedError (the library has no packed backward yet) rather than return no gradient.
     Raises TypeError or ValueError naming the argument before anything is launched (the offsets'
     values are checked once read), RuntimeError inside a CUDA graph capture (before the offsets
     are copied, so the capture stays valid).
     """
+    _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
+                                return_lse, block_table)
     dtype = check_inputs(q, k, v, PACKED)
     check_offsets("cu_seqlens_q", cu_seqlens_q, q)
     check_offsets("cu_seqlens_k", cu_seqlens_k, q)
@@ -214,7 +317,38 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     o, lse = packed_attention_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens,
                                                dtype, softmax_scale, causal, algorithm, window,
                                                softcap)
-    return (o, lse) if return_lse else o
+    return _returns(o, lse, return_attn_probs, return_lse)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, algorithm=None,
+                                     return_lse=False):
+    """flash-attn's ``flash_attn_varlen_qkvpacked_func``: ``flash_attn_varlen_func`` on
+    qkv (total, 3, heads, head_dim), Q, K and V read in place (views along dim 1), one table of
+    offsets ``cu_seqlens`` and one bound ``max_seqlen`` for both. Arguments and returns as
+    ``flash_attn_varlen_func``."""
+    q, k, v = _unpack("qkv", qkv, 1, 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs,
+                                  algorithm=algorithm, return_lse=return_lse)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False, *,
+                                    algorithm=None, return_lse=False):
+    """flash-attn's ``flash_attn_varlen_kvpacked_func``: ``flash_attn_varlen_func`` on q
+    (total_q, heads, head_dim) and kv (total_k, 2, heads_kv, head_dim), K and V read in place
+    (views along dim 1). Arguments and returns as ``flash_attn_varlen_func``."""
+    k, v = _unpack("kv", kv, 1, 2)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  algorithm=algorithm, return_lse=return_lse)
 
 
 def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None):

@@ -43,12 +43,13 @@ def _make_function():
 
         @staticmethod
         def forward(ctx, q, k, v, layout, dtype, softmax_scale, causal, algorithm, window,
-                    softcap):
+                    softcap, deterministic):
             o, lse = _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
                                      window=window, softcap=softcap)
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.layout, ctx.dtype = layout, dtype
             ctx.window, ctx.softcap = window, softcap
+            ctx.deterministic = deterministic
             ctx.softmax_scale, ctx.causal = softmax_scale, causal
             ctx.mark_non_differentiable(lse)
             return o, lse
@@ -59,9 +60,9 @@ def _make_function():
             q, k, v, o, lse = ctx.saved_tensors
             dq, dk, dv = _launch.backward(
                 q, k, v, o, lse, d_o, ctx.layout, ctx.dtype, ctx.softmax_scale, ctx.causal,
-                window=ctx.window, softcap=ctx.softcap,
+                window=ctx.window, softcap=ctx.softcap, deterministic=ctx.deterministic,
             )
-            return dq, dk, dv, None, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None, None, None
 
     return FlashAttention
 

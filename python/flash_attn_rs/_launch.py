@@ -113,11 +113,12 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=Non
 
 
 def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
-             softcap=0.0):
+             softcap=0.0, deterministic=False):
     """Allocates dQ, dK, dV with PyTorch (each its input's strides where those are dense, else
     contiguous) and launches the backward on the current stream of Q's device. Returns
     (dQ, dK, dV). The forward's ``window`` and ``softcap`` go to the native half, which refuses
-    them with a ValueError naming them: the backward has neither yet."""
+    them with a ValueError naming them: the backward has neither yet. ``deterministic``: dQ with
+    the same bits on every run (the plan runs fa2-tc's ordered adds and says so)."""
     import torch
 
     if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
@@ -132,5 +133,6 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
             lse=(lse.data_ptr(), list(lse.shape), list(lse.stride())),
             **operands(layout, d_o=d_o, dq=dq, dk=dk, dv=dv),
             **scores(softmax_scale, causal, window, softcap),
+            deterministic=deterministic,
         )
     return dq, dk, dv

@@ -395,3 +395,70 @@ def test_offsets_may_be_int32_or_int64_on_qs_device_or_the_cpu():
 def test_bad_offsets_tensors_are_named(offsets, error, message):
     with pytest.raises(error, match=message):
         check_offsets("cu_seqlens_k", offsets, FakeTensor((16, 4, 64)))
+
+
+# -- flash-attn's signatures ------------------------------------------------------------------
+
+#: flash-attn 2's public functions and their parameters, in order (flash_attn_interface.py):
+#: code written for flash-attn passes some positionally (dropout_p third, as its own tests do).
+FLASH_ATTN_SIGNATURES = {
+    "flash_attn_func": ["q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size",
+                        "softcap", "alibi_slopes", "deterministic", "return_attn_probs"],
+    "flash_attn_qkvpacked_func": ["qkv", "dropout_p", "softmax_scale", "causal", "window_size",
+                                  "softcap", "alibi_slopes", "deterministic",
+                                  "return_attn_probs"],
+    "flash_attn_kvpacked_func": ["q", "kv", "dropout_p", "softmax_scale", "causal",
+                                 "window_size", "softcap", "alibi_slopes", "deterministic",
+                                 "return_attn_probs"],
+    "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                               "max_seqlen_k", "dropout_p", "softmax_scale", "causal",
+                               "window_size", "softcap", "alibi_slopes", "deterministic",
+                               "return_attn_probs", "block_table"],
+    "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen", "dropout_p",
+                                         "softmax_scale", "causal", "window_size", "softcap",
+                                         "alibi_slopes", "deterministic", "return_attn_probs"],
+    "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k",
+                                        "max_seqlen_q", "max_seqlen_k", "dropout_p",
+                                        "softmax_scale", "causal", "window_size", "softcap",
+                                        "alibi_slopes", "deterministic", "return_attn_probs"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
+def test_signatures_are_flash_attns_in_its_order(name):
+    import inspect
+
+    parameters = inspect.signature(getattr(flash_attn_rs, name)).parameters.values()
+    positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == FLASH_ATTN_SIGNATURES[name]
+    # Ours come after, keyword-only, so no flash-attn call can reach them by position.
+    assert {p.name for p in parameters if p.kind == p.KEYWORD_ONLY} == {"algorithm", "return_lse"}
+    assert name in flash_attn_rs.__all__
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    ({"dropout_p": 0.1}, ValueError, "dropout_p"),
+    ({"dropout_p": "0"}, TypeError, "dropout_p"),
+    ({"alibi_slopes": object()}, ValueError, "alibi_slopes"),
+    ({"deterministic": 1}, TypeError, "deterministic"),
+    ({"return_attn_probs": None}, TypeError, "return_attn_probs"),
+])
+def test_what_the_kernels_lack_is_refused_by_name_before_the_tensors(kwargs, error, name):
+    """Checked before anything touches the tensors (here not even tensors)."""
+    with pytest.raises(error, match=name):
+        flash_attn_rs.flash_attn_func(None, None, None, **kwargs)
+
+
+def test_varlen_refuses_a_block_table_by_name():
+    with pytest.raises(ValueError, match="block_table"):
+        flash_attn_rs.flash_attn_varlen_func(None, None, None, None, None, 1, 1,
+                                             block_table=object())
+
+
+@pytest.mark.parametrize("func, args, message", [
+    ("flash_attn_qkvpacked_func", ("qkv",), "qkv must be a torch.Tensor"),
+    ("flash_attn_kvpacked_func", (None, "kv"), "kv must be a torch.Tensor"),
+])
+def test_packed_forms_name_a_non_tensor(func, args, message):
+    with pytest.raises(TypeError, match=message):
+        getattr(flash_attn_rs, func)(*args)

@@ -164,3 +164,28 @@ def test_gradients_allocated_by_pytorch_and_shaped_like_inputs():
     # kernel (f16/bf16, head dims that are multiples of 8).
     plan = flash_attn_rs.last_backward_plan()
     assert plan.startswith(("fa3 backward:", "fa2-tc backward:")), plan
+
+
+def test_flash_attn_calls_run_unchanged_on_the_gpu():
+    """Calls as flash-attn's own tests write them: dropout_p third (0.0), return_attn_probs, the
+    packed QKV form read in place, deterministic=True giving dQ with the same bits twice."""
+    g = generator(16)
+    qkv = randn((2, 300, 3, 4, 128), torch.bfloat16, g).requires_grad_(True)
+    q, k, v = qkv.unbind(2)
+    o_ref, bound = expected(q.detach(), k.detach(), v.detach(), causal=True)
+    out, lse, s_dmask = flash_attn_func(q, k, v, 0.0, causal=True, return_attn_probs=True)
+    error, finite = ref.max_error(out.to(torch.float64), o_ref)
+    assert finite and error <= bound and s_dmask is None
+    assert lse.shape == (2, 4, 300) and lse.dtype == torch.float32
+    packed = flash_attn_rs.flash_attn_qkvpacked_func(qkv, 0.0, None, True)
+    assert torch.equal(packed, out)
+    d_o = randn(out.shape, torch.bfloat16, g)
+    grads = []
+    for _ in range(2):
+        qkv.grad = None
+        flash_attn_rs.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=True).backward(d_o)
+        grads.append(qkv.grad.clone())
+    assert "deterministic" in flash_attn_rs.last_backward_plan()
+    assert torch.equal(grads[0], grads[1])
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q, k, v, 0.1)

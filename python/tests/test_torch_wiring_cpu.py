@@ -40,7 +40,7 @@ def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, windo
 
 
 def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
-                  softcap=0.0):
+                  softcap=0.0, deterministic=False):
     # As the native half: the backward has no window or soft-capping, and names them.
     if window is not None:
         raise ValueError(f"`window`: got {window}; the backward pass takes neither")
@@ -52,7 +52,8 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
     assert torch.allclose(to_sdpa(o, layout).double(), o64, atol=1e-2), "saved O is not O"
     assert torch.allclose(lse.double(), lse64, atol=1e-4), "saved L is not L"
     grads = ref.gradients64(q64, k64, v64, d_o64, causal, scale)
-    _launch.plans["backward"] = "fake backward"
+    _launch.plans["backward"] = "fake deterministic backward" if deterministic else \
+        "fake backward"
     return [to_sdpa(g, layout).to(t.dtype) for g, t in zip(grads, (q, k, v))]
 
 
@@ -319,3 +320,90 @@ def test_varlen_bad_arguments_are_named(cpu_launches, edit, error, match):
     edit(arguments)
     with pytest.raises(error, match=match):
         flash_attn_rs.flash_attn_varlen_func(**arguments)
+
+
+# -- flash-attn's signatures and packed forms ----------------------------------------------
+
+
+def test_flash_attn_positional_call_takes_dropout_third(cpu_launches):
+    """flash-attn's own tests call ``flash_attn_func(q, k, v, dropout_p, causal=...)``: 0.0 there
+    is the dropout, not the softmax scale; return_attn_probs gives (out, softmax_lse, None)."""
+    torch.manual_seed(3)
+    b, h, s_q, s_k, d = 2, 3, 6, 9, 8
+    q = torch.randn(b, s_q, h, d)
+    k, v = (torch.randn(b, s_k, h, d) for _ in range(2))
+    out, lse, s_dmask = flash_attn_rs.flash_attn_func(q, k, v, 0.0, None, True,
+                                                      return_attn_probs=True)
+    q64, k64, v64 = (t.transpose(1, 2).double() for t in (q, k, v))
+    want, want_lse = ref.attention64(q64, k64, v64, True, d**-0.5)
+    assert torch.allclose(out.transpose(1, 2).double(), want, atol=1e-5)
+    assert lse.shape == (b, h, s_q) and torch.allclose(lse.double(), want_lse, atol=1e-5)
+    assert s_dmask is None
+    # Positionally all the way: (dropout_p, softmax_scale, causal, window_size, softcap,
+    # alibi_slopes, deterministic, return_attn_probs).
+    out2, _, _ = flash_attn_rs.flash_attn_func(q, k, v, 0.0, 0.25, False, (-1, -1), 0.0, None,
+                                               False, True)
+    want2, _ = ref.attention64(q64, k64, v64, False, 0.25)
+    assert torch.allclose(out2.transpose(1, 2).double(), want2, atol=1e-5)
+
+
+def test_deterministic_reaches_the_backward(cpu_launches):
+    q = torch.randn(1, 5, 2, 8, requires_grad=True)
+    flash_attn_rs.flash_attn_func(q, q, q, causal=True, deterministic=True).sum().backward()
+    assert flash_attn_rs.last_backward_plan() == "fake deterministic backward"
+    flash_attn_rs.flash_attn_func(q, q, q, causal=True).sum().backward()
+    assert flash_attn_rs.last_backward_plan() == "fake backward"
+
+
+def test_qkvpacked_and_kvpacked_are_flash_attn_func_on_views(cpu_launches):
+    """The packed forms read Q, K, V as views of the packed tensor and put the gradients in its
+    own: the same O and the same gradients as flash_attn_func on the unpacked tensors."""
+    torch.manual_seed(4)
+    b, s, h, d = 2, 7, 3, 8
+    qkv = torch.randn(b, s, 3, h, d, requires_grad=True)
+    out = flash_attn_rs.flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in qkv.unbind(2))
+    want = flash_attn_rs.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, want)
+    d_o = torch.randn_like(out)
+    out.backward(d_o)
+    want.backward(d_o)
+    assert torch.allclose(qkv.grad, torch.stack([q.grad, k.grad, v.grad], dim=2))
+
+    q = torch.randn(b, 4, h, d, requires_grad=True)
+    kv = torch.randn(b, s, 2, h, d, requires_grad=True)
+    out, lse = flash_attn_rs.flash_attn_kvpacked_func(q, kv, softmax_scale=0.3, return_lse=True)
+    k, v = kv.detach().unbind(2)
+    want, want_lse = flash_attn_rs.flash_attn_func(q.detach(), k, v, softmax_scale=0.3,
+                                                   return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    out.sum().backward()
+    assert kv.grad.shape == kv.shape and q.grad.shape == q.shape
+
+
+def test_packed_forms_name_a_wrong_stack(cpu_launches):
+    with pytest.raises(ValueError, match=r"qkv has shape \(1, 4, 2, 2, 8\); allowed: 3"):
+        flash_attn_rs.flash_attn_qkvpacked_func(torch.randn(1, 4, 2, 2, 8))
+    with pytest.raises(ValueError, match=r"kv has shape \(1, 4, 3, 2, 8\); allowed: 2"):
+        flash_attn_rs.flash_attn_kvpacked_func(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 3, 2, 8))
+    with pytest.raises(ValueError, match=r"qkv has shape \(4, 2, 8\); allowed: 3"):
+        flash_attn_rs.flash_attn_varlen_qkvpacked_func(torch.randn(4, 2, 8), torch.tensor([0, 4]),
+                                                       4)
+
+
+def test_varlen_packed_forms_are_flash_attn_varlen_func_on_views(cpu_launches):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch(heads=2, heads_kv=2)
+    kv = torch.stack([k, v], dim=1)
+    out = flash_attn_rs.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max_q, max_k, 0.0,
+                                                        causal=True)
+    want = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    assert torch.equal(out, want)
+    # One table for both: Q and K of the same lengths.
+    lengths = [(5, 5), (0, 0), (12, 12), (3, 3)]
+    q, k, v, cu, _, longest, _ = packed_batch(lengths, heads=2, heads_kv=2)
+    qkv = torch.stack([q, k, v], dim=1)
+    out, lse, s_dmask = flash_attn_rs.flash_attn_varlen_qkvpacked_func(
+        qkv, cu, longest, causal=True, return_attn_probs=True)
+    want, want_lse = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest,
+                                                          causal=True, return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse) and s_dmask is None
