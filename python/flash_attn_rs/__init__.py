@@ -10,6 +10,7 @@ PyTorch nor a GPU.
 
 The first two are differentiable: a ``torch.autograd.Function`` (``_autograd``) saves Q, K, V, O
 and L, and ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
+Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` also takes flash-attn's ``window_size`` and ``softcap``, forward only (the
 backward names them). ``flash_attn_varlen_func`` is forward only (its backward raises
 NotImplementedError: the library has no packed backward yet).
@@ -129,11 +130,29 @@ def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-
                softcap=0.0, deterministic=False):
     """Checks every argument, then runs the autograd Function; returns (O, L)."""
     dtype = check_inputs(q, k, v, layout)
+    q, k, v, dtype = _under_autocast(q, k, v, dtype, layout)
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
     return attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
                                       window, softcap, deterministic)
+
+
+def _under_autocast(q, k, v, dtype, layout):
+    """PyTorch's rule for SDPA under ``torch.autocast``: float32 Q, K and V run in the autocast
+    dtype of their device type (float16 or bfloat16: the tensor-core kernels), and O comes back in
+    it; the cast is differentiable, so float32 leaves get float32 gradients. Anything else, or
+    outside autocast, as it is. Returns (q, k, v, dtype)."""
+    if dtype != "f32":
+        return q, k, v, dtype
+    import torch
+
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, k, v, dtype
+    cast = torch.get_autocast_dtype(device_type)
+    q, k, v = (t.to(cast) for t in (q, k, v))
+    return q, k, v, check_inputs(q, k, v, layout)
 
 
 def _check_bool(name, value):
@@ -308,6 +327,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
                                 return_lse, block_table)
     dtype = check_inputs(q, k, v, PACKED)
+    q, k, v, dtype = _under_autocast(q, k, v, dtype, PACKED)
     check_offsets("cu_seqlens_q", cu_seqlens_q, q)
     check_offsets("cu_seqlens_k", cu_seqlens_k, q)
     max_seqlens = (_check_max_seqlen("max_seqlen_q", max_seqlen_q),

@@ -407,3 +407,29 @@ def test_varlen_packed_forms_are_flash_attn_varlen_func_on_views(cpu_launches):
     want, want_lse = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest,
                                                           causal=True, return_lse=True)
     assert torch.equal(out, want) and torch.equal(lse, want_lse) and s_dmask is None
+
+
+def test_autocast_runs_float32_inputs_in_its_dtype(cpu_launches):
+    """As SDPA under torch.autocast: float32 Q, K, V reach the launch in the autocast dtype, O comes
+    back in it, and the float32 leaves get float32 gradients; outside autocast, float32 stays."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 6, 2, 8, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = flash_attn_rs.flash_attn_func(q, k, v, causal=True)
+        o_sdpa = flash_attn_rs.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    assert o.dtype == torch.bfloat16 and o_sdpa.dtype == torch.bfloat16
+    q64, k64, v64 = (t.detach().to(torch.bfloat16).transpose(1, 2).double() for t in (q, k, v))
+    want, _ = ref.attention64(q64, k64, v64, True, 8**-0.5)
+    assert torch.allclose(o.transpose(1, 2).double(), want, atol=1e-2)
+    o.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and k.grad.dtype == torch.float32
+    assert flash_attn_rs.flash_attn_func(q, k, v).dtype == torch.float32
+    # Half-precision inputs are left as they are.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert flash_attn_rs.flash_attn_func(q.half(), k.half(), v.half()).dtype == torch.float16
+    # The varlen call too.
+    packed = [t.detach()[0] for t in (q, k, v)]
+    offsets = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = flash_attn_rs.flash_attn_varlen_func(*packed, offsets, offsets, 4, 4)
+    assert o.dtype == torch.bfloat16
