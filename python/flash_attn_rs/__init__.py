@@ -8,8 +8,10 @@ any strides whose last one is 1, without copies, run on PyTorch's current CUDA s
 device's primary context, and return outputs that PyTorch allocated. Importing needs neither
 PyTorch nor a GPU.
 
-The first two are differentiable: a ``torch.autograd.Function`` (``_autograd``) saves Q, K, V, O
-and L, and ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
+Every call is a PyTorch custom operator (``_ops``: ``flash_attn_rs::forward``, ``varlen_forward``,
+``backward``, with fake implementations), so ``torch.compile`` traces through it without a graph
+break. The first two are differentiable: the forward saves Q, K, V, O and L, and
+``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` also takes flash-attn's ``window_size`` and ``softcap``, forward only (the
 backward names them). ``flash_attn_varlen_func`` is forward only (its backward raises
@@ -29,12 +31,17 @@ integers (``_launch``); the native half checks them again with the host crate's 
 launches. CUDA graph capture is refused with a RuntimeError that says why.
 """
 
+import importlib.util
 import math
 import operator
 
 from . import _launch, _native
-from ._autograd import attention_function, packed_attention_function
+from ._ops import ops
 from ._checks import FLASH_ATTN, PACKED, SDPA, check_inputs, check_offsets
+
+if importlib.util.find_spec("torch") is not None:
+    # The operators exist before any call: torch.compile must not trace their definition.
+    ops()
 
 __all__ = [
     "ALGORITHMS",
@@ -134,8 +141,9 @@ def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
-    return attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                                      window, softcap, deterministic)
+    forward, _, _ = ops()
+    return forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                   None if window is None else list(window), softcap, deterministic)
 
 
 def _under_autocast(q, k, v, dtype, layout):
@@ -334,9 +342,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                    _check_max_seqlen("max_seqlen_k", max_seqlen_k))
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
-    o, lse = packed_attention_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens,
-                                               dtype, softmax_scale, causal, algorithm, window,
-                                               softcap)
+    _, varlen_forward, _ = ops()
+    o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype,
+                            softmax_scale, causal, algorithm,
+                            None if window is None else list(window), softcap)
     return _returns(o, lse, return_attn_probs, return_lse)
 
 

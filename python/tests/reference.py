@@ -151,6 +151,27 @@ def gradients64(q, k, v, d_o, causal, scale):
         return torch.autograd.grad(o, leaves, d_o)
 
 
+def gradients64_by_formula(q, k, v, d_o, causal, scale):
+    """``gradients64`` without autograd, by the backward's formulas (Dao 2023, Algorithm 2):
+    dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q,
+    dK and dV summed over each group of query heads. For code that runs where autograd records
+    nothing (inside a custom operator's implementation)."""
+    heads, heads_kv = q.shape[1], k.shape[1]
+    p, _ = _probabilities(q, k, causal, scale)
+    k_e, v_e = repeat_kv(k, heads), repeat_kv(v, heads)
+    o = p @ v_e
+    d_s = p * (d_o @ v_e.transpose(-1, -2) - (d_o * o).sum(-1, keepdim=True))
+    d_q = scale * d_s @ k_e
+    d_k = scale * d_s.transpose(-1, -2) @ q
+    d_v = p.transpose(-1, -2) @ d_o
+
+    def group_sum(t):
+        b, _, n, d = t.shape
+        return t.reshape(b, heads_kv, heads // heads_kv, n, d).sum(2)
+
+    return d_q, group_sum(d_k), group_sum(d_v)
+
+
 def max_error(got, want):
     """max |got - want| in float64, and whether every element of `got` is finite."""
     got = got.to(torch.float64)

@@ -51,7 +51,8 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
     o64, lse64 = ref.attention64(q64, k64, v64, causal, scale)
     assert torch.allclose(to_sdpa(o, layout).double(), o64, atol=1e-2), "saved O is not O"
     assert torch.allclose(lse.double(), lse64, atol=1e-4), "saved L is not L"
-    grads = ref.gradients64(q64, k64, v64, d_o64, causal, scale)
+    # By formula: this runs inside the backward operator, where autograd records nothing.
+    grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale)
     _launch.plans["backward"] = "fake deterministic backward" if deterministic else \
         "fake backward"
     return [to_sdpa(g, layout).to(t.dtype) for g, t in zip(grads, (q, k, v))]
@@ -433,3 +434,60 @@ def test_autocast_runs_float32_inputs_in_its_dtype(cpu_launches):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         o = flash_attn_rs.flash_attn_varlen_func(*packed, offsets, offsets, 4, 4)
     assert o.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_gradients_by_formula_are_autograds(causal):
+    """The fake backward's reference (formulas, grouped heads) against autograd's."""
+    torch.manual_seed(6)
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 7, 8, dtype=torch.float64) for _ in range(2))
+    d_o = torch.randn_like(q)
+    for got, want in zip(ref.gradients64_by_formula(q, k, v, d_o, causal, 0.3),
+                         ref.gradients64(q, k, v, d_o, causal, 0.3)):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
+# -- custom operators: torch.compile ---------------------------------------------------------
+
+
+def test_torch_compile_traces_the_calls_without_a_graph_break(cpu_launches):
+    """fullgraph=True fails on any graph break: the checks trace, the launches are operators with
+    fake implementations; forward and backward equal eager's."""
+    torch.manual_seed(7)
+
+    def step(q, k, v, qkv):
+        o = flash_attn_rs.flash_attn_func(q, k, v, causal=True)
+        o_packed = flash_attn_rs.flash_attn_qkvpacked_func(qkv, 0.0, 0.5)
+        o_sdpa = flash_attn_rs.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                            v.transpose(1, 2))
+        return o.square().sum() + o_packed.sum() + o_sdpa.sum()
+
+    inputs = [torch.randn(2, 6, 2, 8, requires_grad=True) for _ in range(3)]
+    inputs.append(torch.randn(2, 6, 3, 2, 8, requires_grad=True))
+    twins = [t.detach().clone().requires_grad_(True) for t in inputs]
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    loss = compiled(*inputs)
+    loss.backward()
+    want = step(*twins)
+    want.backward()
+    assert torch.allclose(loss, want)
+    for got, exact in zip(inputs, twins):
+        assert torch.allclose(got.grad, exact.grad, atol=1e-6)
+
+
+def test_operators_pass_opcheck(cpu_launches):
+    """torch.library.opcheck: schema, fake implementation against the real one, autograd
+    registration, and tracing by AOT dispatch."""
+    forward, varlen_forward, backward = flash_attn_rs._ops.ops()
+    q, k, v = (torch.randn(1, 5, 2, 8, requires_grad=True) for _ in range(3))
+    flash = _checks.FLASH_ATTN
+    torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0, False))
+    o, lse = forward(q, k, v, flash, "f32", None, True, None, None, 0.0, False)
+    torch.library.opcheck(backward, (q.detach(), k.detach(), v.detach(), o.detach(), lse,
+                                     torch.randn_like(o), flash, "f32", None, True, None, 0.0,
+                                     False))
+    pq, pk, pv, cu_q, cu_k, max_q, max_k = packed_batch(heads=2, heads_kv=2)
+    torch.library.opcheck(varlen_forward, (pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None,
+                                           True, None, None, 0.0),
+                          test_utils=("test_schema", "test_faketensor"))

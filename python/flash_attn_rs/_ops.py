@@ -1,0 +1,111 @@
+"""The launches as PyTorch custom operators (``torch.library.custom_op``): ``flash_attn_rs::forward``
+(dense batches), ``flash_attn_rs::varlen_forward`` (packed) and ``flash_attn_rs::backward``, each
+with a fake implementation (the outputs' shapes, dtypes and strides, computed without launching),
+so that ``torch.compile`` traces a model through them without a graph break and ``torch.export``
+sees them. The forward's autograd formula is the backward operator on the saved Q, K, V, O and L
+(the GPU backward recomputing P from L); L is not differentiable. The packed forward has no
+backward yet: its formula raises one clear error. Defined on first use, so importing
+flash_attn_rs needs no PyTorch; the wheel links no libtorch (the registration is Python)."""
+
+from . import _launch
+from ._checks import PACKED, dims_and_strides
+
+#: Why ``flash_attn_varlen_func`` has no gradient (raised when ``backward`` reaches it).
+PACKED_BACKWARD_MISSING = (
+    "flash_attn_varlen_func has no backward yet: the packed (varlen) backward is not built in "
+    "the Rust library (only its forward is). Call it under torch.no_grad(), on inputs that do not "
+    "require grad, or use flash_attn_func (differentiable) per sequence"
+)
+
+_defined = None
+
+
+def ops():
+    """The operators (forward, varlen_forward, backward), defined once."""
+    global _defined
+    if _defined is None:
+        _defined = _define()
+    return _defined
+
+
+def _window(window):
+    """A window as the schema carries it (a list of two ints, or None) back to the launch's pair."""
+    return None if window is None else (int(window[0]), int(window[1]))
+
+
+def _define():
+    from typing import List, Optional, Tuple
+
+    import torch
+    from torch import Tensor
+
+    def statistics_like(q, layout):
+        """L as the forward returns it: float32 contiguous (batch, heads, seqlen_q), a packed
+        batch's (heads, total_q)."""
+        rows = dims_and_strides(q, layout)[0][:3]
+        return q.new_empty(rows[1:] if layout == PACKED else rows, dtype=torch.float32)
+
+    @torch.library.custom_op("flash_attn_rs::forward", mutates_args=())
+    def forward(q: Tensor, k: Tensor, v: Tensor, layout: str, dtype: str,
+                softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],
+                window: Optional[List[int]], softcap: float,
+                deterministic: bool) -> Tuple[Tensor, Tensor]:
+        # `deterministic` is the backward's, carried here for the autograd formula.
+        return _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                               window=_window(window), softcap=softcap)
+
+    @forward.register_fake
+    def _(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window, softcap,
+          deterministic):
+        return q.new_empty(q.shape), statistics_like(q, layout)
+
+    @torch.library.custom_op("flash_attn_rs::varlen_forward", mutates_args=())
+    def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                       cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, dtype: str,
+                       softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],
+                       window: Optional[List[int]], softcap: float) -> Tuple[Tensor, Tensor]:
+        return _launch.forward(q, k, v, PACKED, dtype, softmax_scale, causal, algorithm,
+                               window=_window(window), softcap=softcap,
+                               packed=(cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k)))
+
+    @varlen_forward.register_fake
+    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype,
+          softmax_scale, causal, algorithm, window, softcap):
+        return q.new_empty(q.shape), statistics_like(q, PACKED)
+
+    @torch.library.custom_op("flash_attn_rs::backward", mutates_args=())
+    def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, d_o: Tensor,
+                 layout: str, dtype: str, softmax_scale: Optional[float], causal: bool,
+                 window: Optional[List[int]], softcap: float,
+                 deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        return tuple(_launch.backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale,
+                                      causal, window=_window(window), softcap=softcap,
+                                      deterministic=deterministic))
+
+    @backward.register_fake
+    def _(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window, softcap,
+          deterministic):
+        return tuple(torch.empty_like(t) for t in (q, k, v))
+
+    def save_forward(ctx, inputs, output):
+        q, k, v, layout, dtype, softmax_scale, causal, _, window, softcap, deterministic = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.arguments = (layout, dtype, softmax_scale, causal, window, softcap, deterministic)
+        ctx.mark_non_differentiable(lse)
+
+    def forward_gradient(ctx, d_o, _d_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, o, lse, d_o, *ctx.arguments)
+        return (dq, dk, dv) + (None,) * 8
+
+    forward.register_autograd(forward_gradient, setup_context=save_forward)
+
+    def save_varlen(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+
+    def varlen_gradient(ctx, d_o, _d_lse):
+        raise NotImplementedError(PACKED_BACKWARD_MISSING)
+
+    varlen_forward.register_autograd(varlen_gradient, setup_context=save_varlen)
+    return forward, varlen_forward, backward
