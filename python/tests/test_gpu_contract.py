@@ -192,8 +192,9 @@ def test_flash_attn_calls_run_unchanged_on_the_gpu():
 
 
 def test_torch_compile_fullgraph_on_the_gpu():
-    """torch.compile (inductor) with fullgraph=True through the custom operators: the same O and
-    gradients as eager, bit for bit (the same kernels run)."""
+    """torch.compile (inductor) with fullgraph=True through the custom operators: the same loss
+    and gradients as eager (the same kernels run; inductor may fuse the loss's reduction
+    differently, hence bf16's tolerances rather than equality)."""
     g = generator(17)
     q, k, v = (randn((2, 256, 4, 64), torch.bfloat16, g).requires_grad_(True) for _ in range(3))
     twins = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
@@ -206,6 +207,6 @@ def test_torch_compile_fullgraph_on_the_gpu():
     loss.backward()
     want = step(*twins)
     want.backward()
-    assert torch.equal(loss, want)
+    torch.testing.assert_close(loss, want, rtol=1e-4, atol=0.0)
     for got, exact in zip((q, k, v), twins):
-        assert torch.equal(got.grad, exact.grad)
+        torch.testing.assert_close(got.grad, exact.grad)
