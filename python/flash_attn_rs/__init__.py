@@ -14,8 +14,8 @@ break. The first two are differentiable: the forward saves Q, K, V, O and L, and
 ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` also takes flash-attn's ``window_size`` and ``softcap``, forward only (the
-backward names them). ``flash_attn_varlen_func`` is forward only (its backward raises
-NotImplementedError: the library has no packed backward yet).
+backward names them). ``flash_attn_varlen_func`` is differentiable too: its backward is the
+dense backward on each sequence in turn, until the library has a packed backward kernel.
 ``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention here.
 
 The flash-attn functions take flash-attn's arguments in flash-attn's order (``dropout_p`` third,
@@ -141,7 +141,7 @@ def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
-    forward, _, _ = ops()
+    forward = ops()[0]
     return forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
                    None if window is None else list(window), softcap, deterministic)
 
@@ -320,14 +320,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q and k need at least one row each.
 
     flash-attn's signature, in its order: ``dropout_p`` must be 0.0, ``alibi_slopes`` and
-    ``block_table`` None (ValueError naming them otherwise); ``deterministic`` is taken and has
-    nothing to do here (no backward yet); ``algorithm`` and ``return_lse`` are ours,
-    keyword-only.
+    ``block_table`` None (ValueError naming them otherwise); ``deterministic`` is the
+    backward's; ``algorithm`` and ``return_lse`` are ours, keyword-only.
 
     Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` (O, softmax_lse,
     None) as flash-attn's, with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
-    float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key. Forward only: O of inputs that require grad has a grad_fn, but ``backward`` raises
-    NotImplementedError (the library has no packed backward yet) rather than return no gradient.
+    float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key.
+    Differentiable in q, k and v without a window or soft-capping: ``loss.backward()`` runs the
+    dense GPU backward on each sequence's rows in turn (one launch of its kernels per sequence
+    with queries and keys; the library has no packed backward kernel yet, issue #32), into one
+    packed dQ, dK, dV.
     Raises TypeError or ValueError naming the argument before anything is launched (the offsets'
     values are checked once read), RuntimeError inside a CUDA graph capture (before the offsets
     are copied, so the capture stays valid).
@@ -342,10 +344,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                    _check_max_seqlen("max_seqlen_k", max_seqlen_k))
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
-    _, varlen_forward, _ = ops()
+    varlen_forward = ops()[1]
     o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype,
                             softmax_scale, causal, algorithm,
-                            None if window is None else list(window), softcap)
+                            None if window is None else list(window), softcap, deterministic)
     return _returns(o, lse, return_attn_probs, return_lse)
 
 

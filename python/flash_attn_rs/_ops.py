@@ -3,25 +3,21 @@
 with a fake implementation (the outputs' shapes, dtypes and strides, computed without launching),
 so that ``torch.compile`` traces a model through them without a graph break and ``torch.export``
 sees them. The forward's autograd formula is the backward operator on the saved Q, K, V, O and L
-(the GPU backward recomputing P from L); L is not differentiable. The packed forward has no
-backward yet: its formula raises one clear error. Defined on first use, so importing
-flash_attn_rs needs no PyTorch; the wheel links no libtorch (the registration is Python)."""
+(the GPU backward recomputing P from L); L is not differentiable. The packed forward's formula
+is ``flash_attn_rs::varlen_backward``: until the library has a packed backward kernel (issue
+#32), the dense backward on each sequence's rows in turn (views, one launch of the backward's
+kernels per sequence, gradients written into one packed dQ, dK, dV). Defined on first use, so
+importing flash_attn_rs needs no PyTorch; the wheel links no libtorch (the registration is
+Python)."""
 
 from . import _launch
-from ._checks import PACKED, dims_and_strides
-
-#: Why ``flash_attn_varlen_func`` has no gradient (raised when ``backward`` reaches it).
-PACKED_BACKWARD_MISSING = (
-    "flash_attn_varlen_func has no backward yet: the packed (varlen) backward is not built in "
-    "the Rust library (only its forward is). Call it under torch.no_grad(), on inputs that do not "
-    "require grad, or use flash_attn_func (differentiable) per sequence"
-)
+from ._checks import FLASH_ATTN, PACKED, dims_and_strides
 
 _defined = None
 
 
 def ops():
-    """The operators (forward, varlen_forward, backward), defined once."""
+    """The operators (forward, varlen_forward, backward, varlen_backward), defined once."""
     global _defined
     if _defined is None:
         _defined = _define()
@@ -63,15 +59,50 @@ def _define():
     def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                        cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, dtype: str,
                        softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],
-                       window: Optional[List[int]], softcap: float) -> Tuple[Tensor, Tensor]:
+                       window: Optional[List[int]], softcap: float,
+                       deterministic: bool) -> Tuple[Tensor, Tensor]:
         return _launch.forward(q, k, v, PACKED, dtype, softmax_scale, causal, algorithm,
                                window=_window(window), softcap=softcap,
                                packed=(cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k)))
 
     @varlen_forward.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype,
-          softmax_scale, causal, algorithm, window, softcap):
+          softmax_scale, causal, algorithm, window, softcap, deterministic):
         return q.new_empty(q.shape), statistics_like(q, PACKED)
+
+    @torch.library.custom_op("flash_attn_rs::varlen_backward", mutates_args=())
+    def varlen_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, d_o: Tensor,
+                        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, dtype: str,
+                        softmax_scale: Optional[float], causal: bool,
+                        window: Optional[List[int]], softcap: float,
+                        deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        # Each sequence alone is a dense batch of one in flash-attn's layout, with its own mask
+        # corner, as the packed forward computed it. A sequence without queries adds nothing to
+        # dK, dV; one without keys has O = 0, so dQ = 0: both stay zeros.
+        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        bounds = zip(*(c.tolist() for c in (cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k,
+                                            cu_seqlens_k[1:])))
+        plan, launched = None, 0
+        for q0, q1, k0, k1 in bounds:
+            if q1 == q0 or k1 == k0:
+                continue
+            rows, keys = slice(q0, q1), slice(k0, k1)
+            grads = _launch.backward(
+                q[rows][None], k[keys][None], v[keys][None], o[rows][None],
+                lse[:, rows][None].contiguous(), d_o[rows][None], FLASH_ATTN, dtype,
+                softmax_scale, causal, window=_window(window), softcap=softcap,
+                deterministic=deterministic,
+            )
+            for whole, part, span in zip((dq, dk, dv), grads, (rows, keys, keys)):
+                whole[span] = part[0]
+            plan, launched = _launch.plans["backward"], launched + 1
+        _launch.plans["backward"] = f"packed, sequence by sequence ({launched}): {plan}"
+        return dq, dk, dv
+
+    @varlen_backward.register_fake
+    def _(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale, causal,
+          window, softcap, deterministic):
+        return tuple(torch.empty_like(t) for t in (q, k, v))
 
     @torch.library.custom_op("flash_attn_rs::backward", mutates_args=())
     def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, d_o: Tensor,
@@ -102,10 +133,18 @@ def _define():
     forward.register_autograd(forward_gradient, setup_context=save_forward)
 
     def save_varlen(ctx, inputs, output):
-        ctx.mark_non_differentiable(output[1])
+        q, k, v, cu_seqlens_q, cu_seqlens_k, _, _, dtype, softmax_scale, causal, _, window, \
+            softcap, deterministic = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.arguments = (dtype, softmax_scale, causal, window, softcap, deterministic)
+        ctx.mark_non_differentiable(lse)
 
     def varlen_gradient(ctx, d_o, _d_lse):
-        raise NotImplementedError(PACKED_BACKWARD_MISSING)
+        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k,
+                                     *ctx.arguments)
+        return (dq, dk, dv) + (None,) * 11
 
     varlen_forward.register_autograd(varlen_gradient, setup_context=save_varlen)
-    return forward, varlen_forward, backward
+    return forward, varlen_forward, backward, varlen_backward

@@ -3,7 +3,8 @@ reference built sequence by sequence (``reference.packed_attention64``), with th
 of test_gpu_numerics.py: auto (the default: fa3, fa2-tc off compute capability 9.0) and fa2-tc,
 float16 and bfloat16, causal and not, grouped K/V heads, a window and soft-capping, uneven
 lengths with empty sequences, more sequences than one launch's table, sliced inputs, and L.
-Forward only: the library has no packed backward yet (its refusal is checked here too).
+The backward: the dense one on each sequence in turn (no packed backward kernel yet), checked
+against each sequence's float64 gradients.
 
 FLASH_ATTN_PY_RESULTS=path appends one line per checked tensor, as test_gpu_numerics.py does."""
 
@@ -158,15 +159,41 @@ def test_varlen_default_is_auto_running_fa3_on_hopper():
     assert plan.startswith("auto:") and "fa3_forward_bf16_d128" in plan and "_varlen" in plan, plan
 
 
-def test_varlen_backward_raises_not_implemented():
-    """Inputs that require grad: O has a grad_fn whose backward raises NotImplementedError naming
-    flash_attn_varlen_func (no packed backward yet), never a missing gradient."""
-    q, k, v, cu_q, cu_k = packed_inputs("varlen backward", SELF, 2, 2, 64, torch.bfloat16)
-    q.requires_grad_(True)
-    o, _ = run(q, k, v, cu_q, cu_k, causal=True)
-    assert o.requires_grad
-    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func has no backward"):
-        o.float().sum().backward()
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lengths", ["self", "cross"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal):
+    """The packed backward (the dense one on each sequence in turn): dQ, dK, dV of every sequence
+    against the float64 reference of that sequence alone, with the project's bound; rows of
+    sequences without keys, and keys of sequences without queries, get zero gradients."""
+    test = f"varlen backward {dtype} {lengths} causal={causal}"
+    torch_dtype = DTYPES[dtype]
+    q, k, v, cu_q, cu_k = packed_inputs(test, LENGTHS[lengths], 4, 2, 64, torch_dtype)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o, _ = run(q, k, v, cu_q, cu_k, causal=causal)
+    d_o = randn(o.shape, torch_dtype, generator(seed_of(test) + 1))
+    o.backward(d_o)
+    plan = flash_attn_rs.last_backward_plan()
+    assert plan.startswith("packed, sequence by sequence"), plan
+
+    def sdpa(t):
+        return t.detach().to(torch.float64).transpose(0, 1)[None]
+
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        if q1 == q0 or k1 == k0:
+            assert torch.count_nonzero(q.grad[q0:q1]) == 0
+            assert torch.count_nonzero(k.grad[k0:k1]) == 0 and torch.count_nonzero(v.grad[k0:k1]) == 0
+            continue
+        parts = [sdpa(t[a:b]) for t, (a, b) in zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1),
+                                                                      (q0, q1)))]
+        exact = ref.gradients64(*parts, causal, 64**-0.5)
+        in_dtype = ref.backward_in_dtype(*parts, causal, 64**-0.5, torch_dtype)
+        for name, grad, span, want, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                                                ((q0, q1), (k0, k1), (k0, k1)), exact, in_dtype):
+            got = grad[span[0]:span[1]].to(torch.float64).transpose(0, 1)[None]
+            assert_within(f"{test} [{q0}:{q1}]", name, got, want,
+                          ref.backward_bound(want, base, torch_dtype), plan)
 
 
 @pytest.mark.parametrize("cu_q, max_q, name", [

@@ -280,17 +280,35 @@ def test_varlen_is_flash_attn_func_on_each_sequence(cpu_launches, causal, scores
     assert torch.equal(o_only, o)
 
 
-def test_varlen_backward_raises_naming_the_function(cpu_launches):
-    """Inputs that require grad give O a grad_fn whose backward raises NotImplementedError (no
-    packed backward yet), never a silently missing gradient; under no_grad there is none."""
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_backward_is_the_dense_backward_per_sequence(cpu_launches, causal):
+    """dQ, dK, dV of a packed batch are each sequence's own gradients (grouped K/V heads summed,
+    zeros for a sequence without keys or without queries); under no_grad there is no graph."""
     q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
-    q.requires_grad_(True)
-    o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
-    assert o.requires_grad
-    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func has no backward"):
-        o.float().sum().backward()
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                             deterministic=True)
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    assert flash_attn_rs.last_backward_plan() == \
+        "packed, sequence by sequence (3): fake deterministic backward"
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        if q1 == q0 or k1 == k0:
+            assert torch.count_nonzero(q.grad[q0:q1]) == 0
+            assert torch.count_nonzero(k.grad[k0:k1]) == 0
+            continue
+        parts = [t.detach()[a:b].double().transpose(0, 1)[None] for t, (a, b) in
+                 zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1), (q0, q1)))]
+        want = ref.gradients64(*parts, causal, q.shape[-1] ** -0.5)
+        for grad, span, exact in zip((q.grad, k.grad, v.grad), ((q0, q1), (k0, k1), (k0, k1)),
+                                     want):
+            got = grad[span[0]:span[1]].double().transpose(0, 1)[None]
+            assert torch.allclose(got, exact, atol=2e-2, rtol=1e-2)  # bf16 gradients
     with torch.no_grad():
-        o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
+        o = flash_attn_rs.flash_attn_varlen_func(q, k, v, torch.tensor(cu_q), torch.tensor(cu_k),
+                                                 max_q, max_k)
     assert o.grad_fn is None and not o.requires_grad
 
 
@@ -479,7 +497,7 @@ def test_torch_compile_traces_the_calls_without_a_graph_break(cpu_launches):
 def test_operators_pass_opcheck(cpu_launches):
     """torch.library.opcheck: schema, fake implementation against the real one, autograd
     registration, and tracing by AOT dispatch."""
-    forward, varlen_forward, backward = flash_attn_rs._ops.ops()
+    forward, varlen_forward, backward, varlen_backward = flash_attn_rs._ops.ops()
     q, k, v = (torch.randn(1, 5, 2, 8, requires_grad=True) for _ in range(3))
     flash = _checks.FLASH_ATTN
     torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0, False))
@@ -489,5 +507,28 @@ def test_operators_pass_opcheck(cpu_launches):
                                      False))
     pq, pk, pv, cu_q, cu_k, max_q, max_k = packed_batch(heads=2, heads_kv=2)
     torch.library.opcheck(varlen_forward, (pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None,
-                                           True, None, None, 0.0),
+                                           True, None, None, 0.0, False),
                           test_utils=("test_schema", "test_faketensor"))
+    po, plse = varlen_forward(pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None, True, None,
+                              None, 0.0, False)
+    torch.library.opcheck(varlen_backward, (pq, pk, pv, po, plse, torch.randn_like(po), cu_q,
+                                            cu_k, "bf16", None, True, None, 0.0, False),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile_traces_the_varlen_call_and_its_backward(cpu_launches):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch(heads=2, heads_kv=2)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    twins = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+    def step(q, k, v):
+        return flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
+                                                    causal=True).float().sum()
+
+    loss = torch.compile(step, backend="aot_eager", fullgraph=True)(*leaves)
+    loss.backward()
+    want = step(*twins)
+    want.backward()
+    assert torch.equal(loss, want)
+    for got, exact in zip(leaves, twins):
+        assert torch.equal(got.grad, exact.grad)
