@@ -159,7 +159,7 @@ def test_varlen_default_is_auto_running_fa3_on_hopper():
     assert plan.startswith("auto:") and "fa3_forward_bf16_d128" in plan and "_varlen" in plan, plan
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("lengths", ["self", "cross"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal):
