@@ -8,9 +8,10 @@ any strides whose last one is 1, without copies, run on PyTorch's current CUDA s
 device's primary context, and return outputs that PyTorch allocated. Importing needs neither
 PyTorch nor a GPU.
 
-Every call is a PyTorch custom operator (``_ops``: ``flash_attn_rs::forward``, ``varlen_forward``,
-``backward``, with fake implementations), so ``torch.compile`` traces through it without a graph
-break. The first two are differentiable: the forward saves Q, K, V, O and L, and
+Under ``torch.compile`` every call is a PyTorch custom operator (``_ops``: ``flash_attn_rs::forward``,
+``varlen_forward``, ``backward``, ``varlen_backward``, with fake implementations), so it traces
+without a graph break; eager calls run the same launches through ``torch.autograd.Function``s
+(``_autograd``), which cost less host time. The first two are differentiable: the forward saves Q, K, V, O and L, and
 ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` also takes flash-attn's ``window_size`` and ``softcap``, forward only (the
@@ -36,6 +37,7 @@ import math
 import operator
 
 from . import _launch, _native
+from ._autograd import attention_function, packed_attention_function
 from ._ops import ops
 from ._checks import FLASH_ATTN, PACKED, SDPA, check_inputs, check_offsets
 
@@ -141,9 +143,20 @@ def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
-    forward = ops()[0]
-    return forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                   None if window is None else list(window), softcap, deterministic)
+    if _compiling():
+        return ops()[0](q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                        None if window is None else list(window), softcap, deterministic)
+    return attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                                      window, softcap, deterministic)
+
+
+def _compiling():
+    """Whether PyTorch is compiling this call (torch.compile, torch.export): then the custom
+    operators (``_ops``), whose fake implementations it traces; in eager mode the autograd
+    Functions (``_autograd``), the same launches for less host time."""
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def _under_autocast(q, k, v, dtype, layout):
@@ -344,10 +357,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                    _check_max_seqlen("max_seqlen_k", max_seqlen_k))
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
-    varlen_forward = ops()[1]
-    o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype,
-                            softmax_scale, causal, algorithm,
-                            None if window is None else list(window), softcap, deterministic)
+    if _compiling():
+        o, lse = ops()[1](q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype, softmax_scale,
+                          causal, algorithm, None if window is None else list(window), softcap,
+                          deterministic)
+    else:
+        o, lse = packed_attention_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                   max_seqlens, dtype, softmax_scale, causal,
+                                                   algorithm, window, softcap, deterministic)
     return _returns(o, lse, return_attn_probs, return_lse)
 
 

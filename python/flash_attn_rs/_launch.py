@@ -3,7 +3,7 @@ PyTorch's current stream. The arguments have passed ``_checks`` already; the nat
 the integers again before it launches anything."""
 
 from . import _native
-from ._checks import PACKED, dims_and_strides
+from ._checks import FLASH_ATTN, PACKED, dims_and_strides
 
 #: The plans of the last forward and backward calls on this process (one line each, or None).
 plans = {"forward": None, "backward": None}
@@ -135,4 +135,34 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
             **scores(softmax_scale, causal, window, softcap),
             deterministic=deterministic,
         )
+    return dq, dk, dv
+
+
+def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
+                    causal, window=None, softcap=0.0, deterministic=False):
+    """The packed batch's dQ, dK, dV, until the library has a packed backward kernel (issue #32):
+    the dense backward on each sequence in turn, a dense batch of one in flash-attn's layout
+    (views of q, k, v, O, dO; its rows of L), with its own mask corner as the packed forward
+    computed it, written into one packed dQ, dK, dV. A sequence without queries adds nothing to
+    dK, dV and one without keys has O = 0, so dQ = 0: both stay zeros. The offsets are read on
+    the host (``tolist``)."""
+    import torch
+
+    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+    bounds = zip(*(c.tolist() for c in (cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k,
+                                        cu_seqlens_k[1:])))
+    plan, launched = None, 0
+    for q0, q1, k0, k1 in bounds:
+        if q1 == q0 or k1 == k0:
+            continue
+        rows, keys = slice(q0, q1), slice(k0, k1)
+        grads = backward(
+            q[rows][None], k[keys][None], v[keys][None], o[rows][None],
+            lse[:, rows][None].contiguous(), d_o[rows][None], FLASH_ATTN, dtype, softmax_scale,
+            causal, window=window, softcap=softcap, deterministic=deterministic,
+        )
+        for whole, part, span in zip((dq, dk, dv), grads, (rows, keys, keys)):
+            whole[span] = part[0]
+        plan, launched = plans["backward"], launched + 1
+    plans["backward"] = f"packed, sequence by sequence ({launched}): {plan}"
     return dq, dk, dv

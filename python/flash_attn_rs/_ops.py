@@ -1,17 +1,20 @@
 """The launches as PyTorch custom operators (``torch.library.custom_op``): ``flash_attn_rs::forward``
-(dense batches), ``flash_attn_rs::varlen_forward`` (packed) and ``flash_attn_rs::backward``, each
-with a fake implementation (the outputs' shapes, dtypes and strides, computed without launching),
-so that ``torch.compile`` traces a model through them without a graph break and ``torch.export``
-sees them. The forward's autograd formula is the backward operator on the saved Q, K, V, O and L
-(the GPU backward recomputing P from L); L is not differentiable. The packed forward's formula
-is ``flash_attn_rs::varlen_backward``: until the library has a packed backward kernel (issue
-#32), the dense backward on each sequence's rows in turn (views, one launch of the backward's
-kernels per sequence, gradients written into one packed dQ, dK, dV). Defined on first use, so
+(dense batches), ``flash_attn_rs::varlen_forward`` (packed), ``flash_attn_rs::backward`` and
+``flash_attn_rs::varlen_backward``, each with a fake implementation (the outputs' shapes, dtypes
+and strides, computed without launching), so that ``torch.compile`` traces a model through them
+without a graph break and ``torch.export`` sees them. The functions call them while PyTorch
+compiles; in eager mode they call the ``torch.autograd.Function``s of ``_autograd``, the same
+launches for less host time (with the launches stubbed, on a 2-core machine: a forward and
+backward 199–226 µs through the operators, 112–130 µs through the Functions). The forward's
+autograd formula is the backward operator on the saved Q, K, V, O and L (the GPU backward
+recomputing P from L); L is not differentiable. The packed forward's formula
+is ``flash_attn_rs::varlen_backward`` (``_launch.varlen_backward``: the dense backward on each
+sequence in turn, until the library has a packed backward kernel). Defined on first use, so
 importing flash_attn_rs needs no PyTorch; the wheel links no libtorch (the registration is
 Python)."""
 
 from . import _launch
-from ._checks import FLASH_ATTN, PACKED, dims_and_strides
+from ._checks import PACKED, dims_and_strides
 
 _defined = None
 
@@ -76,28 +79,9 @@ def _define():
                         softmax_scale: Optional[float], causal: bool,
                         window: Optional[List[int]], softcap: float,
                         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        # Each sequence alone is a dense batch of one in flash-attn's layout, with its own mask
-        # corner, as the packed forward computed it. A sequence without queries adds nothing to
-        # dK, dV; one without keys has O = 0, so dQ = 0: both stay zeros.
-        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-        bounds = zip(*(c.tolist() for c in (cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k,
-                                            cu_seqlens_k[1:])))
-        plan, launched = None, 0
-        for q0, q1, k0, k1 in bounds:
-            if q1 == q0 or k1 == k0:
-                continue
-            rows, keys = slice(q0, q1), slice(k0, k1)
-            grads = _launch.backward(
-                q[rows][None], k[keys][None], v[keys][None], o[rows][None],
-                lse[:, rows][None].contiguous(), d_o[rows][None], FLASH_ATTN, dtype,
-                softmax_scale, causal, window=_window(window), softcap=softcap,
-                deterministic=deterministic,
-            )
-            for whole, part, span in zip((dq, dk, dv), grads, (rows, keys, keys)):
-                whole[span] = part[0]
-            plan, launched = _launch.plans["backward"], launched + 1
-        _launch.plans["backward"] = f"packed, sequence by sequence ({launched}): {plan}"
-        return dq, dk, dv
+        return _launch.varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype,
+                                       softmax_scale, causal, window=_window(window),
+                                       softcap=softcap, deterministic=deterministic)
 
     @varlen_backward.register_fake
     def _(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale, causal,

@@ -1,0 +1,93 @@
+"""The ``torch.autograd.Function``s that eager calls run (``torch.compile`` runs the same launches
+as the custom operators of ``_ops``): the forward saves Q, K, V, O and L; ``loss.backward()``
+runs the GPU backward ("auto": FA3's on Hopper, FA2-TC's elsewhere, recomputing P from L) into
+gradients PyTorch allocates; the packed forward's backward is ``_launch.varlen_backward`` (the
+dense one per sequence, until the library has a packed backward kernel). Built on first use, so
+importing flash_attn_rs needs no PyTorch."""
+
+from . import _launch
+from ._checks import PACKED
+
+_functions = {}
+
+
+def _built(make):
+    """The Function class ``make`` creates (once, on first call)."""
+    if make not in _functions:
+        _functions[make] = make()
+    return _functions[make]
+
+
+def attention_function():
+    """The autograd Function class of dense batches."""
+    return _built(_make_function)
+
+
+def packed_attention_function():
+    """The autograd Function class of packed batches."""
+    return _built(_make_packed_function)
+
+
+def _make_function():
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class FlashAttention(torch.autograd.Function):
+        """O, L = attention(Q, K, V); L is not differentiable (its gradient is ignored)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, layout, dtype, softmax_scale, causal, algorithm, window,
+                    softcap, deterministic):
+            o, lse = _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                                     window=window, softcap=softcap)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.layout, ctx.dtype = layout, dtype
+            ctx.window, ctx.softcap = window, softcap
+            ctx.deterministic = deterministic
+            ctx.softmax_scale, ctx.causal = softmax_scale, causal
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_o, _d_lse):
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = _launch.backward(
+                q, k, v, o, lse, d_o, ctx.layout, ctx.dtype, ctx.softmax_scale, ctx.causal,
+                window=ctx.window, softcap=ctx.softcap, deterministic=ctx.deterministic,
+            )
+            return dq, dk, dv, None, None, None, None, None, None, None, None
+
+    return FlashAttention
+
+
+def _make_packed_function():
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class FlashAttentionVarlen(torch.autograd.Function):
+        """O, L = attention over packed sequences; L is not differentiable."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
+                    causal, algorithm, window, softcap, deterministic):
+            o, lse = _launch.forward(q, k, v, PACKED, dtype, softmax_scale, causal, algorithm,
+                                     window=window, softcap=softcap,
+                                     packed=(cu_seqlens_q, cu_seqlens_k, max_seqlens))
+            ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+            ctx.arguments = (dtype, softmax_scale, causal, window, softcap, deterministic)
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_o, _d_lse):
+            q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+            dtype, softmax_scale, causal, window, softcap, deterministic = ctx.arguments
+            dq, dk, dv = _launch.varlen_backward(
+                q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale, causal,
+                window=window, softcap=softcap, deterministic=deterministic,
+            )
+            return (dq, dk, dv) + (None,) * 10
+
+    return FlashAttentionVarlen
