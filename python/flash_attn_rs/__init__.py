@@ -39,7 +39,9 @@ import operator
 from . import _launch, _native
 from ._autograd import attention_function, packed_attention_function
 from ._ops import ops
-from ._checks import FLASH_ATTN, PACKED, SDPA, check_inputs, check_offsets
+from ._checks import (
+    FLASH_ATTN, PACKED, SDPA, check_cache_inputs, check_inputs, check_offsets,
+)
 
 if importlib.util.find_spec("torch") is not None:
     # The operators exist before any call: torch.compile must not trace their definition.
@@ -54,6 +56,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "last_backward_plan",
     "last_plan",
     "reset_workspace_peak",
@@ -397,6 +400,82 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
                                   algorithm=algorithm, return_lse=return_lse)
+
+
+def _host_ints(name, value, dims):
+    """An int tensor (any device: a CUDA one is copied with ``tolist()``, a synchronization) or,
+    for ``cache_seqlens``, an int, as nested lists of ``dims`` dims."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        if str(value.dtype) not in ("torch.int32", "torch.int64"):
+            raise TypeError(f"{name} has dtype {value.dtype}; allowed: torch.int32 (flash-attn's) "
+                            "or torch.int64")
+        if len(value.shape) != dims:
+            raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {dims} dims")
+        return value.tolist()
+    raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(value).__name__}")
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """flash-attn's ``flash_attn_with_kvcache``: decoding, 1-16 query tokens per sequence
+    against each sequence's cached keys and values, on the split-KV kernels (f16 and bf16, head
+    dims 64 and 128, compute capability 8.0 and newer), inference only (no gradient).
+
+    q (batch, seqlen_q, heads, head_dim); k_cache and v_cache (batch, capacity, heads_kv,
+    head_dim), or with ``block_table`` (batch, pages per sequence; int32) a paged cache
+    (pages, page_size, heads_kv, head_dim), page_size a multiple of 16; heads_kv divides heads.
+    ``k``, ``v`` (batch, seqlen_new, heads_kv, head_dim): written into the caches at each
+    sequence's length first (in place), then attended to. ``cache_seqlens``: the keys in each
+    sequence's cache before the call, an int or a (batch,) int32/int64 tensor; None: the whole
+    capacity (a paged cache's: its table's pages). The lengths and the table are read on the
+    host and uploaded with the call: a CUDA tensor is copied with ``tolist()``, a
+    synchronization per call (pass CPU tensors or ints to avoid it). ``causal``: the query tokens
+    are each sequence's last positions (bottom-right). ``num_splits``: 0 lets the plan choose the
+    split-KV count, n > 0 forces it.
+
+    Refused by name, never ignored (the kernels have none of them yet): ``rotary_cos``,
+    ``rotary_sin`` (apply the rotary embedding to q and k first), ``cache_batch_idx``,
+    ``cache_leftpad``, ``window_size`` other than (-1, -1), ``softcap`` other than 0,
+    ``alibi_slopes``. Returns O (q's shape), and with ``return_softmax_lse`` (O, softmax_lse),
+    softmax_lse float32 (batch, heads, seqlen_q). Not traced by torch.compile yet (the call
+    mutates the caches: a graph break), and CUDA graph capture is refused.
+    """
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                        ("alibi_slopes", alibi_slopes)):
+        if value is not None:
+            raise ValueError(f"{name} is given; allowed: None (the decode kernels have no such "
+                             "input yet)")
+    window, softcap = _check_scores(window_size, softcap)
+    if window is not None or softcap:
+        name = "window_size" if window is not None else "softcap"
+        raise ValueError(f"{name} is set; allowed: (-1, -1) and 0.0 (the decode kernels have no "
+                         "window or soft-capping yet)")
+    softmax_scale = _check_options(softmax_scale, causal, None)
+    _check_bool("return_softmax_lse", return_softmax_lse)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits is {num_splits!r}; allowed: an int >= 0 (0: the plan's)")
+    if (k is None) != (v is None):
+        raise ValueError("k and v go together (the keys and values to append); got only "
+                         f"{'k' if v is None else 'v'}")
+    dtype = check_cache_inputs({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
+    batch = q.shape[0]
+    table = None if block_table is None else _host_ints("block_table", block_table, 2)
+    if cache_seqlens is None:
+        # The whole cache: its capacity, a paged one's pages in the table.
+        capacity = k_cache.shape[1] * (len(table[0]) if table else 1)
+        lengths = [capacity] * batch
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        lengths = [cache_seqlens] * batch
+    else:
+        lengths = _host_ints("cache_seqlens", cache_seqlens, 1)
+    o, lse = _launch.decode(q, k_cache, v_cache, k, v, dtype, softmax_scale, causal, lengths,
+                            table, num_splits or None)
+    return (o, lse) if return_softmax_lse else o
 
 
 def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None):

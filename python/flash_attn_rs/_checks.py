@@ -118,3 +118,22 @@ def check_offsets(name, offsets, q):
     if offsets.device != q.device and offsets.device.type != "cpu":
         raise ValueError(f"{name} is on {offsets.device} but q is on {q.device}; the offsets must "
                          "be on q's device or on the CPU")
+
+
+def check_cache_inputs(tensors):
+    """The tensors of a call against a KV cache (``tensors``: name -> tensor or None for the
+    optional ones), each in flash-attn's layout, checked alone and for one dtype and device with
+    q's; how their shapes fit together (a paged cache has pages, not sequences, in its first
+    dim) is the native half's check, which names them. Returns the dtype's name."""
+    q = tensors["q"]
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        _check_one(name, tensor, FLASH_ATTN)
+        if str(tensor.dtype) != str(q.dtype):
+            raise TypeError(f"{name} has dtype {tensor.dtype} but q has {q.dtype}; they must "
+                            "share one")
+        if tensor.device != q.device:
+            raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}; they must be "
+                             "on one device")
+    return DTYPES[str(q.dtype)]

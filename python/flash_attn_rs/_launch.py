@@ -166,3 +166,42 @@ def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, sof
         plan, launched = plans["backward"], launched + 1
     plans["backward"] = f"packed, sequence by sequence ({launched}): {plan}"
     return dq, dk, dv
+
+
+def decode_arguments(q, k_cache, v_cache, o, lse, k_new, v_new, dtype, softmax_scale, causal,
+                     cache_seqlens, block_table, num_splits):
+    """The native forward's keywords for a call against a KV cache but the device and the stream:
+    Q, the caches and O as (address, dims, strides) in flash-attn's layout (a paged cache's
+    (pages, page_size, heads_kv, d) is (pages, heads_kv, page_size, d) there), L's address, the
+    lengths and the block table as lists, K and V to append."""
+    appended = operands(FLASH_ATTN, k_new=k_new, v_new=v_new) if k_new is not None else {}
+    return dict(
+        dtype=dtype,
+        **operands(FLASH_ATTN, q=q, k=k_cache, v=v_cache, o=o),
+        stats=[lse.data_ptr()],
+        **scores(softmax_scale, causal, None, 0.0),
+        cache_seqlens=cache_seqlens,
+        block_table=block_table,
+        num_splits=num_splits,
+        **appended,
+    )
+
+
+def decode(q, k_cache, v_cache, k_new, v_new, dtype, softmax_scale, causal, cache_seqlens,
+           block_table, num_splits):
+    """Allocates O (q's shape) and L (batch, heads, seqlen_q) with PyTorch and runs the call
+    against the KV cache on the current stream of q's device (appending K and V into the caches
+    first, in place). ``cache_seqlens`` and ``block_table`` are lists (read on the host and
+    uploaded with the call). Returns (O, L)."""
+    import torch
+
+    with torch.cuda.device(q.device):
+        _refuse_graph_capture(torch)
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        (lse,) = statistics(torch, q, FLASH_ATTN, None)
+        plans["forward"] = _native.forward(
+            **decode_arguments(q, k_cache, v_cache, o, lse, k_new, v_new, dtype, softmax_scale,
+                               causal, cache_seqlens, block_table, num_splits),
+            **_on_stream(torch, q.device),
+        )
+    return o, lse

@@ -6,17 +6,19 @@
 //! and only then opens the GPU and runs it on that stream ([`Attention::forward_into`],
 //! [`Attention::backward_into`]).
 //!
-//! Two launches: `forward` (a dense batch, or a packed one given the offsets: flash-attn's
-//! varlen call) and `backward`. The form of a forward's batch comes from optional keywords
-//! ([`FormArguments`]), so that a KV cache's arguments can join them as more of the same.
+//! Two launches: `forward` (a dense batch, a packed one given the offsets: flash-attn's varlen
+//! call, or a call against a KV cache given its lengths: flash-attn's `flash_attn_with_kvcache`)
+//! and `backward`. The form of a forward's batch comes from optional keywords
+//! ([`FormArguments`]).
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
-    Algorithm, Attention, AttentionOptions, BackwardTensors, DType, Element, Error, ForwardTensors,
-    Gpu, Gradients, PackedBatch, Plan, RowsRef, Statistics, TensorRef,
+    Algorithm, Attention, AttentionOptions, BackwardTensors, BlockTable, CacheSeqlens,
+    CompiledLimits, DType, Element, Error, ForwardTensors, Gpu, Gradients, KvCache, PackedBatch,
+    Plan, RowsRef, Statistics, TensorRef,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -163,7 +165,8 @@ impl StatisticsArgument {
 }
 
 /// The optional keywords of `forward` that say how the batch is laid out: none for a dense
-/// batch, the four of flash-attn's varlen call for a packed one. (A KV cache's will join them.)
+/// batch, the four of flash-attn's varlen call for a packed one, `cache_seqlens` (with an
+/// optional block table and keys and values to append) for a call against a KV cache.
 #[derive(Clone, Debug, Default)]
 pub struct FormArguments {
     /// The packed batch's offsets, ints from `cu_seqlens.tolist()` (read on the host).
@@ -172,6 +175,23 @@ pub struct FormArguments {
     /// flash-attn's bounds on the longest sequence, each checked against its offsets.
     pub max_seqlen_q: Option<usize>,
     pub max_seqlen_k: Option<usize>,
+    /// Keys in each sequence's cache before the call (read on the host, uploaded per call).
+    pub cache_seqlens: Option<Vec<i64>>,
+    /// A paged cache's block table, one row of page numbers per sequence.
+    pub block_table: Option<Vec<Vec<i64>>>,
+    /// Keys and values to write into the cache at each sequence's length first.
+    pub k_new: Option<TensorArgument>,
+    pub v_new: Option<TensorArgument>,
+}
+
+/// A KV-cache call's bookkeeping, in the host's u32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheArguments {
+    pub seqlens: Vec<u32>,
+    /// (batch, pages per sequence).
+    pub block_table: Option<ndarray::Array2<u32>>,
+    /// K and V to append, (batch, heads_kv, new_tokens, d) each.
+    pub append: Option<(TensorArgument, TensorArgument)>,
 }
 
 /// The form of a forward's batch, parsed from its [`FormArguments`].
@@ -185,23 +205,31 @@ pub enum Batch {
         batch: PackedBatch,
         max_seqlens: [usize; 2],
     },
+    /// Q (batch, heads, q_tokens, d) against the caches K and V (batch, heads_kv, capacity, d),
+    /// or (pages, heads_kv, page_size, d) with a block table.
+    Cache(CacheArguments),
+}
+
+/// Ints as the Python half passes them (from `.tolist()` or Python ints), in the host's u32;
+/// an entry below 0 or past u32 is named with its index.
+fn host_u32(name: &'static str, values: &[i64], allowed: &str) -> flash_attn::Result<Vec<u32>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &value)| {
+            u32::try_from(value)
+                .map_err(|_| invalid(name, format!("entry {i} = {value}"), allowed.to_string()))
+        })
+        .collect()
 }
 
 /// Offsets as the Python half passes them (ints from `cu_seqlens.tolist()`) in the host's u32.
 fn host_offsets(name: &'static str, offsets: &[i64]) -> flash_attn::Result<Vec<u32>> {
-    offsets
-        .iter()
-        .enumerate()
-        .map(|(i, &offset)| {
-            u32::try_from(offset).map_err(|_| {
-                invalid(
-                    name,
-                    format!("entry {i} = {offset}"),
-                    format!("offsets from 0 to at most {}", u32::MAX),
-                )
-            })
-        })
-        .collect()
+    host_u32(
+        name,
+        offsets,
+        &format!("offsets from 0 to at most {}", u32::MAX),
+    )
 }
 
 impl FormArguments {
@@ -216,6 +244,38 @@ impl FormArguments {
             self.max_seqlen_q.is_some(),
             self.max_seqlen_k.is_some(),
         ];
+        if self.cache_seqlens.is_some() {
+            if let Some(name) = [
+                "cu_seqlens_q",
+                "cu_seqlens_k",
+                "max_seqlen_q",
+                "max_seqlen_k",
+            ]
+            .into_iter()
+            .zip(given)
+            .find_map(|(name, given)| given.then_some(name))
+            {
+                return Err(invalid(
+                    name,
+                    "given",
+                    "None with cache_seqlens: a call against a KV cache is not a packed batch",
+                ));
+            }
+            return self.cache().map(Batch::Cache);
+        }
+        for (name, given) in [
+            ("block_table", self.block_table.is_some()),
+            ("k_new", self.k_new.is_some()),
+            ("v_new", self.v_new.is_some()),
+        ] {
+            if given {
+                return Err(invalid(
+                    name,
+                    "given",
+                    "None without cache_seqlens (it belongs to a call against a KV cache)",
+                ));
+            }
+        }
         if !given.contains(&true) {
             return Ok(Batch::Dense);
         }
@@ -245,6 +305,56 @@ impl FormArguments {
             &host_offsets("cu_seqlens_k", cu_seqlens_k)?,
         )?;
         Ok(Batch::Packed { batch, max_seqlens })
+    }
+
+    /// The KV-cache form: the lengths and the block table in u32 (the host's checks take their
+    /// values against the caches' shapes), K and V to append together or neither.
+    fn cache(&self) -> flash_attn::Result<CacheArguments> {
+        let lengths = self.cache_seqlens.as_deref().unwrap_or_default();
+        let seqlens = host_u32(
+            "cache_seqlens",
+            lengths,
+            "lengths from 0 to the cache's capacity",
+        )?;
+        let block_table = self
+            .block_table
+            .as_deref()
+            .map(|rows| {
+                let width = rows.first().map_or(0, Vec::len);
+                if let Some(b) = rows.iter().position(|row| row.len() != width) {
+                    return Err(invalid(
+                        "block_table",
+                        format!("row {b} of {} entries, row 0 of {width}", rows[b].len()),
+                        "rows of one length (batch, pages per sequence)",
+                    ));
+                }
+                let entries = host_u32(
+                    "block_table",
+                    &rows.concat(),
+                    "page numbers from 0 to the cache's pages",
+                )?;
+                ndarray::Array2::from_shape_vec((rows.len(), width), entries).map_err(|e| {
+                    invalid("block_table", format!("{} rows", rows.len()), e.to_string())
+                })
+            })
+            .transpose()?;
+        let append = match (self.k_new, self.v_new) {
+            (Some(k), Some(v)) => Some((k, v)),
+            (None, None) => None,
+            (k, _) => {
+                let missing = if k.is_none() { "k_new" } else { "v_new" };
+                return Err(invalid(
+                    missing,
+                    "None",
+                    "k_new and v_new together (the keys and values to append)",
+                ));
+            }
+        };
+        Ok(CacheArguments {
+            seqlens,
+            block_table,
+            append,
+        })
     }
 }
 
@@ -307,6 +417,13 @@ impl ForwardCall {
                 "f16 or bf16: packed batches run on tensor cores only",
             ));
         }
+        if matches!(batch, Batch::Cache(_)) && dtype == DType::F32 {
+            return Err(invalid(
+                "dtype",
+                dtype,
+                "f16 or bf16: decoding against a KV cache runs on tensor cores only",
+            ));
+        }
         Ok(Self {
             dtype,
             tensors,
@@ -358,16 +475,57 @@ impl ForwardCall {
                 sum: stats_rows(sum),
             },
         };
+        // A KV cache's lengths and table: uploaded for a run, host copies for a check.
+        let cache = match &self.batch {
+            Batch::Cache(cache) => Some(cache_bookkeeping(cache, gpu)?),
+            _ => None,
+        };
         let mut call = Attention::new(q, k, v).options(self.options);
-        if let Batch::Packed { batch, .. } = &self.batch {
-            call = call.packed(batch);
+        match (&self.batch, &cache) {
+            (Batch::Packed { batch, .. }, _) => call = call.packed(batch),
+            (Batch::Cache(arguments), Some((seqlens, block_table))) => {
+                // SAFETY: as Q, K, V above.
+                let append = arguments
+                    .append
+                    .map(|(k, v)| unsafe { (tensor::<T>(k), tensor::<T>(v)) });
+                call = call.kv_cache(KvCache {
+                    seqlens,
+                    block_table: block_table.as_ref(),
+                    append,
+                });
+            }
+            _ => {}
         }
         let tensors = ForwardTensors { o, stats };
-        match gpu {
-            Some(gpu) => call.forward_into(gpu, tensors),
-            None => call.check_forward(tensors),
+        match (gpu, &self.batch) {
+            (Some(gpu), _) => call.forward_into(gpu, tensors),
+            // The host checks a KV-cache call's outputs only as it runs it (with the lengths on
+            // the device): here its plan, every other check, from the host's lengths.
+            (None, Batch::Cache(_)) => call.plan(&CompiledLimits::H200),
+            (None, _) => call.check_forward(tensors),
         }
     }
+}
+
+/// A KV-cache call's lengths and block table as the host takes them: on the device (uploaded on
+/// `gpu`'s stream) for a run, on the host alone for a check.
+fn cache_bookkeeping(
+    cache: &CacheArguments,
+    gpu: Option<&Gpu>,
+) -> flash_attn::Result<(CacheSeqlens, Option<BlockTable>)> {
+    let seqlens = match gpu {
+        Some(gpu) => CacheSeqlens::new(gpu, &cache.seqlens)?,
+        None => CacheSeqlens::host(&cache.seqlens)?,
+    };
+    let block_table = cache
+        .block_table
+        .as_ref()
+        .map(|table| match gpu {
+            Some(gpu) => BlockTable::new(gpu, table.view()),
+            None => BlockTable::host(table.view()),
+        })
+        .transpose()?;
+    Ok((seqlens, block_table))
 }
 
 /// One backward call's arguments, parsed; [`BackwardCall::check`] checks them without a device.
@@ -468,7 +626,11 @@ impl BackwardCall {
 /// The batch's form comes from the optional keywords: none for a dense batch; for a packed one
 /// (flash-attn's varlen call) all four of `cu_seqlens_q`, `cu_seqlens_k` (the offsets, as
 /// lists), `max_seqlen_q`, `max_seqlen_k` (checked against them), with q, k, v, o the packed
-/// (total, heads, d) tensors viewed as (1, heads, total, d) and L (1, heads, total_q).
+/// (total, heads, d) tensors viewed as (1, heads, total, d) and L (1, heads, total_q); for a
+/// call against a KV cache (flash-attn's `flash_attn_with_kvcache`) `cache_seqlens` (a list,
+/// uploaded per call), optionally `block_table` (rows of page numbers: k and v are then the
+/// pages, (pages, heads_kv, page_size, d)) and `k_new`, `v_new` (written into the caches first),
+/// with k and v the caches and `num_splits` the split-KV count (None or 0: the plan's).
 ///
 /// Private: `flash_attn_rs`'s functions derive every integer from live tensors; wrong integers
 /// here are undefined behaviour.
@@ -476,7 +638,8 @@ impl BackwardCall {
 #[pyo3(signature = (
     *, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, window=None,
     softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-    device=None, stream=0,
+    cache_seqlens=None, block_table=None, k_new=None, v_new=None, num_splits=None, device=None,
+    stream=0,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
@@ -496,6 +659,11 @@ fn forward(
     cu_seqlens_k: Option<Vec<i64>>,
     max_seqlen_q: Option<usize>,
     max_seqlen_k: Option<usize>,
+    cache_seqlens: Option<Vec<i64>>,
+    block_table: Option<Vec<Vec<i64>>>,
+    k_new: Option<TensorArgument>,
+    v_new: Option<TensorArgument>,
+    num_splits: Option<u32>,
     device: Option<usize>,
     stream: usize,
 ) -> PyResult<Option<String>> {
@@ -504,10 +672,16 @@ fn forward(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
+        cache_seqlens,
+        block_table,
+        k_new,
+        v_new,
     };
     let scores = Scores::of(softmax_scale, causal, window, softcap);
-    let call =
+    let mut call =
         ForwardCall::parse(dtype, [q, k, v, o], &stats, algorithm, scores, &form).map_err(to_py)?;
+    // flash-attn's `num_splits`: 0 (or None) lets the plan choose the split-KV count.
+    call.options.decode_splits = num_splits.filter(|&n| n > 0);
     call.check().map_err(to_py)?;
     // SAFETY: the Python half passes live CUDA tensors of device `device` (checked there: one
     // device for all), which PyTorch keeps allocated until the work on their stream is done, O
@@ -970,6 +1144,7 @@ mod tests {
                     cu_seqlens_k: Some(vec![0, 7, 10, 19]),
                     max_seqlen_q: Some(11),
                     max_seqlen_k: Some(9),
+                    ..Default::default()
                 },
                 algorithm: None,
                 scores: Scores::default(),
@@ -1164,5 +1339,118 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(rejected(no_lse.check()), ("lse", ExceptionKind::Value));
+    }
+
+    /// A decode call: q (2, 8, 3, 64) against contiguous caches (2, 2, 40, 64) of lengths 10 and
+    /// 0, or paged ones (6 pages of 16 keys) with a table; parsed and checked (no device).
+    fn decode_with(form: FormArguments, dtype: &str) -> flash_attn::Result<(ForwardCall, Plan)> {
+        let q = sdpa(BASE, [2, 8, 3, 64]);
+        let paged = form.block_table.is_some();
+        let cache_dims = if paged {
+            [6, 2, 16, 64]
+        } else {
+            [2, 2, 40, 64]
+        };
+        let k = sdpa(BASE + (1 << 30), cache_dims);
+        let v = sdpa(BASE + (2 << 30), cache_dims);
+        let o = sdpa(BASE + (3 << 30), [2, 8, 3, 64]);
+        let call = ForwardCall::parse(
+            dtype,
+            [q, k, v, o],
+            &[BASE + (4 << 30)],
+            None,
+            Scores {
+                causal: true,
+                ..Scores::default()
+            },
+            &form,
+        )?;
+        let plan = call.check()?;
+        Ok((call, plan))
+    }
+
+    fn cache_form(lengths: Vec<i64>) -> FormArguments {
+        FormArguments {
+            cache_seqlens: Some(lengths),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn decode_calls_are_planned_with_their_cache() {
+        let (call, plan) = decode_with(cache_form(vec![10, 0]), "bf16").unwrap();
+        assert!(
+            matches!(&call.batch, Batch::Cache(c) if c.seqlens == [10, 0]),
+            "{call:?}"
+        );
+        assert!(plan.to_string().contains("decode"), "{plan}");
+        // Paged: rows of page numbers, with keys to append.
+        let form = FormArguments {
+            block_table: Some(vec![vec![0, 1, 2], vec![3, 4, 5]]),
+            k_new: Some(sdpa(BASE + (5 << 30), [2, 2, 3, 64])),
+            v_new: Some(sdpa(BASE + (6 << 30), [2, 2, 3, 64])),
+            ..cache_form(vec![20, 7])
+        };
+        let (call, _) = decode_with(form, "f16").unwrap();
+        let Batch::Cache(cache) = &call.batch else {
+            panic!("{call:?}")
+        };
+        assert_eq!(cache.block_table.as_ref().unwrap().dim(), (2, 3));
+        assert!(cache.append.is_some());
+    }
+
+    #[test]
+    fn decode_errors_name_the_argument() {
+        let cases: Vec<(FormArguments, &str, &str)> = vec![
+            (cache_form(vec![10, -1]), "bf16", "cache_seqlens"),
+            // Past the cache's capacity (40): the host's check of the call.
+            (cache_form(vec![41, 0]), "bf16", "cache_seqlens"),
+            (cache_form(vec![10, 0]), "f32", "dtype"),
+            (
+                FormArguments {
+                    max_seqlen_q: Some(3),
+                    ..cache_form(vec![1, 1])
+                },
+                "bf16",
+                "max_seqlen_q",
+            ),
+            (
+                FormArguments {
+                    block_table: Some(vec![vec![0, 1, 2], vec![3, 4]]),
+                    ..cache_form(vec![1, 1])
+                },
+                "bf16",
+                "block_table",
+            ),
+            (
+                FormArguments {
+                    block_table: Some(vec![vec![0, 1, 2], vec![3, 4, 9]]),
+                    ..cache_form(vec![40, 40])
+                },
+                "bf16",
+                "block_table",
+            ),
+            (
+                FormArguments {
+                    k_new: Some(sdpa(BASE + (5 << 30), [2, 2, 3, 64])),
+                    ..cache_form(vec![1, 1])
+                },
+                "bf16",
+                "v_new",
+            ),
+            (
+                FormArguments {
+                    k_new: Some(sdpa(BASE + (5 << 30), [2, 2, 3, 64])),
+                    ..Default::default()
+                },
+                "bf16",
+                "k_new",
+            ),
+        ];
+        for (form, dtype, name) in cases {
+            let described = format!("{form:?} {dtype}");
+            let (got, _) = rejected(decode_with(form, dtype));
+            assert_eq!(got, name, "{described}");
+        }
     }
 }

@@ -417,6 +417,11 @@ FLASH_ATTN_SIGNATURES = {
     "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen", "dropout_p",
                                          "softmax_scale", "causal", "window_size", "softcap",
                                          "alibi_slopes", "deterministic", "return_attn_probs"],
+    "flash_attn_with_kvcache": ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin",
+                                "cache_seqlens", "cache_batch_idx", "cache_leftpad",
+                                "block_table", "softmax_scale", "causal", "window_size",
+                                "softcap", "rotary_interleaved", "alibi_slopes", "num_splits",
+                                "return_softmax_lse"],
     "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k",
                                         "max_seqlen_q", "max_seqlen_k", "dropout_p",
                                         "softmax_scale", "causal", "window_size", "softcap",
@@ -432,7 +437,8 @@ def test_signatures_are_flash_attns_in_its_order(name):
     positional = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]
     assert positional == FLASH_ATTN_SIGNATURES[name]
     # Ours come after, keyword-only, so no flash-attn call can reach them by position.
-    assert {p.name for p in parameters if p.kind == p.KEYWORD_ONLY} == {"algorithm", "return_lse"}
+    ours = set() if name == "flash_attn_with_kvcache" else {"algorithm", "return_lse"}
+    assert {p.name for p in parameters if p.kind == p.KEYWORD_ONLY} == ours
     assert name in flash_attn_rs.__all__
 
 
@@ -462,3 +468,60 @@ def test_varlen_refuses_a_block_table_by_name():
 def test_packed_forms_name_a_non_tensor(func, args, message):
     with pytest.raises(TypeError, match=message):
         getattr(flash_attn_rs, func)(*args)
+
+
+# -- the native half's KV-cache form -----------------------------------------------------------
+
+
+def native_decode(dtype="bf16", paged=False, **kwargs):
+    """A call against a KV cache with plain integers: q (2, 8, 3, 64) in SDPA order, caches
+    (2, 2, 40, 64) of lengths 10 and 0, or 6 pages of 16 keys and a table."""
+    cache = (6, 2, 16, 64) if paged else (2, 2, 40, 64)
+    arguments = dict(dtype=dtype, q=sdpa(0, (2, 8, 3, 64)), k=sdpa(1, cache), v=sdpa(2, cache),
+                     o=sdpa(3, (2, 8, 3, 64)), stats=[BASE + (4 << 30)], causal=True,
+                     cache_seqlens=[10, 0])
+    if paged:
+        arguments["block_table"] = [[0, 1, 2], [3, 4, 5]]
+    arguments.update(kwargs)
+    return _native.forward(**arguments)
+
+
+def test_native_decode_accepts_a_valid_call():
+    assert native_decode() is None
+    assert native_decode(paged=True, cache_seqlens=[20, 48], num_splits=2) is None
+    assert native_decode(k_new=sdpa(5, (2, 2, 3, 64)), v_new=sdpa(6, (2, 2, 3, 64))) is None
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(cache_seqlens=[10, -1]), ValueError, "cache_seqlens"),
+    (dict(cache_seqlens=[41, 0]), ValueError, "cache_seqlens"),
+    (dict(dtype="f32"), TypeError, "dtype"),
+    (dict(max_seqlen_q=3), ValueError, "max_seqlen_q"),
+    (dict(k_new=sdpa(5, (2, 2, 3, 64))), ValueError, "v_new"),
+    (dict(paged=True, block_table=[[0, 1, 2], [3, 4]]), ValueError, "block_table"),
+    (dict(paged=True, block_table=[[0, 1, 2], [3, 4, 6]], cache_seqlens=[48, 48]), ValueError,
+     "block_table"),
+])
+def test_native_decode_errors_name_the_argument(kwargs, error, name):
+    with pytest.raises(error, match=f"`{name}`"):
+        native_decode(**kwargs)
+
+
+def test_native_decode_checks_before_it_opens_a_device():
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        native_decode(cache_seqlens=[99, 0], device=0, stream=0)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(rotary_cos=object()), ValueError, "rotary_cos"),
+    (dict(cache_batch_idx=object()), ValueError, "cache_batch_idx"),
+    (dict(cache_leftpad=object()), ValueError, "cache_leftpad"),
+    (dict(alibi_slopes=object()), ValueError, "alibi_slopes"),
+    (dict(window_size=(4, 0)), ValueError, "window_size"),
+    (dict(softcap=5.0), ValueError, "softcap"),
+    (dict(num_splits=-1), ValueError, "num_splits"),
+    (dict(k=object()), ValueError, "k and v go together"),
+])
+def test_kvcache_refusals_are_named_before_the_tensors(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        flash_attn_rs.flash_attn_with_kvcache(None, None, None, **kwargs)

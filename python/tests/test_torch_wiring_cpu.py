@@ -532,3 +532,105 @@ def test_torch_compile_traces_the_varlen_call_and_its_backward(cpu_launches):
     assert torch.equal(loss, want)
     for got, exact in zip(leaves, twins):
         assert torch.equal(got.grad, exact.grad)
+
+
+# -- flash_attn_with_kvcache -------------------------------------------------------------------
+
+
+def fake_decode(q, k_cache, v_cache, k_new, v_new, dtype, softmax_scale, causal, cache_seqlens,
+                block_table, num_splits):
+    """The KV-cache launch's contract: the native half's real checks on what the real launch
+    passes it (no device: nothing launches), then float64 math: K and V appended into the caches
+    in place at each sequence's length, each sequence's queries against its keys."""
+    batch, _, heads, d = q.shape
+    o = torch.empty(q.shape, dtype=q.dtype)
+    lse = torch.empty(batch, heads, q.shape[1])
+    arguments = _launch.decode_arguments(q, k_cache, v_cache, o, lse, k_new, v_new, dtype,
+                                         softmax_scale, causal, cache_seqlens, block_table,
+                                         num_splits)
+    assert _native.forward(**arguments) is None
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+
+    def position(b, p):
+        """Where key p of sequence b lives: (cache row, slot) in flash-attn's layout."""
+        if block_table is None:
+            return b, p
+        page_size = k_cache.shape[1]
+        return block_table[b][p // page_size], p % page_size
+
+    for b in range(batch):
+        new = 0 if k_new is None else k_new.shape[1]
+        for i in range(new):
+            row, slot = position(b, cache_seqlens[b] + i)
+            k_cache[row, slot], v_cache[row, slot] = k_new[b, i], v_new[b, i]
+        keys = [position(b, p) for p in range(cache_seqlens[b] + new)]
+        kb, vb = (torch.stack([c[r, s] for r, s in keys]) if keys else c[:1, :0].reshape(0, *c.shape[2:])
+                  for c in (k_cache, v_cache))
+        sdpa = lambda t: t.double().transpose(0, 1)[None]  # noqa: E731
+        ob, lseb = ref.attention64(sdpa(q[b]), sdpa(kb), sdpa(vb), causal, scale)
+        o[b], lse[b] = ob[0].transpose(0, 1).to(q.dtype), lseb[0].float()
+    _launch.plans["forward"] = "fake decode"
+    return o, lse
+
+
+@pytest.fixture
+def cpu_decode(cpu_launches, monkeypatch):
+    monkeypatch.setattr(_launch, "decode", fake_decode)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_kvcache_appends_then_attends(cpu_decode, paged):
+    """flash-attn's call: q (batch, tokens, heads, d), caches in flash-attn's layout (or pages
+    and a block table), k and v appended in place; O equals attention over each sequence's
+    cached and new keys, grouped K/V heads."""
+    torch.manual_seed(8)
+    batch, heads, heads_kv, d, tokens = 2, 4, 2, 64, 2
+    lengths = [5, 17]
+    q = torch.randn(batch, tokens, heads, d).to(torch.bfloat16)
+    if paged:
+        k_cache, v_cache = (torch.randn(5, 16, heads_kv, d).to(torch.bfloat16) for _ in range(2))
+        table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32)
+    else:
+        k_cache, v_cache = (torch.randn(batch, 32, heads_kv, d).to(torch.bfloat16)
+                            for _ in range(2))
+        table = None
+    k, v = (torch.randn(batch, tokens, heads_kv, d).to(torch.bfloat16) for _ in range(2))
+    before = k_cache.clone()
+    o, lse = flash_attn_rs.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+        block_table=table, causal=True, return_softmax_lse=True)
+    assert o.shape == q.shape and lse.shape == (batch, heads, tokens)
+    assert flash_attn_rs.last_plan() == "fake decode"
+    for b in range(batch):
+        # The new keys sit right after each sequence's cached ones.
+        for i in range(tokens):
+            p = lengths[b] + i
+            row, slot = (table[b, p // 16].item(), p % 16) if paged else (b, p)
+            assert torch.equal(k_cache[row, slot], k[b, i])
+        # Against the keys gathered independently of the fake.
+        positions = range(lengths[b] + tokens)
+        where = [((table[b, p // 16].item(), p % 16) if paged else (b, p)) for p in positions]
+        kb = torch.stack([k_cache[r, s] for r, s in where]).double().transpose(0, 1)[None]
+        vb = torch.stack([v_cache[r, s] for r, s in where]).double().transpose(0, 1)[None]
+        want, _ = ref.attention64(q[b].double().transpose(0, 1)[None], kb, vb, True, d**-0.5)
+        assert torch.allclose(o[b].double().transpose(0, 1)[None], want, atol=2e-2)
+    # What was not appended to is unchanged.
+    changed = (k_cache != before).any(-1).any(-1)
+    assert changed.sum() > 0 and not changed.all()
+
+
+def test_kvcache_lengths_as_int_none_or_tensor(cpu_decode):
+    q = torch.randn(2, 1, 2, 64).half()
+    k_cache, v_cache = (torch.randn(2, 16, 2, 64).half() for _ in range(2))
+    full = flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache)
+    as_int = flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=16)
+    as_tensor = flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                      cache_seqlens=torch.tensor([16, 16]))
+    assert torch.equal(full, as_int) and torch.equal(full, as_tensor)
+    with pytest.raises(TypeError, match="cache_seqlens has dtype torch.float32"):
+        flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                              cache_seqlens=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="`cache_seqlens`"):
+        flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=17)
+    with pytest.raises(TypeError, match="`dtype`"):
+        flash_attn_rs.flash_attn_with_kvcache(q.float(), k_cache.float(), v_cache.float())
