@@ -634,3 +634,21 @@ def test_kvcache_lengths_as_int_none_or_tensor(cpu_decode):
         flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=17)
     with pytest.raises(TypeError, match="`dtype`"):
         flash_attn_rs.flash_attn_with_kvcache(q.float(), k_cache.float(), v_cache.float())
+
+
+def test_torch_compile_of_a_transformers_model_has_no_graph_break(cpu_launches):
+    """A Llama with our registered attention compiles with fullgraph=True (forward and backward:
+    the attention is the custom operators), and its loss and gradients equal eager's."""
+    from flash_attn_rs.transformers_attention import register
+
+    model = llama(register())
+    twin = llama(register())
+    ids = torch.randint(0, 97, (2, 19), generator=torch.Generator().manual_seed(2))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    want = twin(input_ids=ids, labels=ids).loss
+    want.backward()
+    assert torch.allclose(loss, want, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
