@@ -8,16 +8,18 @@ any strides whose last one is 1, without copies, run on PyTorch's current CUDA s
 device's primary context, and return outputs that PyTorch allocated. Importing needs neither
 PyTorch nor a GPU.
 
-Under ``torch.compile`` every call is a PyTorch custom operator (``_ops``: ``flash_attn_rs::forward``,
-``varlen_forward``, ``backward``, ``varlen_backward``, with fake implementations), so it traces
-without a graph break; eager calls run the same launches through ``torch.autograd.Function``s
-(``_autograd``), which cost less host time. The first two are differentiable: the forward saves Q, K, V, O and L, and
+Under ``torch.compile`` every call is a PyTorch custom operator (``_ops``:
+``flash_attn_rs::forward``, ``varlen_forward``, ``backward``, ``varlen_backward``, ``kvcache``,
+with fake implementations), so it traces without a graph break; eager calls run the same
+launches through ``torch.autograd.Function``s (``_autograd``), which cost less host time. The
+first two functions are differentiable: the forward saves Q, K, V, O and L, and
 ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` also takes flash-attn's ``window_size`` and ``softcap``, forward only (the
 backward names them). ``flash_attn_varlen_func`` is differentiable too: its backward is the
 dense backward on each sequence in turn, until the library has a packed backward kernel.
-``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention here.
+``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention
+here.
 
 The flash-attn functions take flash-attn's arguments in flash-attn's order (``dropout_p`` third,
 ``return_attn_probs`` returning ``(out, softmax_lse, S_dmask)``), so code written for flash-attn
@@ -441,8 +443,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ``rotary_sin`` (apply the rotary embedding to q and k first), ``cache_batch_idx``,
     ``cache_leftpad``, ``window_size`` other than (-1, -1), ``softcap`` other than 0,
     ``alibi_slopes``. Returns O (q's shape), and with ``return_softmax_lse`` (O, softmax_lse),
-    softmax_lse float32 (batch, heads, seqlen_q). Not traced by torch.compile yet (the call
-    mutates the caches: a graph break), and CUDA graph capture is refused.
+    softmax_lse float32 (batch, heads, seqlen_q). Under torch.compile it is the custom operator
+    ``flash_attn_rs::kvcache`` (which mutates the caches); CUDA graph capture is refused.
     """
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                         ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
@@ -464,6 +466,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          f"{'k' if v is None else 'v'}")
     dtype = check_cache_inputs({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
     batch = q.shape[0]
+    if _compiling():
+        # The operator reads the lengths and the table itself: tracing reads no tensor's values.
+        import torch
+
+        if cache_seqlens is None or isinstance(cache_seqlens, int):
+            pages = 1 if block_table is None else block_table.shape[1]
+            length = k_cache.shape[1] * pages if cache_seqlens is None else cache_seqlens
+            cache_seqlens = torch.full((batch,), length, dtype=torch.int32)
+        o, lse = ops()[4](q, k_cache, v_cache, k, v, dtype, softmax_scale, causal, cache_seqlens,
+                          block_table, num_splits or None)
+        return (o, lse) if return_softmax_lse else o
     table = None if block_table is None else _host_ints("block_table", block_table, 2)
     if cache_seqlens is None:
         # The whole cache: its capacity, a paged one's pages in the table.

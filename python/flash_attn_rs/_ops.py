@@ -1,8 +1,10 @@
-"""The launches as PyTorch custom operators (``torch.library.custom_op``): ``flash_attn_rs::forward``
-(dense batches), ``flash_attn_rs::varlen_forward`` (packed), ``flash_attn_rs::backward`` and
-``flash_attn_rs::varlen_backward``, each with a fake implementation (the outputs' shapes, dtypes
-and strides, computed without launching), so that ``torch.compile`` traces a model through them
-without a graph break and ``torch.export`` sees them. The functions call them while PyTorch
+"""The launches as PyTorch custom operators (``torch.library.custom_op``):
+``flash_attn_rs::forward`` (dense batches), ``flash_attn_rs::varlen_forward`` (packed),
+``flash_attn_rs::backward``, ``flash_attn_rs::varlen_backward`` and ``flash_attn_rs::kvcache``
+(which writes the appended keys and values into its caches: ``mutates_args``), each with a fake
+implementation (the outputs' shapes, dtypes and strides, computed without launching), so that
+``torch.compile`` traces a model through them without a graph break and ``torch.export`` sees
+them. The functions call them while PyTorch
 compiles; in eager mode they call the ``torch.autograd.Function``s of ``_autograd``, the same
 launches for less host time (with the launches stubbed, on a 2-core machine: a forward and
 backward 199–226 µs through the operators, 112–130 µs through the Functions). The forward's
@@ -14,13 +16,14 @@ importing flash_attn_rs needs no PyTorch; the wheel links no libtorch (the regis
 Python)."""
 
 from . import _launch
-from ._checks import PACKED, dims_and_strides
+from ._checks import FLASH_ATTN, PACKED, dims_and_strides
 
 _defined = None
 
 
 def ops():
-    """The operators (forward, varlen_forward, backward, varlen_backward), defined once."""
+    """The operators (forward, varlen_forward, backward, varlen_backward, kvcache), defined
+    once."""
     global _defined
     if _defined is None:
         _defined = _define()
@@ -131,4 +134,21 @@ def _define():
         return (dq, dk, dv) + (None,) * 11
 
     varlen_forward.register_autograd(varlen_gradient, setup_context=save_varlen)
-    return forward, varlen_forward, backward, varlen_backward
+
+    @torch.library.custom_op("flash_attn_rs::kvcache", mutates_args=("k_cache", "v_cache"))
+    def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_new: Optional[Tensor],
+                v_new: Optional[Tensor], dtype: str, softmax_scale: Optional[float], causal: bool,
+                cache_seqlens: Tensor, block_table: Optional[Tensor],
+                num_splits: Optional[int]) -> Tuple[Tensor, Tensor]:
+        # The lengths and the table are read on the host here, inside the operator, so that
+        # tracing never reads a tensor's values.
+        table = None if block_table is None else block_table.tolist()
+        return _launch.decode(q, k_cache, v_cache, k_new, v_new, dtype, softmax_scale, causal,
+                              cache_seqlens.tolist(), table, num_splits)
+
+    @kvcache.register_fake
+    def _(q, k_cache, v_cache, k_new, v_new, dtype, softmax_scale, causal, cache_seqlens,
+          block_table, num_splits):
+        return q.new_empty(q.shape), statistics_like(q, FLASH_ATTN)
+
+    return forward, varlen_forward, backward, varlen_backward, kvcache

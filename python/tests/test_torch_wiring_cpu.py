@@ -497,7 +497,7 @@ def test_torch_compile_traces_the_calls_without_a_graph_break(cpu_launches):
 def test_operators_pass_opcheck(cpu_launches):
     """torch.library.opcheck: schema, fake implementation against the real one, autograd
     registration, and tracing by AOT dispatch."""
-    forward, varlen_forward, backward, varlen_backward = flash_attn_rs._ops.ops()
+    forward, varlen_forward, backward, varlen_backward, _ = flash_attn_rs._ops.ops()
     q, k, v = (torch.randn(1, 5, 2, 8, requires_grad=True) for _ in range(3))
     flash = _checks.FLASH_ATTN
     torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0, False))
@@ -652,3 +652,37 @@ def test_torch_compile_of_a_transformers_model_has_no_graph_break(cpu_launches):
     assert torch.allclose(loss, want, atol=1e-6)
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_torch_compile_traces_kvcache_with_its_appends(cpu_decode):
+    """fullgraph=True through flash_attn_rs::kvcache: the same O and the same appended caches as
+    eager; the lengths as a tensor, an int and None."""
+    torch.manual_seed(9)
+    q = torch.randn(2, 2, 4, 64).to(torch.bfloat16)
+    caches = [torch.randn(2, 32, 2, 64).to(torch.bfloat16) for _ in range(2)]
+    k, v = (torch.randn(2, 2, 2, 64).to(torch.bfloat16) for _ in range(2))
+    lengths = torch.tensor([3, 30], dtype=torch.int32)
+
+    def step(q, k_cache, v_cache, k, v, lengths):
+        return flash_attn_rs.flash_attn_with_kvcache(q, k_cache, v_cache, k, v,
+                                                     cache_seqlens=lengths, causal=True)
+
+    eager_caches = [c.clone() for c in caches]
+    want = step(q, *eager_caches, k, v, lengths)
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, *caches, k, v, lengths)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(caches, eager_caches))
+    whole = torch.compile(lambda q, kc, vc: flash_attn_rs.flash_attn_with_kvcache(q, kc, vc),
+                          backend="aot_eager", fullgraph=True)(q, *caches)
+    assert torch.equal(whole, flash_attn_rs.flash_attn_with_kvcache(q, *caches))
+
+
+def test_kvcache_operator_passes_opcheck(cpu_decode):
+    """The mutating operator: schema (its caches declared mutated) and fake implementation."""
+    kvcache = flash_attn_rs._ops.ops()[4]
+    q = torch.randn(2, 1, 4, 64).half()
+    k_cache, v_cache = (torch.randn(2, 16, 2, 64).half() for _ in range(2))
+    k, v = (torch.randn(2, 1, 2, 64).half() for _ in range(2))
+    torch.library.opcheck(kvcache, (q, k_cache, v_cache, k, v, "f16", None, True,
+                                    torch.tensor([3, 9]), None, None),
+                          test_utils=("test_schema", "test_faketensor"))
