@@ -404,17 +404,17 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   algorithm=algorithm, return_lse=return_lse)
 
 
-def _host_ints(name, value, dims):
-    """An int tensor (any device: a CUDA one is copied with ``tolist()``, a synchronization) or,
-    for ``cache_seqlens``, an int, as nested lists of ``dims`` dims."""
-    if hasattr(value, "tolist") and hasattr(value, "dtype"):
-        if str(value.dtype) not in ("torch.int32", "torch.int64"):
-            raise TypeError(f"{name} has dtype {value.dtype}; allowed: torch.int32 (flash-attn's) "
-                            "or torch.int64")
-        if len(value.shape) != dims:
-            raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {dims} dims")
-        return value.tolist()
-    raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(value).__name__}")
+def _check_int_tensor(name, value, dims):
+    """An int32 or int64 tensor of ``dims`` dims (any device), or a TypeError/ValueError naming
+    it."""
+    if not (hasattr(value, "tolist") and hasattr(value, "dtype")):
+        raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(value).__name__}")
+    if str(value.dtype) not in ("torch.int32", "torch.int64"):
+        raise TypeError(f"{name} has dtype {value.dtype}; allowed: torch.int32 (flash-attn's) "
+                        "or torch.int64")
+    if len(value.shape) != dims:
+        raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {dims} dims")
+    return value
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -465,29 +465,29 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError("k and v go together (the keys and values to append); got only "
                          f"{'k' if v is None else 'v'}")
     dtype = check_cache_inputs({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
-    batch = q.shape[0]
+    if block_table is not None:
+        _check_int_tensor("block_table", block_table, 2)
+    if cache_seqlens is None:
+        # The whole cache: its capacity, a paged one's pages in the table.
+        cache_seqlens = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+    if not isinstance(cache_seqlens, int) or isinstance(cache_seqlens, bool):
+        _check_int_tensor("cache_seqlens", cache_seqlens, 1)
+    batch, num_splits = q.shape[0], num_splits or None
     if _compiling():
         # The operator reads the lengths and the table itself: tracing reads no tensor's values.
         import torch
 
-        if cache_seqlens is None or isinstance(cache_seqlens, int):
-            pages = 1 if block_table is None else block_table.shape[1]
-            length = k_cache.shape[1] * pages if cache_seqlens is None else cache_seqlens
-            cache_seqlens = torch.full((batch,), length, dtype=torch.int32)
+        if isinstance(cache_seqlens, int):
+            cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32)
         o, lse = ops()[4](q, k_cache, v_cache, k, v, dtype, softmax_scale, causal, cache_seqlens,
-                          block_table, num_splits or None)
-        return (o, lse) if return_softmax_lse else o
-    table = None if block_table is None else _host_ints("block_table", block_table, 2)
-    if cache_seqlens is None:
-        # The whole cache: its capacity, a paged one's pages in the table.
-        capacity = k_cache.shape[1] * (len(table[0]) if table else 1)
-        lengths = [capacity] * batch
-    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        lengths = [cache_seqlens] * batch
+                          block_table, num_splits)
     else:
-        lengths = _host_ints("cache_seqlens", cache_seqlens, 1)
-    o, lse = _launch.decode(q, k_cache, v_cache, k, v, dtype, softmax_scale, causal, lengths,
-                            table, num_splits or None)
+        # Read on the host: a CUDA tensor's copy is a synchronization.
+        lengths = ([cache_seqlens] * batch if isinstance(cache_seqlens, int)
+                   else cache_seqlens.tolist())
+        table = None if block_table is None else block_table.tolist()
+        o, lse = _launch.decode(q, k_cache, v_cache, k, v, dtype, softmax_scale, causal, lengths,
+                                table, num_splits)
     return (o, lse) if return_softmax_lse else o
 
 

@@ -83,21 +83,21 @@ pub fn split_exact<const N: usize>(list: &str, what: &str) -> Result<[String; N]
     }
 }
 
+/// Two comma-separated values of `T`, `what` naming the pair and `item` one of them in errors.
+fn parse_pair<T: std::str::FromStr>(list: &str, what: &str, item: &str) -> Result<(T, T), String>
+where
+    T::Err: std::fmt::Display,
+{
+    let [first, second] = split_exact(list, what)?;
+    let parse = |s: &str| s.parse::<T>().map_err(|e| format!("{item} `{s}`: {e}"));
+    Ok((parse(&first)?, parse(&second)?))
+}
+
 /// `--window L,R`: two integers (the library checks their range and names `window`).
 fn parse_window(list: &str) -> Result<(i64, i64), String> {
-    let [left, right] = split_exact(list, "window sides (L,R)")?;
-    let parse = |s: &str| {
-        s.parse::<i64>()
-            .map_err(|e| format!("window side `{s}`: {e}"))
-    };
-    Ok((parse(&left)?, parse(&right)?))
+    parse_pair(list, "window sides (L,R)", "window side")
 }
 
 fn parse_fa2_blocks(list: &str) -> Result<(u32, u32), String> {
-    let [rows, cols] = split_exact(list, "block sizes (B_r,B_c)")?;
-    let parse = |s: &str| {
-        s.parse::<u32>()
-            .map_err(|e| format!("block size `{s}`: {e}"))
-    };
-    Ok((parse(&rows)?, parse(&cols)?))
+    parse_pair(list, "block sizes (B_r,B_c)", "block size")
 }
