@@ -21,7 +21,7 @@ use super::backward::Gradients;
 use super::backward_plan::{BackwardAlgorithm, BackwardPlan};
 use super::problem::Problem;
 use crate::device::Gpu;
-use crate::device::tensor_map::{self, MapOperand};
+use crate::device::tensor_map::{self, MapOperand, TENSOR_MAP_WORDS};
 use crate::error::Result;
 
 /// Where one backward call's tensors are on the device: Q, K, V, O, dO, dQ, dK, dV and L.
@@ -141,7 +141,7 @@ fn launch_fa2_backward(
         BackwardAlgorithm::Fa3 => {
             let main_params = Fa3BackwardParams {
                 base: params,
-                tensor_maps: fa3_tensor_maps(gpu, call, plan)?,
+                tensor_maps: fa3_tensor_maps(gpu, call, plan, params.dq_accumulator)?,
             };
             gpu.launch(main.kernel, main.launch, main_params)?
         }
@@ -161,12 +161,18 @@ fn launch_fa2_backward(
     Ok(())
 }
 
-/// The FA3 backward's tensor maps (Q, K, V, dO; `device::tensor_map`), boxes of 64 columns ×
-/// the plan's B_r rows (Q, dO) or B_c rows (K, V), in the device ring.
-fn fa3_tensor_maps(gpu: &Gpu, call: &BackwardCall, plan: &BackwardPlan) -> Result<u64> {
+/// The FA3 backward's tensor maps (`device::tensor_map`) in the device ring: Q, K, V, dO, boxes
+/// of 64 columns × the plan's B_r rows (Q, dO) or B_c rows (K, V), then the f32 dQ accumulator
+/// at `dq_accumulator`, boxes of 32 columns × B_r rows.
+fn fa3_tensor_maps(
+    gpu: &Gpu,
+    call: &BackwardCall,
+    plan: &BackwardPlan,
+    dq_accumulator: u64,
+) -> Result<u64> {
     let (q_dims, kv_dims) = (plan.problem.q_dims(), plan.problem.kv_dims());
     let (rows, keys) = (plan.block_rows, plan.block_cols);
-    let maps = tensor_map::encode_call(
+    let mut maps = tensor_map::encode_call(
         &[
             MapOperand::new("q", &call.operands.q, q_dims, rows),
             MapOperand::new("k", &call.operands.k, kv_dims, keys),
@@ -175,6 +181,8 @@ fn fa3_tensor_maps(gpu: &Gpu, call: &BackwardCall, plan: &BackwardPlan) -> Resul
         ],
         ElementType::from(plan.dtype),
     )?;
+    let accumulator = tensor_map::encode_accumulator(dq_accumulator, q_dims, rows)?;
+    maps[4 * TENSOR_MAP_WORDS..].copy_from_slice(&accumulator);
     gpu.tensor_maps(maps)
 }
 

@@ -6,9 +6,10 @@
 //! 64-column panel × the tile's rows, with the 128-byte swizzle the kernels' shared tiles use.
 //! Rows past seqlen and columns past d are outside the tensor, and TMA fills them with zeros.
 //! The maps go to global memory (a kernel parameter aligned to 64 bytes does not compile, see
-//! `../shared/BUILD-FACTS.md`), up to four per call (Q, K, V; the backward's dO), in a small ring of slots reused by
-//! content: stream order makes overwriting a slot safe, since the copy runs after every kernel
-//! launched before it.
+//! `../shared/BUILD-FACTS.md`), up to five per call (Q, K, V; the backward's dO and its f32 dQ
+//! accumulator, the target of bulk reductions in boxes of 32 columns), in a small ring of slots
+//! reused by content: stream order makes overwriting a slot safe, since the copy runs after every
+//! kernel launched before it.
 
 use std::collections::HashMap;
 
@@ -18,7 +19,7 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use flash_kernels::common::params::TensorView;
-use flash_kernels::fwd::fa3::config::PANEL_COLS;
+use flash_kernels::fwd::fa3::config::{F32_BOX_COLS, PANEL_COLS};
 use flash_kernels::registry::ElementType;
 
 use super::Gpu;
@@ -26,9 +27,11 @@ use crate::error::{CudaContextExt, Error, Result};
 
 /// 64-bit words of one `CUtensorMap`.
 pub const TENSOR_MAP_WORDS: usize = 16;
-/// Words of one call's maps: Q, K, V, and for the backward dO (the forward leaves the fourth
-/// zero).
-pub const CALL_WORDS: usize = 4 * TENSOR_MAP_WORDS;
+/// Maps of one call: Q, K, V, and for the backward dO and the dQ accumulator (the forward
+/// leaves the last two zero).
+pub const CALL_MAPS: usize = 5;
+/// Words of one call's maps.
+pub const CALL_WORDS: usize = CALL_MAPS * TENSOR_MAP_WORDS;
 /// Slots of the device ring (a benchmark rotating its inputs through several buffers stays in
 /// it, so steady-state calls copy nothing).
 const SLOTS: usize = 64;
@@ -68,29 +71,68 @@ pub fn encode(operand: &MapOperand, dtype: ElementType) -> Result<[u64; TENSOR_M
     };
     let view = operand.view;
     let [batch, heads, seqlen, head_dim] = operand.dims;
-    // Innermost first: (d, seqlen, heads, batch); strides of dims 1–3 in bytes.
-    let dims = [head_dim, seqlen, heads, batch].map(|d| d.max(1) as u64);
-    let strides = [view.row_stride, view.head_stride, view.batch_stride].map(|s| s * 2);
-    if !view.addr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
+    encode_tiled(
+        operand.name,
+        data_type,
+        view.addr,
+        [head_dim, seqlen, heads, batch],
+        [view.row_stride, view.head_stride, view.batch_stride].map(|s| s * 2),
+        [PANEL_COLS, operand.box_rows],
+    )
+}
+
+/// Encodes the map of the backward's f32 dQ accumulator at `addr`, contiguous (batch, heads,
+/// seqlen_q, d) as `dims` gives them, with boxes of 32 columns (one 128-byte swizzle row) ×
+/// `box_rows`: the FA3 backward adds its staged dQ_i tiles through it.
+pub fn encode_accumulator(
+    addr: u64,
+    dims: [usize; 4],
+    box_rows: u32,
+) -> Result<[u64; TENSOR_MAP_WORDS]> {
+    let [_, heads, seqlen, head_dim] = dims;
+    let row_bytes = head_dim as u64 * 4;
+    let head_bytes = row_bytes * seqlen as u64;
+    encode_tiled(
+        "the dQ accumulator",
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        addr,
+        [head_dim, seqlen, heads, dims[0]],
+        [row_bytes, head_bytes, head_bytes * heads as u64],
+        [F32_BOX_COLS, box_rows],
+    )
+}
+
+/// `cuTensorMapEncodeTiled` of a 4-D tensor (dims innermost first, byte strides of dims 1–3)
+/// with boxes of `box_dims` (columns, rows) × 1 × 1 and the 128-byte swizzle.
+fn encode_tiled(
+    name: &'static str,
+    data_type: CUtensorMapDataType,
+    addr: u64,
+    dims: [usize; 4],
+    strides: [u64; 3],
+    [box_cols, box_rows]: [u32; 2],
+) -> Result<[u64; TENSOR_MAP_WORDS]> {
+    let dims = dims.map(|d| d.max(1) as u64);
+    if !addr.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
         return Err(Error::invalid(
-            operand.name,
-            format!("address {:#x}, strides {strides:?} bytes", view.addr),
+            name,
+            format!("address {addr:#x}, strides {strides:?} bytes"),
             "16-byte aligned address and strides for TMA",
         ));
     }
-    let box_dims = [PANEL_COLS, operand.box_rows, 1, 1];
+    let box_dims = [box_cols, box_rows, 1, 1];
     let element_strides = [1u32; 4];
     let mut map = CUtensorMap {
         opaque: [0; TENSOR_MAP_WORDS],
     };
-    // SAFETY: every array has the rank's 4 (strides: 3) entries; the address is the operand's
+    // SAFETY: every array has the rank's 4 (strides: 3) entries; the address is the tensor's
     // device memory, which the map only describes.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
             data_type,
             4,
-            view.addr as *mut std::ffi::c_void,
+            addr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             box_dims.as_ptr(),
@@ -104,18 +146,18 @@ pub fn encode(operand: &MapOperand, dtype: ElementType) -> Result<[u64; TENSOR_M
     .result()
     .context(|| {
         format!(
-            "cuTensorMapEncodeTiled({}: dims {dims:?}, strides {strides:?}, box {box_dims:?})",
-            operand.name
+            "cuTensorMapEncodeTiled({name}: dims {dims:?}, strides {strides:?}, box {box_dims:?})"
         )
     })?;
     Ok(map.opaque)
 }
 
-/// One call's maps, consecutive in the order of `operands` (at most four), the rest zero.
+/// One call's maps, consecutive in the order of `operands` (at most four 16-bit operands), the
+/// rest zero.
 pub fn encode_call(operands: &[MapOperand], dtype: ElementType) -> Result<[u64; CALL_WORDS]> {
     assert!(
-        operands.len() * TENSOR_MAP_WORDS <= CALL_WORDS,
-        "at most four maps a call"
+        operands.len() < CALL_MAPS,
+        "at most four operand maps a call"
     );
     let mut maps = [0u64; CALL_WORDS];
     for (i, operand) in operands.iter().enumerate() {

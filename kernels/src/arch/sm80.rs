@@ -111,6 +111,20 @@ pub unsafe fn store_shared_u32(destination: SharedAddress, value: u32) {
     }
 }
 
+/// `st.shared.v2.f32`: stores two f32 as one 8-byte access at a shared-window address (a lane's
+/// pair of adjacent accumulator columns).
+///
+/// # Safety
+/// `destination` must be 8-byte aligned inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn store_shared_f32x2(destination: SharedAddress, values: [f32; 2]) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("st.shared.v2.f32 [{d}], {{{a}, {b}}};", d = in(reg32) destination.0,
+             a = in(reg32) values[0], b = in(reg32) values[1], options(nostack));
+    }
+}
+
 /// `cp.async.commit_group`: closes the group of copies issued since the last commit.
 #[inline(always)]
 pub fn copy_async_commit() {

@@ -475,6 +475,53 @@ impl TensorMap {
                  b = in(reg32) barrier.0.0, options(nostack))
         }
     }
+
+    /// `cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group`: adds the box
+    /// in shared memory at `source` (laid out in the map's swizzle) to the map's 4-D tensor at
+    /// `coords` (innermost first), element by element, in L2; elements of the box outside the
+    /// tensor are dropped. Joins this thread's open bulk group ([`bulk_commit_group`]); the
+    /// source must not be written again before [`bulk_wait_group_read`] says it was read.
+    ///
+    /// # Safety
+    /// `self` must be a valid tensor map of a global buffer this block may add to; `source` must
+    /// be aligned as the swizzle needs (1024 bytes for 128-byte swizzle), hold the box's bytes
+    /// inside the block's shared memory, and its stores must be visible to the async proxy
+    /// ([`fence_proxy_async_shared`] after them, then a barrier with the storing threads).
+    #[inline(always)]
+    pub unsafe fn reduce_add_4d(self, source: SharedAddress, coords: [i32; 4]) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [{m}, {{{c0}, {c1}, {c2}, {c3}}}], [{s}];",
+                 m = in(reg64) self.0, c0 = in(reg32) coords[0], c1 = in(reg32) coords[1],
+                 c2 = in(reg32) coords[2], c3 = in(reg32) coords[3], s = in(reg32) source.0,
+                 options(nostack))
+        }
+    }
+}
+
+/// `cp.async.bulk.commit_group`: closes this thread's bulk group (the bulk copies and reductions
+/// it issued since the last commit), so that [`bulk_wait_group_read`] can wait for it.
+#[inline(always)]
+pub fn bulk_commit_group() {
+    // SAFETY: bookkeeping of this thread's bulk operations.
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group.read PENDING`: waits until at most `PENDING` of this thread's
+/// committed bulk groups still read their shared-memory sources (their writes to global memory
+/// may still be in flight): the sources may then be written again.
+#[inline(always)]
+pub fn bulk_wait_group_read<const PENDING: u32>() {
+    // SAFETY: a wait on this thread's own bulk groups.
+    unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const PENDING, options(nostack)) }
+}
+
+/// `cp.async.bulk.wait_group PENDING`: waits until at most `PENDING` of this thread's committed
+/// bulk groups are incomplete, their writes to global memory done (before the block exits).
+#[inline(always)]
+pub fn bulk_wait_group<const PENDING: u32>() {
+    // SAFETY: a wait on this thread's own bulk groups.
+    unsafe { asm!("cp.async.bulk.wait_group {n};", n = const PENDING, options(nostack)) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -513,26 +560,5 @@ pub fn named_barrier_arrive(id: u32, threads: u32) {
     // SAFETY: as for `named_barrier_sync`.
     unsafe {
         asm!("bar.arrive {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Vector reductions in global memory
-// ---------------------------------------------------------------------------------------------
-
-/// `pointer[0] += values[0]; pointer[1] += values[1]` in global memory as one atomic
-/// read-modify-write of 8 bytes (`red.global.add.v2.f32`, sm_90, PTX ISA 8.1): half the
-/// instructions of two `red.global.add.f32`, and the four lanes of an accumulator row fill a
-/// whole 32-byte sector instead of half of one (the backward pass's dQ accumulator).
-///
-/// # Safety
-/// `pointer` must be 8-byte aligned and point at two f32 in global memory (a buffer the host
-/// allocated) that this thread may write.
-#[inline(always)]
-pub unsafe fn atomic_add_f32x2(pointer: *mut f32, values: [f32; 2]) {
-    // SAFETY: the caller's contract; `red` returns nothing and is ordered as a relaxed atomic.
-    unsafe {
-        asm!("red.global.add.v2.f32 [{pointer}], {{{a}, {b}}};", pointer = in(reg64) pointer,
-             a = in(reg32) values[0], b = in(reg32) values[1], options(nostack));
     }
 }

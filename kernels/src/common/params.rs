@@ -283,9 +283,10 @@ pub struct Fa2TcBackwardParams {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Fa3BackwardParams {
     pub base: Fa2BackwardParams,
-    /// Device address of four consecutive 128-byte `CUtensorMap`s (64-byte aligned): Q, K, V,
+    /// Device address of five consecutive 128-byte `CUtensorMap`s (64-byte aligned): Q, K, V,
     /// dO, each as [`Fa3Params::tensor_maps`]' with a box of 64 columns × B_r (Q, dO) or B_c
-    /// (K, V) rows.
+    /// (K, V) rows, then the f32 dQ accumulator, (batch, heads, seqlen_q, d) contiguous, with a
+    /// box of 32 columns × B_r rows.
     pub tensor_maps: u64,
 }
 

@@ -220,18 +220,6 @@ impl HeadAccumulator {
             unsafe { arch::atomic_add_f32(self.rows.element(row, col), value) }
         }
     }
-
-    /// Adds `values` to (row, col) and (row, col + 1) as one 8-byte atomic; a row past the end
-    /// is dropped. Hopper only (`red.global.add.v2.f32`).
-    #[cfg(feature = "hopper")]
-    #[inline(always)]
-    pub fn add_pair(&self, row: u32, col: u32, values: [f32; 2]) {
-        if row < self.rows.rows {
-            // SAFETY: row < rows and the kernel passes an even col with col + 1 < row_len: inside
-            // the accumulator the host allocated, 8-byte aligned (row_len is a multiple of 8).
-            unsafe { arch::atomic_add_f32x2(self.rows.element(row, col), values) }
-        }
-    }
 }
 
 /// One head's rows of a 16-bit tensor in device memory, byte-addressed: the source of 16-byte

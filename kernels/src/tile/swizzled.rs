@@ -9,7 +9,7 @@
 //! ```
 
 use crate::arch::{self, MBarrier, MatrixDescriptor, SharedAddress, TensorMap};
-use crate::fwd::fa3::config::{PANEL_COLS, PANEL_ROW_BYTES, WGMMA_K};
+use crate::fwd::fa3::config::{F32_BOX_COLS, PANEL_COLS, PANEL_ROW_BYTES, WGMMA_K};
 
 /// wgmma k-steps per panel: 64 columns / 16.
 const STEPS_PER_PANEL: u32 = PANEL_COLS / WGMMA_K;
@@ -88,6 +88,43 @@ impl SwizzledTile {
     }
 }
 
+/// f32 elements per swizzled 16-byte chunk.
+const F32_CHUNK_ELEMENTS: u32 = CHUNK_BYTES / 4;
+
+/// An f32 tile of `rows` rows in boxes of [`F32_BOX_COLS`] columns, each box `rows` × 128 bytes
+/// with the 128-byte swizzle (1024-byte aligned), as TMA reads it for a reduction into global
+/// memory: the backward's dQ_i staged for one bulk add. The swizzle spreads the 8 rows a warp's
+/// accumulator stores touch over every bank (2 wavefronts per store, not 8).
+#[derive(Clone, Copy)]
+pub struct SwizzledF32Tile {
+    start: SharedAddress,
+    rows: u32,
+}
+
+impl SwizzledF32Tile {
+    #[inline(always)]
+    pub fn new(start: SharedAddress, rows: u32) -> Self {
+        Self { start, rows }
+    }
+
+    /// Where box `index` (columns 32·index..32·index + 32) starts.
+    #[inline(always)]
+    pub fn box_start(&self, index: u32) -> SharedAddress {
+        self.start.offset(index * self.rows * PANEL_ROW_BYTES)
+    }
+
+    /// The address of the f32 element (`row`, `col`) as the 128-byte swizzle places it: box
+    /// col/32, then the row's 16-byte chunk (col%32)/4 moved to chunk ^ (row % 8). An even `col`
+    /// starts an 8-byte pair.
+    #[inline(always)]
+    pub fn element(&self, row: u32, col: u32) -> SharedAddress {
+        let in_box = col % F32_BOX_COLS;
+        let chunk = (in_box / F32_CHUNK_ELEMENTS) ^ (row % SWIZZLE_ROWS);
+        let offset = row * PANEL_ROW_BYTES + chunk * CHUNK_BYTES + in_box % F32_CHUNK_ELEMENTS * 4;
+        self.box_start(col / F32_BOX_COLS).offset(offset)
+    }
+}
+
 /// One head of a (batch, heads, seqlen, d) tensor as a TMA source: its tensor map and the
 /// coordinates of the head.
 #[derive(Clone, Copy)]
@@ -125,6 +162,27 @@ impl HeadTensorMap {
             // tile's rows and 128-byte swizzle; the tile lies inside the launch-sized shared
             // memory, 1024-byte aligned, and no one reads it until `barrier` completes.
             unsafe { self.map.load_4d(tile.panel(panel), coords, barrier) };
+        }
+    }
+
+    /// Adds the first `boxes` boxes of `tile` to rows `[first_row, first_row + tile.rows)` of
+    /// this head (box b at columns 32·b), in this thread's open bulk group; rows past seqlen and
+    /// columns past d are dropped. The caller commits the group and waits for its reads before
+    /// writing the tile again.
+    #[inline(always)]
+    pub fn reduce_add(&self, tile: &SwizzledF32Tile, boxes: u32, first_row: u32) {
+        for index in 0..boxes {
+            let coords = [
+                (index * F32_BOX_COLS) as i32,
+                first_row as i32,
+                self.head,
+                self.batch,
+            ];
+            // SAFETY: the host encoded the map for the f32 accumulator with a box of 32 columns
+            // × the tile's rows and 128-byte swizzle; the tile lies inside the launch-sized
+            // shared memory, 1024-byte aligned, its stores fenced for the async proxy and
+            // ordered before this by the caller's barrier.
+            unsafe { self.map.reduce_add_4d(tile.box_start(index), coords) };
         }
     }
 }

@@ -92,18 +92,26 @@ impl Fa3BackwardTiling {
         self.block_cols() * PANEL_ROW_BYTES
     }
 
+    /// Bytes of one consumer's dQ_i staging tile: B_r rows × every panel's 64 columns, f32, in
+    /// boxes of 32 columns (`tile::swizzled::SwizzledF32Tile`), added to the accumulator by
+    /// one bulk reduction per box.
+    pub const fn dq_staging_bytes(self, head_dim: u32) -> u32 {
+        self.block_rows() * panels(head_dim) * PANEL_COLS * 4
+    }
+
     /// Bytes of each consumer's L_i and D_i (B_r f32 each).
     pub const fn statistics_bytes(self) -> u32 {
         self.consumers * 2 * self.block_rows() * 4
     }
 
     /// Dynamic shared memory: the alignment slack, K_j and V_j, the Q_i/dO_i ring, dSᵀ's
-    /// buffers, the consumers' L_i and D_i, the barriers.
+    /// buffers, each consumer's dQ_i staging tile, the consumers' L_i and D_i, the barriers.
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
         TILE_ALIGNMENT
             + 2 * self.kv_bytes(head_dim)
             + 2 * ROW_STAGES * self.row_bytes(head_dim)
             + DS_BUFFERS * self.ds_bytes()
+            + self.consumers * self.dq_staging_bytes(head_dim)
             + self.statistics_bytes()
             + 8 * BARRIERS
     }
@@ -217,11 +225,15 @@ mod tests {
             let bytes = tiling.shared_bytes(d);
             assert!(bytes <= MAX_SHARED_BYTES_PER_BLOCK, "{d}: {bytes}");
         }
-        // d = 128: K, V 32 KiB each, Q, dO 16 KiB × 2 stages each, dSᵀ 16 KiB × 2, L and D
-        // 1 KiB.
+        // d = 128: K, V 32 KiB each, Q, dO 16 KiB × 2 stages each, dSᵀ 16 KiB × 2, the dQ_i
+        // staging tiles 32 KiB × 2, L and D 1 KiB: 984 bytes under the limit.
         assert_eq!(
             Fa3BackwardTiling::for_head_dim(128).shared_bytes(128),
-            1024 + 65536 + 65536 + 2 * 16384 + 1024 + 40
+            1024 + 65536 + 65536 + 2 * 16384 + 2 * 32768 + 1024 + 40
+        );
+        assert_eq!(
+            MAX_SHARED_BYTES_PER_BLOCK - Fa3BackwardTiling::for_head_dim(128).shared_bytes(128),
+            984
         );
         let tiling = Fa3BackwardTiling::for_head_dim(64);
         assert_eq!((tiling.block_rows(), tiling.block_cols()), (64, 128));

@@ -16,10 +16,11 @@
 //!                                                  dV_j += Pᵀ·dO_i   (wgmma RS, Pᵀ from registers)
 //!                                                  dK_j += dSᵀ·Q_i   (wgmma RS)
 //!                                                  at every other step (dQ_i's owner, by parity):
-//!                                                  dQ_i += dS·K_j    (wgmma SS, both MN-major: all
+//!                                                  dQ_i = dS·K_j     (wgmma SS, both MN-major: all
 //!                                                    B_c keys, both warpgroups' dSᵀ, one 64-column
-//!                                                    part at a time), added to the f32
-//!                                                    accumulator (`red`)
+//!                                                    part at a time) → its staging tile (f32);
+//!                                                    one thread adds the tile to the f32
+//!                                                    accumulator (TMA reduce, one per 32 columns)
 //!                                                  release Q_i, dO_i (rows_empty[s])
 //!                                                 dK_j = scale·dK_j, dV_j stored
 //! ```
@@ -29,12 +30,17 @@
 //! computes it at step i (its "owner"), from both warpgroups' dSᵀ, while the other goes on to the
 //! next step (whose dQ it owns), and the owners alternate. ncu on the first version, where each
 //! warpgroup added its own 64 keys' share every step, put the L2 at 72% of its throughput with
-//! the warps stalled on those reductions (docs/perf). dSᵀ is double-buffered by step parity; two
+//! the warps stalled on those reductions (docs/perf); since v4 the owner stores dQ_i into its own
+//! f32 staging tile and one elected thread adds the tile by bulk tensor reductions
+//! (`cp.reduce.async.bulk.tensor`, FlashAttention-3's `store_dq`), so no warp issues a global
+//! reduction; the tile is written again two steps later, after the thread's wait for the
+//! reductions to have read it. dSᵀ is double-buffered by step parity; two
 //! pairs of named barriers order it between the warpgroups (`DsHandOff`); L_i, D_i are per
 //! warpgroup, ordered by a named barrier among its 128 threads. Shared memory: K_j, V_j, the
 //! Q_i/dO_i ring in two stages, every tile in 64-column panels with the 128-byte swizzle
-//! (`tile::swizzled`), then dSᵀ twice (B_c rows × 64 queries, swizzled), L_i and D_i per
-//! consumer, the mbarriers.
+//! (`tile::swizzled`), then dSᵀ twice (B_c rows × 64 queries, swizzled), a dQ_i staging tile
+//! per consumer (B_r × 64·panels f32, 32-column boxes, swizzled), L_i and D_i per consumer, the
+//! mbarriers.
 
 use super::config::{DQ_PART_TILES, DS_BUFFERS, Fa3BackwardConfig, ROW_STAGES};
 use crate::arch::{self, MBarrier, SharedAddress};
@@ -43,14 +49,14 @@ use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3BackwardParams;
 use crate::common::softmax::LOG2_E;
 use crate::fwd::fa3::config::{
-    KV_STAGES, PANEL_COLS, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
+    F32_BOX_COLS, KV_STAGES, PANEL_COLS, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
 };
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
-use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector};
+use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::shared::SharedVector;
-use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
+use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile, aligned_shared_start};
 
 /// Bytes of one mbarrier.
 const BARRIER_BYTES: u32 = 8;
@@ -72,6 +78,9 @@ struct Fa3BackwardSram {
     /// dSᵀ of even steps: one row per key of K_j (consumer c's are rows 64c..64c + 64), B_r
     /// queries; odd steps' follows it.
     ds: SwizzledTile,
+    /// Consumer c's dQ_i staging tile, `dq_staging_bytes` from `dq_staging + c·dq_staging_bytes`.
+    dq_staging: SharedAddress,
+    dq_staging_bytes: u32,
     /// Consumer c's L_i then D_i, B_r f32 each, from `statistics + 8·B_r·c`.
     statistics: SharedAddress,
     barriers: SharedAddress,
@@ -84,7 +93,9 @@ impl Fa3BackwardSram {
         let v_start = start.offset(C::KV_BYTES);
         let rows_start = v_start.offset(C::KV_BYTES);
         let ds_start = rows_start.offset(2 * ROW_STAGES * C::ROW_BYTES);
-        let statistics = ds_start.offset(DS_BUFFERS * C::TILING.ds_bytes());
+        let dq_staging = ds_start.offset(DS_BUFFERS * C::TILING.ds_bytes());
+        let dq_staging_bytes = C::TILING.dq_staging_bytes(C::HEAD_DIM);
+        let statistics = dq_staging.offset(C::TILING.consumers * dq_staging_bytes);
         Self {
             k: SwizzledTile::new(start, C::BLOCK_COLS),
             v: SwizzledTile::new(v_start, C::BLOCK_COLS),
@@ -93,6 +104,8 @@ impl Fa3BackwardSram {
             block_rows: C::BLOCK_ROWS,
             ds: SwizzledTile::new(ds_start, C::BLOCK_COLS),
             ds_bytes: C::TILING.ds_bytes(),
+            dq_staging,
+            dq_staging_bytes,
             statistics,
             barriers: statistics.offset(C::TILING.statistics_bytes()),
         }
@@ -109,6 +122,7 @@ impl Fa3BackwardSram {
             v: self.v.shifted(bytes),
             rows_start: self.rows_start.offset(bytes),
             ds: self.ds.shifted(bytes),
+            dq_staging: self.dq_staging.offset(bytes),
             statistics: self.statistics.offset(bytes),
             barriers: self.barriers.offset(bytes),
             ..*self
@@ -133,6 +147,13 @@ impl Fa3BackwardSram {
     #[inline(always)]
     fn ds(&self, buffer: u32) -> SwizzledTile {
         self.ds.shifted(buffer * self.ds_bytes)
+    }
+
+    /// Consumer `consumer`'s dQ_i staging tile.
+    #[inline(always)]
+    fn dq_staging(&self, consumer: u32) -> SwizzledF32Tile {
+        let start = self.dq_staging.offset(consumer * self.dq_staging_bytes);
+        SwizzledF32Tile::new(start, self.block_rows)
     }
 
     /// Consumer `consumer`'s L_i (`vector` 0) or D_i (`vector` 1).
@@ -271,16 +292,10 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
         warp_key: group_key + arch::warp_idx() % 4 * MMA_M,
         key_start: block.key_start,
         info,
-        head_dim: shape.head_dim,
         score_scale: shape.softmax_scale * LOG2_E,
         logsumexp: HeadVector::new(p.base.logsumexp, info.batch_head, info.seqlen_q),
         delta: HeadVector::new(p.base.delta, info.batch_head, info.seqlen_q),
-        dq: HeadAccumulator::new(
-            p.base.dq_accumulator,
-            info.batch_head,
-            info.seqlen_q,
-            shape.head_dim,
-        ),
+        params: p,
     };
     let mut dk = [[0.0f32; 4]; C::D_TILES];
     let mut dv = [[0.0f32; 4]; C::D_TILES];
@@ -299,6 +314,11 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
             } else {
                 warpgroup.step::<T, C, false>(step, &mut dk, &mut dv);
             }
+        }
+        // The last dQ_i reductions have read the staging tile (the block's shared memory ends
+        // with it) and written the accumulator.
+        if warpgroup.leads() {
+            arch::bulk_wait_group::<0>();
         }
     }
     // dK_j = scale·dK_j and dV_j, each stored once (grouped heads: the query head's own rows of
@@ -398,16 +418,23 @@ struct Consumer<'a> {
     warp_key: u32,
     key_start: u32,
     info: BlockInfo,
-    head_dim: u32,
     score_scale: f32,
     logsumexp: HeadVector,
     delta: HeadVector,
-    dq: HeadAccumulator,
+    /// The launch's parameters, read where used (the dQ accumulator's map), so that no register
+    /// holds them across the row loop.
+    params: &'a Fa3BackwardParams,
 }
 
 impl Consumer<'_> {
     /// Named barrier 0 is `sync_threads`'s; consumer c orders its warps at 1 + c.
     const FIRST_BARRIER: u32 = 1;
+
+    /// Whether this thread issues the warpgroup's dQ_i reductions: its first.
+    #[inline(always)]
+    fn leads(&self) -> bool {
+        arch::thread_idx_x() % WARPGROUP_THREADS == 0
+    }
 
     /// Waits until every warp of this warpgroup has arrived.
     #[inline(always)]
@@ -434,6 +461,13 @@ impl Consumer<'_> {
         // L_i and D_i, one value per thread, read while the products run. Every warp finished
         // the previous step's reads of them before its dSᵀ barrier, which this thread passed.
         let statistic = self.read_statistic::<C>(row_start);
+        let hand_off = DsHandOff::of(step);
+        let owner = hand_off.owned_by(self.consumer);
+        if owner && self.leads() {
+            // The reductions of dQ two steps ago have read the staging tile: after the barrier
+            // below every thread may write it again.
+            arch::bulk_wait_group_read::<0>();
+        }
         sram.rows_full(stage).wait(phase);
         arch::wgmma_fence();
         let mut scores = [[0.0f32; 4]; C::ROW_TILES];
@@ -466,8 +500,6 @@ impl Consumer<'_> {
             |r| logsumexp.get(r),
             |r| delta.get(r),
         );
-        let hand_off = DsHandOff::of(step);
-        let owner = hand_off.owned_by(self.consumer);
         if !owner {
             hand_off.wait_free(step);
         }
@@ -512,6 +544,7 @@ impl Consumer<'_> {
         }
         // Both warpgroups' dSᵀ, visible to the async proxy, before dQ reads it.
         hand_off.wait_ready();
+        let staging = sram.dq_staging(self.consumer);
         for part in 0..C::PANELS {
             let mut dq = [[0.0f32; 4]; DQ_PART_TILES];
             arch::wgmma_fence();
@@ -525,7 +558,23 @@ impl Consumer<'_> {
             if part + 1 == C::PANELS {
                 hand_off.mark_free(step);
             }
-            self.add_dq(row_start, part + zero, &dq);
+            self.stage_dq(staging, part + zero, &dq);
+        }
+        // Every warp's part stored and visible to the async proxy, then one thread adds the tile
+        // (line 21's dQ_i += dS_ij·K_j, summed over the block's keys).
+        arch::fence_proxy_async_shared();
+        self.sync_warpgroup();
+        if self.leads() {
+            let p = self.params;
+            let dq = HeadTensorMap::new(
+                p.tensor_maps + 4 * TENSOR_MAP_BYTES,
+                self.info.head,
+                self.info.batch,
+            );
+            // The 32-column boxes that hold the head dim's columns.
+            let boxes = p.base.shape.head_dim.div_ceil(F32_BOX_COLS);
+            dq.reduce_add(&staging, boxes, row_start);
+            arch::bulk_commit_group();
         }
     }
 
@@ -611,25 +660,27 @@ impl Consumer<'_> {
         arch::fence_proxy_async_shared();
     }
 
-    /// Adds one 64-column part of the owned dQ_i (this warp's 16 of its query rows) into the f32
-    /// accumulator: rows past seqlen_q and columns past d are dropped. (The step passes `part`
-    /// plus its opaque zero, so the lane's column offsets are derived here, not hoisted out of
-    /// the row loop beside dK_j and dV_j.)
+    /// Stores one 64-column part of the owned dQ_i (this warp's 16 of the tile's rows) into the
+    /// staging tile, a pair of adjacent columns per 8-byte store. Rows past seqlen_q and columns
+    /// past d are stored too; the reductions drop them. (The step passes `part` plus its opaque
+    /// zero, so the lane's column offsets are derived here, not hoisted out of the row loop
+    /// beside dK_j and dV_j.)
     #[inline(always)]
-    fn add_dq(&self, row_start: u32, part: u32, acc: &[[f32; 4]; DQ_PART_TILES]) {
+    fn stage_dq(&self, staging: SwizzledF32Tile, part: u32, acc: &[[f32; 4]; DQ_PART_TILES]) {
         let lane = arch::lane_idx();
-        let row = row_start + arch::warp_idx() % 4 * MMA_M + accumulator_row(lane);
+        let row = arch::warp_idx() % 4 * MMA_M + accumulator_row(lane);
         let lane_col = part * PANEL_COLS + accumulator_col(lane);
-        // The columns left before d, counted from the lane's first: each tile's check is then one
-        // compare against its constant offset, not a column index per tile kept across the loop.
-        let visible_cols = self.head_dim as i32 - lane_col as i32;
         for (t, tile) in acc.iter().enumerate() {
             let col = lane_col + t as u32 * MMA_N;
-            if ((t as u32 * MMA_N) as i32) < visible_cols {
-                // The tile's two rows, each a pair of adjacent columns (d is a multiple of 8).
-                self.dq.add_pair(row, col, [tile[0], tile[1]]);
-                self.dq
-                    .add_pair(row + LDMATRIX_SIDE, col, [tile[2], tile[3]]);
+            // SAFETY: row + 8 < B_r and col + 1 < 64·panels: inside this consumer's staging
+            // tile, 8-byte aligned (col even); only this warpgroup writes it, after its leader's
+            // wait for the previous reductions' reads and a warpgroup barrier.
+            unsafe {
+                arch::store_shared_f32x2(staging.element(row, col), [tile[0], tile[1]]);
+                arch::store_shared_f32x2(
+                    staging.element(row + LDMATRIX_SIDE, col),
+                    [tile[2], tile[3]],
+                );
             }
         }
     }

@@ -16,6 +16,9 @@ pub const WGMMA_K: u32 = 16;
 pub const PANEL_COLS: u32 = 64;
 /// Bytes of one panel row.
 pub const PANEL_ROW_BYTES: u32 = 2 * PANEL_COLS;
+/// Columns of an f32 tile's TMA box under the same 128-byte swizzle (the backward's dQ_i
+/// staging): one swizzle row of f32.
+pub const F32_BOX_COLS: u32 = PANEL_ROW_BYTES / 4;
 /// Shared tiles start on a 1024-byte boundary (the 128-byte swizzle's period, which TMA and
 /// wgmma both apply to the address bits). The dynamic shared window is aligned up to it at run
 /// time, so a launch asks for this much slack.
