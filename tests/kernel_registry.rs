@@ -380,9 +380,10 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
         causal: true,
         ..Default::default()
     };
-    // 113 queries, 203 keys, 2·3 heads: pre- and post-pass over ⌈113/64⌉ row blocks, the main
-    // kernel over ⌈203/64⌉ key blocks.
-    for d in [1, 32, 33, 40, 64, 100, 128, 129, 200, 256] {
+    // 113 queries, 203 keys, 2·3 heads: the main kernel over ⌈203/64⌉ key blocks; the pre- and
+    // post-pass wide at f16/bf16 and head dims that are multiples of 8 (over ⌈113 / rows per
+    // block⌉ row blocks), element-wise elsewhere (over ⌈113/64⌉), saying why.
+    for d in [1, 8, 32, 33, 40, 64, 72, 100, 128, 129, 136, 200, 256] {
         for dtype in DType::ALL {
             let problem =
                 Problem::new([2, 3, 113, d], [2, 3, 203, d], [2, 3, 203, d], &options).unwrap();
@@ -395,13 +396,42 @@ fn the_backward_plans_three_launches_that_fit_at_every_head_dim() {
                 Family::Fa2Backward(stage) => stage,
                 other => panic!("{other:?}"),
             });
-            assert_eq!(stages[0], BackwardStage::Preprocess);
-            assert_eq!(stages[2], BackwardStage::Postprocess);
+            let wide = dtype != DType::F32 && d % 8 == 0;
+            let (passes, pass_rows) = if wide {
+                let rows = 256 / (d as u32 / 8).next_power_of_two() * 2;
+                assert_eq!(
+                    rows,
+                    flash_kernels::bwd::fa2::config::wide_pass_rows(d as u32)
+                );
+                let stages = [
+                    BackwardStage::PreprocessWide,
+                    BackwardStage::PostprocessWide,
+                ];
+                assert_eq!(p.element_wise_passes, None, "{p}");
+                (stages, rows)
+            } else {
+                let reason = p.element_wise_passes.clone().unwrap();
+                let why = if dtype == DType::F32 {
+                    "f32".to_string()
+                } else {
+                    format!("head_dim {d} is not a multiple of 8")
+                };
+                assert!(reason.starts_with(&why), "{reason}");
+                assert!(
+                    p.to_string()
+                        .ends_with(&format!("; element-wise pre- and post-pass: {reason}")),
+                    "{p}"
+                );
+                ([BackwardStage::Preprocess, BackwardStage::Postprocess], 64)
+            };
+            assert_eq!([stages[0], stages[2]], passes, "{dtype} d {d}");
             let capacity = main.kernel.head_dim_capacity().unwrap();
             let smallest = [32, 64, 128, 256].into_iter().find(|&c| c >= d as u32);
             assert_eq!(Some(capacity), smallest, "d {d}");
-            assert_eq!(pre.launch.grid, (2, 6, 1));
-            assert_eq!(post.launch.grid, (2, 6, 1));
+            let row_blocks = 113u32.div_ceil(pass_rows);
+            assert_eq!(pre.launch.grid, (row_blocks, 6, 1), "{dtype} d {d}");
+            assert_eq!(post.launch.grid, (row_blocks, 6, 1), "{dtype} d {d}");
+            assert_eq!((pre.launch.threads, post.launch.threads), (256, 256));
             assert_eq!(main.launch.grid, (4, 6, 1));
             assert_eq!(
                 (p.block_cols, p.block_rows),
@@ -441,6 +471,8 @@ fn backward_kernel_names_read_back() {
         "fa2_backward_preprocess_f32",
         "fa2_backward_main_bf16_d128",
         "fa2_backward_postprocess_f16",
+        "fa2_backward_preprocess_wide_bf16",
+        "fa2_backward_postprocess_wide_f16",
         "fa2tc_backward_bf16_d128",
         "fa2tc_backward_f16_d256",
         "fa2_backward_main_f32_d64_grouped",
@@ -458,9 +490,21 @@ fn backward_kernel_names_read_back() {
         "fa2tc_backward_bf16",
         "fa2tc_backward_bf16_d128_grouped_grouped",
         "fa2_backward_preprocess_f32_grouped",
+        "fa2_backward_wide_bf16",
+        "fa2_backward_preprocess_narrow_bf16",
+        "fa2_backward_preprocess_wide",
         "backward_group_sum_f64",
     ] {
         assert!(bad.parse::<KernelId>().is_err(), "{bad:?} parsed");
+    }
+    // A well-formed name of a kernel that is not compiled: the wide passes read 16-bit elements.
+    for name in [
+        "fa2_backward_preprocess_wide_f32",
+        "fa2_backward_postprocess_wide_f32",
+    ] {
+        let id: KernelId = name.parse().unwrap();
+        assert_eq!(id.to_string(), name);
+        assert!(!KERNELS.contains(&id), "{name}");
     }
 }
 
@@ -606,7 +650,9 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
         q: aligned,
         k: aligned,
         v: aligned,
+        o: aligned,
         d_o: aligned,
+        dq: aligned,
         dk: aligned,
         dv: aligned,
     };
@@ -762,11 +808,11 @@ fn the_fa3_backward_plan_and_its_fallbacks() {
                 assert!(main.launch.threads <= main.kernel.max_threads());
                 assert!(matches!(
                     p.launches[0].kernel.family,
-                    Family::Fa2Backward(BackwardStage::Preprocess)
+                    Family::Fa2Backward(BackwardStage::PreprocessWide)
                 ));
                 assert!(matches!(
                     p.launches[2].kernel.family,
-                    Family::Fa2Backward(BackwardStage::Postprocess)
+                    Family::Fa2Backward(BackwardStage::PostprocessWide)
                 ));
                 // Grouped: the group sum after the post-pass.
                 assert_eq!(p.launches.len(), if kv_heads == 4 { 3 } else { 4 });
@@ -827,4 +873,124 @@ fn the_fa3_backward_plan_and_its_fallbacks() {
         "fa3".parse::<BackwardAlgorithm>().unwrap(),
         BackwardAlgorithm::Fa3
     );
+}
+
+/// The wide pre- and post-pass (16-byte loads and stores) run wherever the dtype is 16-bit, the
+/// head dim a multiple of 8 and O, dO and dQ have 16-byte-aligned rows, whichever main kernel
+/// runs; a view that is not aligned runs the element-wise passes, and the plan names it. O and
+/// dQ do not move the main kernel (it reads neither); dO moves both.
+#[test]
+fn the_wide_passes_need_aligned_o_d_o_and_dq() {
+    use flash_attn::attention::backward_plan::BackwardViews;
+    use flash_kernels::common::params::TensorView;
+    use flash_kernels::registry::BackwardStage;
+    let problem = Problem::new(
+        [2, 3, 113, 72],
+        [2, 3, 203, 72],
+        [2, 3, 203, 72],
+        &Default::default(),
+    )
+    .unwrap();
+    let aligned = TensorView {
+        addr: 1 << 20,
+        batch_stride: 3 * 203 * 72,
+        head_stride: 203 * 72,
+        row_stride: 72,
+    };
+    let views = BackwardViews {
+        q: aligned,
+        k: aligned,
+        v: aligned,
+        o: aligned,
+        d_o: aligned,
+        dq: aligned,
+        dk: aligned,
+        dv: aligned,
+    };
+    let plan = |views: &BackwardViews| {
+        let options = BackwardOptions::default();
+        BackwardPlan::new(
+            &CompiledLimits::H200,
+            DType::Bf16,
+            &problem,
+            &options,
+            Some(views),
+        )
+        .unwrap()
+    };
+    let passes = |p: &BackwardPlan| {
+        [p.launches[0], p.launches[2]].map(|l| match l.kernel.family {
+            Family::Fa2Backward(stage) => stage,
+            other => panic!("{other:?}"),
+        })
+    };
+    let p = plan(&views);
+    assert_eq!(
+        (p.algorithm, &p.fallback),
+        (BackwardAlgorithm::Fa3, &None),
+        "{p}"
+    );
+    assert_eq!(
+        passes(&p),
+        [
+            BackwardStage::PreprocessWide,
+            BackwardStage::PostprocessWide
+        ]
+    );
+    assert!(p.has_wide_passes());
+    assert_eq!(p.element_wise_passes, None);
+    // d = 72: 9 chunks on 16 lanes, 2 rows per warp, 32 rows per block of 256 threads.
+    assert_eq!(
+        p.launches[0].launch.grid,
+        (113u32.div_ceil(32), 6, 1),
+        "{p}"
+    );
+    assert_eq!(
+        p.kernel_names(),
+        "fa2_backward_preprocess_wide_bf16+fa3_backward_bf16_d96+\
+         fa2_backward_postprocess_wide_bf16"
+    );
+    for (name, moves_main) in [("o", false), ("d_o", true), ("dq", false)] {
+        for shifted in [
+            TensorView {
+                addr: aligned.addr + 2,
+                ..aligned
+            },
+            TensorView {
+                row_stride: 76,
+                ..aligned
+            },
+            TensorView {
+                head_stride: 203 * 72 + 4,
+                ..aligned
+            },
+        ] {
+            let mut bad = views;
+            match name {
+                "o" => bad.o = shifted,
+                "d_o" => bad.d_o = shifted,
+                _ => bad.dq = shifted,
+            }
+            let p = plan(&bad);
+            assert_eq!(
+                passes(&p),
+                [BackwardStage::Preprocess, BackwardStage::Postprocess],
+                "{name}: {p}"
+            );
+            assert!(!p.has_wide_passes());
+            let reason = p.element_wise_passes.clone().unwrap();
+            assert!(
+                reason.starts_with(&format!("{name}'s rows are not 16-byte aligned")),
+                "{reason}"
+            );
+            assert!(p.to_string().contains(&reason), "{p}");
+            assert_eq!(p.launches[0].launch.grid, (2, 6, 1), "{p}");
+            let main = if moves_main {
+                BackwardAlgorithm::Fa2
+            } else {
+                BackwardAlgorithm::Fa3
+            };
+            assert_eq!(p.algorithm, main, "{name}: {p}");
+        }
+    }
 }

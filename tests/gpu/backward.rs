@@ -6,7 +6,9 @@
 //! seqlen_q ≠ seqlen_k, both layouts, a strided input, plus random shapes; the same for FA3's
 //! backward (`fa3`, the default on compute capability 9.0: head dims 16 to 128, longer
 //! sequences that cycle its row ring; skipped on other GPUs); the fallback of a
-//! head dim the tensor cores do not take; and deterministic mode run twice, bit for bit. Inputs
+//! head dim the tensor cores do not take; the wide pre- and post-pass at head dims between the
+//! grids' and their fallback to the element-wise ones when O, dO or dQ rows are not 16-byte
+//! aligned; and deterministic mode run twice, bit for bit. Inputs
 //! and gradients sit in different layouts. Without a GPU each test says it was skipped;
 //! `FLASH_ATTN_REQUIRE_GPU=1` turns that into a failure.
 //!
@@ -62,8 +64,14 @@ fn upload<T: Element>(
     if !strided {
         return DeviceTensor::from_array(gpu, array.view(), placement.layout).expect("upload");
     }
+    upload_padded(gpu, array, 8)
+}
+
+/// `array` on the device, (batch, heads, seqlen, head_dim) with every row padded by `pad`
+/// elements of NaN (row stride d + pad).
+fn upload_padded<T: Element>(gpu: &Gpu, array: &Array4<T>, pad: usize) -> DeviceTensor<T> {
     let (b, h, n, d) = array.dim();
-    let row = d + 8;
+    let row = d + pad;
     let strides = [h * n * row, n * row, row, 1];
     let mut host = vec![T::poison(); b * h * n * row];
     for ((bi, hi, ni, di), value) in array.indexed_iter() {
@@ -125,24 +133,43 @@ fn check_shape<T: Element>(
         .iter()
         .map(|x| x.to_f64().to_bits())
         .collect();
-    let got = |t: &DeviceTensor<T>| to_f64(&t.to_array(gpu).expect("download"));
-    let got = [got(&gradients.dq), got(&gradients.dk), got(&gradients.dv)];
-
-    let scale = 1.0 / (head_dim as f64).sqrt();
+    let got = |t: &DeviceTensor<T>| t.to_array(gpu).expect("download");
+    let got = Gradients {
+        dq: got(&gradients.dq),
+        dk: got(&gradients.dk),
+        dv: got(&gradients.dv),
+    };
+    let what = format!(
+        "{} {q_dims:?}×{seqlen_k} causal={causal} {placement:?} ({})",
+        T::DTYPE,
+        plan.kernel_names()
+    );
     let inputs = BackwardInputs {
         q: &q,
         k: &k,
         v: &v,
         d_o: &d_o,
     };
-    let [dq, dk, dv] = got;
-    let got = Gradients { dq, dk, dv };
-    let what = format!(
-        "{} {q_dims:?}×{seqlen_k} causal={causal} {placement:?} ({})",
-        T::DTYPE,
-        plan.kernel_names()
-    );
-    for check in check_gradients(&inputs, causal, scale, &got) {
+    assert_matches_reference(&what, &inputs, causal, &got);
+    (plan, dq_bits)
+}
+
+/// dQ, dK, dV against the f64 reference gradients of `inputs`, each within its bound
+/// (`check_gradients`) and finite; `what` names the case.
+fn assert_matches_reference<T: Element>(
+    what: &str,
+    inputs: &BackwardInputs<T>,
+    causal: bool,
+    got: &Gradients<Array4<T>>,
+) {
+    let head_dim = inputs.q.dim().3;
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let got = Gradients {
+        dq: to_f64(&got.dq),
+        dk: to_f64(&got.dk),
+        dv: to_f64(&got.dv),
+    };
+    for check in check_gradients(inputs, causal, scale, &got) {
         let GradientCheck {
             name, error, bound, ..
         } = check;
@@ -156,7 +183,6 @@ fn check_shape<T: Element>(
             "{what}: {name} error {error:.3e} > {bound:.3e}"
         );
     }
-    (plan, dq_bits)
 }
 
 /// The scalar kernels (`fa2`) asked for explicitly.
@@ -476,6 +502,181 @@ fn the_tensor_core_backward_falls_back_with_a_reason() {
         plan.fallback.as_deref().unwrap_or_default().contains("f32"),
         "{plan}"
     );
+}
+
+/// Head dims of the wide pre- and post-pass beside the grids': one chunk per row (8), chunks
+/// that leave lanes of their group idle (40: 5 of 8, 72: 9 of 16, 136: 17 of 32, 200: 25 of
+/// 32), and 31 of 32 (248).
+const WIDE_PASS_HEAD_DIMS: [usize; 6] = [8, 40, 72, 136, 200, 248];
+
+/// (batch, heads, seqlen_q, seqlen_k) for the wide passes: one row, a row block's tail, several
+/// blocks with a tail at every head dim (16 to 512 rows per block), more queries than keys.
+const WIDE_PASS_SHAPES: [(usize, usize, usize, usize); 4] = [
+    (1, 2, 1, 17),
+    (2, 1, 17, 17),
+    (1, 2, 203, 113),
+    (1, 1, 530, 40),
+];
+
+/// The wide pre- and post-pass (16-byte loads and stores; `fa2_backward_preprocess_wide_*`) on
+/// the default backward (fa3 to d = 128, fa2-tc above) at the head dims and shapes above, causal
+/// and not, f16 and bf16: the plan runs them and the gradients match the reference.
+#[test]
+fn the_wide_passes_match_the_reference_at_every_chunk_layout() {
+    let test = "backward_wide_passes";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    let backward = BackwardOptions::default();
+    for (i, head_dim) in WIDE_PASS_HEAD_DIMS.into_iter().enumerate() {
+        for (j, (b, h, n, m)) in WIDE_PASS_SHAPES.into_iter().enumerate() {
+            for causal in [false, true] {
+                let shape = (b, h, n, m, head_dim);
+                let plan = if (i + j) % 2 == 0 {
+                    check_shape::<bf16>(&gpu, shape, causal, &backward, PLAIN, &mut rng).0
+                } else {
+                    check_shape::<f16>(&gpu, shape, causal, &backward, PLAIN, &mut rng).0
+                };
+                assert!(plan.has_wide_passes(), "{plan}");
+                assert_eq!(plan.element_wise_passes, None, "{plan}");
+            }
+        }
+    }
+}
+
+/// O, dO or dQ with rows 8 bytes off 16-byte alignment (row stride d + 4): the element-wise
+/// pre- and post-pass run, the plan names the tensor, the gradients match the reference, and
+/// dQ's padding stays as it was (NaN). O and dQ leave the main kernel as it was (it reads
+/// neither); dO sends it to fa2 as well. bf16, d = 40 and 128, a short causal case and a long
+/// one with more queries than keys.
+#[test]
+fn misaligned_o_d_o_or_dq_runs_the_element_wise_passes() {
+    let test = "backward_wide_passes_misaligned";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    for misaligned in ["o", "d_o", "dq"] {
+        for (shape, causal) in [((2, 2, 17, 30, 40), true), ((1, 2, 203, 113, 128), false)] {
+            check_misaligned::<bf16>(&gpu, misaligned, shape, causal, &mut rng);
+        }
+    }
+}
+
+/// One case of [`misaligned_o_d_o_or_dq_runs_the_element_wise_passes`].
+fn check_misaligned<T: Element>(
+    gpu: &Gpu,
+    misaligned: &str,
+    (batch, heads, seqlen_q, seqlen_k, head_dim): (usize, usize, usize, usize, usize),
+    causal: bool,
+    rng: &mut rand::rngs::StdRng,
+) {
+    const PAD: usize = 4;
+    let q_dims = [batch, heads, seqlen_q, head_dim];
+    let kv_dims = [batch, heads, seqlen_k, head_dim];
+    let (q, k, v, d_o) = (
+        random_tensor::<T>(q_dims, rng),
+        random_tensor::<T>(kv_dims, rng),
+        random_tensor::<T>(kv_dims, rng),
+        random_tensor::<T>(q_dims, rng),
+    );
+    let plain = |a: &Array4<T>| upload(gpu, a, PLAIN, false);
+    let (q_gpu, k_gpu, v_gpu) = (plain(&q), plain(&k), plain(&v));
+    let d_o_gpu = if misaligned == "d_o" {
+        upload_padded(gpu, &d_o, PAD)
+    } else {
+        plain(&d_o)
+    };
+    let options = AttentionOptions {
+        causal,
+        ..Default::default()
+    };
+    let call = flash_attn::Attention::new(&q_gpu, &k_gpu, &v_gpu).options(options);
+    let forward = call.forward(gpu).expect("forward");
+    let flash_attn::RowStatistics::LogSumExp(logsumexp) = &forward.stats else {
+        panic!("the forward returns L")
+    };
+    // O as the forward wrote it, or the same values with padded rows.
+    let o_padded = (misaligned == "o")
+        .then(|| upload_padded(gpu, &forward.o.to_array(gpu).expect("download"), PAD));
+    let o = o_padded.as_ref().unwrap_or(&forward.o);
+    // dQ in a buffer of rows d + PAD wide (NaN), viewed as d wide where misaligned.
+    let dq_pad = if misaligned == "dq" { PAD } else { 0 };
+    let dq_buffer = DeviceTensor::from_array(
+        gpu,
+        Array4::from_elem([batch, heads, seqlen_q, head_dim + dq_pad], T::poison()).view(),
+        Layout::BatchHeadSeqDim,
+    )
+    .expect("upload");
+    let dq_buffer_ref: flash_attn::TensorRef<T> = (&dq_buffer).into();
+    // SAFETY: the buffer holds every element these dims and strides reach, and stays alive and
+    // otherwise unused until the backward below has finished (its gradients are read after it).
+    let dq = unsafe {
+        flash_attn::TensorRef::from_raw(dq_buffer_ref.address(), q_dims, dq_buffer.strides())
+    };
+    let poisoned = |dims| DeviceTensor::filled(gpu, dims, Layout::BatchHeadSeqDim, T::poison());
+    let (mut dk, mut dv) = (
+        poisoned(kv_dims).expect("dk"),
+        poisoned(kv_dims).expect("dv"),
+    );
+    let plan = call
+        .backward_into(
+            gpu,
+            flash_attn::BackwardTensors {
+                o: o.into(),
+                logsumexp: logsumexp.into(),
+                d_o: (&d_o_gpu).into(),
+                gradients: Gradients {
+                    dq,
+                    dk: (&mut dk).into(),
+                    dv: (&mut dv).into(),
+                },
+            },
+        )
+        .expect("backward");
+    let flash_attn::attention::PassPlan::Backward(plan) = plan.pass else {
+        panic!("a backward plan")
+    };
+    let what = format!(
+        "{} {q_dims:?}×{seqlen_k} causal={causal} {misaligned} misaligned ({plan})",
+        T::DTYPE
+    );
+    assert!(!plan.has_wide_passes(), "{what}");
+    let reason = plan.element_wise_passes.clone().unwrap_or_default();
+    assert!(
+        reason.starts_with(&format!("{misaligned}'s rows are not 16-byte aligned")),
+        "{what}"
+    );
+    // dO also moves the main kernel to fa2; O and dQ leave it where it was (fa3 on 9.0, fa2-tc
+    // elsewhere), whatever the fallback says about the device.
+    let fallback = plan.fallback.clone().unwrap_or_default();
+    if misaligned == "d_o" {
+        assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2, "{what}");
+    } else {
+        assert_ne!(plan.algorithm, BackwardAlgorithm::Fa2, "{what}");
+        assert!(!fallback.contains("aligned"), "{what}");
+    }
+    let dq_rows = dq_buffer.to_array(gpu).expect("download");
+    let got = Gradients {
+        dq: dq_rows
+            .slice(ndarray::s![.., .., .., ..head_dim])
+            .to_owned(),
+        dk: dk.to_array(gpu).expect("download"),
+        dv: dv.to_array(gpu).expect("download"),
+    };
+    let padding = dq_rows.slice(ndarray::s![.., .., .., head_dim..]);
+    assert!(
+        padding.iter().all(|x| x.to_f64().is_nan()),
+        "{what}: a kernel wrote into dQ's padding"
+    );
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
+    };
+    assert_matches_reference(&what, &inputs, causal, &got);
 }
 
 /// Deterministic mode: the same inputs twice give dQ with the same bits (and within the

@@ -553,7 +553,9 @@ fn grouped_gradients_need_no_aligned_rows() {
         q: aligned,
         k: aligned,
         v: aligned,
+        o: aligned,
         d_o: aligned,
+        dq: aligned,
         dk: misaligned,
         dv: misaligned,
     };

@@ -26,7 +26,8 @@ use super::problem::{MAX_HEAD_DIM, Problem};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Which main kernel computes the backward pass (the pre- and post-pass are the same for both).
+/// Which main kernel computes the backward pass (the FA2 family's share the pre- and post-pass,
+/// wide or element-wise: [`BackwardPlan::element_wise_passes`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackwardAlgorithm {
     /// FlashAttention-2's backward, scalar FP32 (`bwd::fa2`): every dtype and head dim.
@@ -145,16 +146,23 @@ pub struct BackwardPlan {
     /// Grouped K/V heads only: elements of each of the expanded dK and dV, in the input dtype,
     /// (batch·heads_q, seqlen_k, head_dim); 0 otherwise.
     pub expanded_kv_gradients: usize,
+    /// FA2 family: why the element-wise pre- and post-pass run instead of the wide ones (16-byte
+    /// loads and stores; f32, a head dim that is not a multiple of 8, or O, dO or dQ rows that
+    /// are not 16-byte aligned); `None` where the wide ones run, and for standard.
+    pub element_wise_passes: Option<String>,
 }
 
-/// The device views the tensor-core kernel copies from or stores pairs to, for its alignment
-/// check (a plan made without tensors assumes aligned ones).
+/// The device views the tensor-core kernel copies from or stores pairs to, and the wide pre-
+/// and post-pass read (O, dO) and write (dQ) 16 bytes at a time, for their alignment checks (a
+/// plan made without tensors assumes aligned ones).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardViews {
     pub q: TensorView,
     pub k: TensorView,
     pub v: TensorView,
+    pub o: TensorView,
     pub d_o: TensorView,
+    pub dq: TensorView,
     pub dk: TensorView,
     pub dv: TensorView,
 }
@@ -272,22 +280,34 @@ impl BackwardPlan {
         check_shared(limits, shared_bytes, "head_dim", tiling, problem.head_dim)?;
         check_threads(limits, main, threads, "head_dim")?;
         let heads = problem.batch_heads() as u32;
-        let pass = |stage| {
-            let kernel = KernelId::new(Family::Fa2Backward(stage), element);
-            let row_blocks = problem.seqlen_q.div_ceil(fa2_backward::PASS_ROWS as usize) as u32;
-            PlannedLaunch {
-                kernel,
-                launch: Launch {
-                    grid: (row_blocks, heads, 1),
-                    threads: fa2_backward::PASS_THREADS,
-                    shared_bytes: 0,
-                },
-            }
+        // The pre- and post-pass: wide (16-byte loads and stores) where the dtype, head dim and
+        // views allow, else element-wise, with the reason.
+        let element_wise_passes = wide_passes_refused(dtype, d, views).err();
+        let (stages, pass_rows) = match element_wise_passes {
+            None => (
+                [
+                    BackwardStage::PreprocessWide,
+                    BackwardStage::PostprocessWide,
+                ],
+                fa2_backward::wide_pass_rows(d),
+            ),
+            Some(_) => (
+                [BackwardStage::Preprocess, BackwardStage::Postprocess],
+                fa2_backward::PASS_ROWS,
+            ),
         };
-        let (pre, post) = (
-            pass(BackwardStage::Preprocess),
-            pass(BackwardStage::Postprocess),
-        );
+        let [pre, post] = stages.map(|stage| PlannedLaunch {
+            kernel: KernelId::new(Family::Fa2Backward(stage), element),
+            launch: Launch {
+                grid: (
+                    problem.seqlen_q.div_ceil(pass_rows as usize) as u32,
+                    heads,
+                    1,
+                ),
+                threads: fa2_backward::PASS_THREADS,
+                shared_bytes: 0,
+            },
+        });
         for planned in [pre, post] {
             check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
         }
@@ -322,6 +342,7 @@ impl BackwardPlan {
             scores: 0,
             probs: 0,
             expanded_kv_gradients: expanded_kv_gradients(problem),
+            element_wise_passes,
         })
     }
 
@@ -395,6 +416,7 @@ impl BackwardPlan {
             scores: matrix,
             probs: matrix,
             expanded_kv_gradients: expanded_kv_gradients(problem),
+            element_wise_passes: None,
         })
     }
 
@@ -424,6 +446,14 @@ impl BackwardPlan {
         )
     }
 
+    /// Whether the pre- and post-pass are the wide ones, which read O and dO and write dQ 16
+    /// bytes at a time, so that those tensors with unaligned rows cannot take this plan.
+    pub fn has_wide_passes(&self) -> bool {
+        self.launches.iter().any(|planned| {
+            matches!(planned.kernel.family, Family::Fa2Backward(stage) if stage.is_wide())
+        })
+    }
+
     pub fn kernel_names(&self) -> String {
         kernel_names(&self.launches)
     }
@@ -449,6 +479,9 @@ impl fmt::Display for BackwardPlan {
         write!(f, ", workspace {} bytes)", self.workspace_bytes())?;
         if let Some(fallback) = &self.fallback {
             write!(f, "; {fallback}")?;
+        }
+        if let Some(reason) = &self.element_wise_passes {
+            write!(f, "; element-wise pre- and post-pass: {reason}")?;
         }
         Ok(())
     }
@@ -577,6 +610,32 @@ fn check_views(
         if let Some(reason) = misaligned_view(copied_or_stored) {
             return Err(reason);
         }
+    }
+    Ok(())
+}
+
+/// Why the wide pre- and post-pass (`bwd::fa2::kernel::preprocess_wide`, `postprocess_wide`:
+/// 16-byte loads of O and dO, 16-byte stores of the accumulator and dQ) cannot run this call,
+/// if they cannot: f32 (they read 16-bit elements), a head dim that is not a multiple of 8 (or
+/// past 256: a row's chunks must fit one warp), or O, dO or dQ rows that are not 16-byte aligned.
+/// The accumulator is the plan's own and always aligned.
+fn wide_passes_refused(
+    dtype: DType,
+    d: u32,
+    views: Option<&BackwardViews>,
+) -> std::result::Result<(), String> {
+    if dtype == DType::F32 {
+        return Err("f32 (the wide passes read 16-bit elements)".into());
+    }
+    if !fa2_backward::wide_passes_take(d) {
+        return Err(format!(
+            "head_dim {d} is not a multiple of 8 (the wide passes move rows in 16-byte chunks)"
+        ));
+    }
+    if let Some(v) = views
+        && let Some(reason) = misaligned_view(&[("o", &v.o), ("d_o", &v.d_o), ("dq", &v.dq)])
+    {
+        return Err(reason);
     }
     Ok(())
 }

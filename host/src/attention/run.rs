@@ -217,7 +217,9 @@ impl<'a, T: Element> Attention<'a, T> {
             q: self.q.view(),
             k: self.k.view(),
             v: self.v.view(),
+            o: t.o.view(),
             d_o: t.d_o.view(),
+            dq: t.gradients.dq.view(),
             dk: t.gradients.dk.view(),
             dv: t.gradients.dv.view(),
         });
@@ -407,12 +409,24 @@ impl Plan {
                 // A reused plan meets these tensors for the first time: their shapes and dtypes
                 // as the backward needs them, and the alignment the plan assumed.
                 call.backward_problem(&plan.problem, Some(&t), None)?;
+                // The tensor-core main kernels copy dO and store dK, dV in 16-byte pieces; the
+                // wide passes read O, dO and write dQ 16 bytes at a time.
+                let mut views = Vec::new();
                 if plan.needs_aligned_rows() {
-                    let views = [
+                    views.extend([
                         ("d_o", t.d_o.view()),
                         ("dk", t.gradients.dk.view()),
                         ("dv", t.gradients.dv.view()),
-                    ];
+                    ]);
+                }
+                if plan.has_wide_passes() {
+                    views.extend([
+                        ("o", t.o.view()),
+                        ("d_o", t.d_o.view()),
+                        ("dq", t.gradients.dq.view()),
+                    ]);
+                }
+                if !views.is_empty() {
                     let named: Vec<(&str, &_)> = views.iter().map(|(n, v)| (*n, v)).collect();
                     if let Some(reason) = misaligned_view(&named) {
                         let name = named

@@ -347,6 +347,88 @@ fn logsumexp_must_be_contiguous_and_of_q_rows() {
     assert_eq!(named(call.check()), "logsumexp");
 }
 
+impl<T: Element> Backward<T> {
+    fn tensors(&self) -> BackwardTensors<'static, T> {
+        BackwardTensors {
+            o: self.forward.o,
+            logsumexp: self.forward.lse,
+            d_o: self.d_o,
+            gradients: self.gradients,
+        }
+    }
+}
+
+/// `tensor` one element past where it starts: aligned to its element, not to 16 bytes.
+fn shifted<T: Element>(tensor: TensorRef<'static, T>) -> TensorRef<'static, T> {
+    // SAFETY: as `bshd`.
+    unsafe {
+        TensorRef::from_raw(
+            tensor.address() + std::mem::size_of::<T>() as u64,
+            tensor.dims(),
+            tensor.strides(),
+        )
+    }
+}
+
+#[test]
+fn the_backward_plans_the_wide_passes_only_for_aligned_o_d_o_and_dq() {
+    let backward = |plan: &Plan| match &plan.pass {
+        PassPlan::Backward(backward) => backward.clone(),
+        _ => panic!("a backward plan"),
+    };
+    // d = 40, every row 16-byte aligned: the wide pre- and post-pass.
+    let call = Backward::<bf16>::new();
+    let plan = call.check().expect("valid");
+    assert!(backward(&plan).has_wide_passes(), "{plan}");
+    // dQ one element off: the element-wise passes, and the plan says why.
+    let mut misaligned = Backward::<bf16>::new();
+    misaligned.gradients.dq = shifted(misaligned.gradients.dq);
+    let p = backward(&misaligned.check().expect("valid"));
+    assert!(!p.has_wide_passes(), "{p}");
+    let reason = p.element_wise_passes.clone().unwrap_or_default();
+    assert!(
+        reason.starts_with("dq's rows are not 16-byte aligned"),
+        "{p}"
+    );
+    assert!(
+        p.kernel_names()
+            .starts_with("fa2_backward_preprocess_bf16+"),
+        "{p}"
+    );
+    // The wide plan run again on those tensors is refused, naming dQ; on its own, it runs.
+    let attention = Attention::new(call.forward.q, call.forward.k, call.forward.v);
+    let mut workspace = Workspace::default();
+    let result = plan.run_checked(
+        None,
+        &attention,
+        Pass::Backward(misaligned.tensors()),
+        &mut workspace,
+    );
+    assert_eq!(named(result), "dq");
+    for (name, tensors) in [
+        ("o", {
+            let mut c = Backward::<bf16>::new();
+            c.forward.o = shifted(c.forward.o);
+            c.tensors()
+        }),
+        ("d_o", {
+            let mut c = Backward::<bf16>::new();
+            c.d_o = shifted(c.d_o);
+            c.tensors()
+        }),
+    ] {
+        let result = plan.run_checked(None, &attention, Pass::Backward(tensors), &mut workspace);
+        assert_eq!(named(result), name);
+    }
+    let result = plan.run_checked(
+        None,
+        &attention,
+        Pass::Backward(call.tensors()),
+        &mut workspace,
+    );
+    assert!(result.is_ok(), "{result:?}");
+}
+
 #[test]
 fn the_backward_refuses_a_window_softcap_and_packed_batches_by_name() {
     let mut call = Backward::<bf16>::new();

@@ -58,6 +58,8 @@ pub trait TensorCoreElement: Element {
     const BF16: bool;
     /// Two f32 rounded to this type and packed into one register, `low` first.
     fn pack2(low: f32, high: f32) -> u32;
+    /// Two elements packed in one register (`low` in bits 0–15) as f32, exactly.
+    fn unpack2(packed: u32) -> [f32; 2];
     /// D = A·B + C, m16n8k16, in PTX fragment layouts.
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
 }
@@ -67,6 +69,10 @@ impl TensorCoreElement for Bf16 {
     #[inline(always)]
     fn pack2(low: f32, high: f32) -> u32 {
         arch::pack_bf16x2(low, high)
+    }
+    #[inline(always)]
+    fn unpack2(packed: u32) -> [f32; 2] {
+        [packed as u16, (packed >> 16) as u16].map(arch::bf16_to_f32)
     }
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
@@ -79,6 +85,10 @@ impl TensorCoreElement for F16 {
     #[inline(always)]
     fn pack2(low: f32, high: f32) -> u32 {
         arch::pack_f16x2(low, high)
+    }
+    #[inline(always)]
+    fn unpack2(packed: u32) -> [f32; 2] {
+        [packed as u16, (packed >> 16) as u16].map(arch::f16_to_f32)
     }
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {

@@ -128,7 +128,8 @@ impl StandardBackwardStage {
     }
 }
 
-/// The three kernels of the FA2 backward, in launch order.
+/// The FA2 backward's kernels: the pre-pass, the main kernel, the post-pass (each pass
+/// element-wise, or wide where the host's plan finds it can run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackwardStage {
     /// D = rowsum(dO ∘ O), and the f32 dQ accumulator zeroed (any head dim).
@@ -143,16 +144,43 @@ pub enum BackwardStage {
     },
     /// dQ = scale·(the accumulator) in the input dtype (any head dim).
     Postprocess,
+    /// [`BackwardStage::Preprocess`] with 16-byte loads and stores: f16/bf16, head dims that
+    /// are multiples of 8 up to 256 (`bwd::fa2::config::wide_passes_take`), O and dO rows
+    /// 16-byte aligned.
+    PreprocessWide,
+    /// [`BackwardStage::Postprocess`] with 16-byte loads and stores, where
+    /// [`BackwardStage::PreprocessWide`] runs (and dQ's rows are 16-byte aligned).
+    PostprocessWide,
 }
 
 impl BackwardStage {
-    /// The name in kernel names (`preprocess`, `main`, `postprocess`).
+    /// The passes, element-wise and wide, in the order the kernel names list them.
+    pub const PASSES: [BackwardStage; 4] = [
+        BackwardStage::Preprocess,
+        BackwardStage::Postprocess,
+        BackwardStage::PreprocessWide,
+        BackwardStage::PostprocessWide,
+    ];
+
+    /// The name in kernel names (`preprocess`, `main`, `postprocess`, `preprocess_wide`,
+    /// `postprocess_wide`).
     pub const fn name(self) -> &'static str {
         match self {
             BackwardStage::Preprocess => "preprocess",
             BackwardStage::Main { .. } => "main",
             BackwardStage::Postprocess => "postprocess",
+            BackwardStage::PreprocessWide => "preprocess_wide",
+            BackwardStage::PostprocessWide => "postprocess_wide",
         }
+    }
+
+    /// Whether this is a wide pass ([`BackwardStage::PreprocessWide`],
+    /// [`BackwardStage::PostprocessWide`]).
+    pub const fn is_wide(self) -> bool {
+        matches!(
+            self,
+            BackwardStage::PreprocessWide | BackwardStage::PostprocessWide
+        )
     }
 
     // Constructors named as the kernel list spells the passes (`for_each_kernel!`).
@@ -162,12 +190,20 @@ impl BackwardStage {
     pub const fn postprocess() -> Self {
         BackwardStage::Postprocess
     }
+    pub const fn preprocess_wide() -> Self {
+        BackwardStage::PreprocessWide
+    }
+    pub const fn postprocess_wide() -> Self {
+        BackwardStage::PostprocessWide
+    }
 
     /// Field-by-field equality usable in `const` code.
     const fn const_eq(self, other: Self) -> bool {
         match (self, other) {
             (BackwardStage::Preprocess, BackwardStage::Preprocess)
-            | (BackwardStage::Postprocess, BackwardStage::Postprocess) => true,
+            | (BackwardStage::Postprocess, BackwardStage::Postprocess)
+            | (BackwardStage::PreprocessWide, BackwardStage::PreprocessWide)
+            | (BackwardStage::PostprocessWide, BackwardStage::PostprocessWide) => true,
             (
                 BackwardStage::Main {
                     head_dim_capacity: a,

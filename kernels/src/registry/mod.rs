@@ -32,6 +32,9 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 ///   (B_r is `bwd::fa2::config::block_rows` of the capacity, written out for the entry point's
 ///   config; `grouped`: the main kernel for grouped K/V heads, which stores dK and dV per query
 ///   head, `BlockInfo::kv_gradient_head`);
+/// - `fa2_backward preprocess_wide <dtype>`, `fa2_backward postprocess_wide <dtype>`: the same
+///   pre- and post-pass with 16-byte loads and stores (f16/bf16, head dims that are multiples of
+///   8, 16-byte-aligned rows), which every FA2-family backward runs where it can;
 /// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>
 ///   [grouped]`: the backward's main kernel on tensor cores (the tiling is
 ///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config).
@@ -71,6 +74,7 @@ macro_rules! for_each_kernel {
             256 => (4 1 2 64) (8 1 2 64) (4 1 1 64) (8 1 1 64);
         });
         $crate::for_each_kernel!(@fa2_backward $emit [f32 f16 bf16]);
+        $crate::for_each_kernel!(@fa2_backward_wide $emit [f16 bf16]);
         $crate::for_each_kernel!(@fa2_tc_backward $emit [f16 bf16]);
         $crate::for_each_kernel!(@decode $emit [f16 bf16] [64 128]);
         $crate::for_each_kernel!(@standard_backward $emit [f32 f16 bf16]);
@@ -110,6 +114,10 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@fa2_backward_mains $emit $dtype);
         $emit!(fa2_backward postprocess $dtype);
         $crate::for_each_kernel!(@fa2_backward_mains $emit $dtype grouped);
+    )*};
+    (@fa2_backward_wide $emit:ident [$($dtype:ident)*]) => {$(
+        $emit!(fa2_backward preprocess_wide $dtype);
+        $emit!(fa2_backward postprocess_wide $dtype);
     )*};
     (@fa2_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
         $emit!(fa2_backward main $dtype 32 64 $($grouped)?);

@@ -17,7 +17,7 @@ impl fmt::Display for KernelId {
     /// `fa2_forward_<dtype>_d<capacity>_bc<B_c>`, `fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local|_varlen_local]`,
     /// `fa3_forward_<dtype>_d<d>_w<consumers>c<B_c>[p|_varlen|_local]`, `decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch]`,
     /// `decode_combine_<dtype>_d<d>`, `kv_append_<dtype>_<cache>`, `fa2_backward_<stage>_<dtype>` (pre- and
-    /// post-pass), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
+    /// post-pass, `<pre|post>process[_wide]`), `fa2_backward_main_<dtype>_d<capacity>[_grouped]`,
     /// `fa2tc_backward_<dtype>_d<capacity>[_grouped]`, `fa3_backward_<dtype>_d<d>[_grouped]`, `backward_group_sum_<dtype>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dtype = self.dtype.name();
@@ -146,7 +146,7 @@ impl fmt::Display for ParseKernelIdError {
              fa1_forward_<dtype>, \
              fa2_forward_<dtype>_d<capacity>_bc<B_c>, \
              fa2tc_forward_<dtype>_d<d>_w<W>r<R>s<S>c<C>[_varlen|_local|_varlen_local], \
-             fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen|_local], fa2_backward_<pre|post>process_<dtype>, \
+             fa3_forward_<dtype>_d<d>_w<W>c<C>[p|_varlen|_local], fa2_backward_<pre|post>process[_wide]_<dtype>, \
              fa2_backward_main_<dtype>_d<capacity>[_grouped], \
              fa2tc_backward_<dtype>_d<capacity>[_grouped], fa3_backward_<dtype>_d<d>[_grouped], backward_group_sum_<dtype>, \
              decode_splitkv_<dtype>_d<d>_<cache>[_onelaunch], decode_combine_<dtype>_d<d>, \
@@ -239,9 +239,9 @@ impl FromStr for KernelId {
         } else if let Some(dtype) = name.strip_prefix("backward_group_sum_") {
             (Family::GroupSum, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_") {
-            // <preprocess|postprocess>_<dtype>
-            let (stage, dtype) = rest.split_once('_').ok_or(ParseKernelIdError)?;
-            let stage = [BackwardStage::Preprocess, BackwardStage::Postprocess]
+            // <preprocess|postprocess>[_wide]_<dtype>
+            let (stage, dtype) = rest.rsplit_once('_').ok_or(ParseKernelIdError)?;
+            let stage = BackwardStage::PASSES
                 .into_iter()
                 .find(|s| s.name() == stage)
                 .ok_or(ParseKernelIdError)?;

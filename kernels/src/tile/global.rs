@@ -211,6 +211,44 @@ impl HeadAccumulator {
         self.rows.write(row, col, value)
     }
 
+    /// The 8 elements from (row, col) on (32 bytes, two 16-byte loads without caching in L1),
+    /// or zeros for a row past the end or when `column_exists` is false (past the row).
+    #[inline(always)]
+    pub fn load_chunk(&self, row: u32, col: u32, column_exists: bool) -> [f32; 8] {
+        let mut values = [0.0; 8];
+        if row < self.rows.rows && column_exists {
+            let first = self.rows.element(row, col) as *const u8;
+            // SAFETY: row < rows and the kernel passes col + 8 ≤ row_len, a multiple of 8: both
+            // halves lie inside the accumulator the host allocated (256-byte-aligned, rows of a
+            // multiple of 8 floats), 16-byte aligned; no thread writes it during the kernel.
+            let halves = unsafe {
+                [
+                    arch::load_streaming_16(first),
+                    arch::load_streaming_16(first.wrapping_add(16)),
+                ]
+            };
+            for (i, bits) in halves.as_flattened().iter().enumerate() {
+                values[i] = f32::from_bits(*bits);
+            }
+        }
+        values
+    }
+
+    /// Stores 8 elements from (row, col) on (two 16-byte stores); dropped for a row past the
+    /// end or when `column_exists` is false. Alignment as for [`Self::load_chunk`].
+    #[inline(always)]
+    pub fn store_chunk(&self, row: u32, col: u32, column_exists: bool, values: [f32; 8]) {
+        if row < self.rows.rows && column_exists {
+            let first = self.rows.element(row, col) as *mut u8;
+            let bits = values.map(f32::to_bits);
+            // SAFETY: as for `load_chunk`; this thread may write the accumulator.
+            unsafe {
+                arch::store_global_16(first, [bits[0], bits[1], bits[2], bits[3]]);
+                arch::store_global_16(first.wrapping_add(16), [bits[4], bits[5], bits[6], bits[7]]);
+            }
+        }
+    }
+
     /// Adds `value` to (row, col) atomically; a row past the end is dropped.
     #[inline(always)]
     pub fn add(&self, row: u32, col: u32, value: f32) {
@@ -223,7 +261,7 @@ impl HeadAccumulator {
 }
 
 /// One head's rows of a 16-bit tensor in device memory, byte-addressed: the source of 16-byte
-/// `cp.async` copies and the destination of two-element (4-byte) stores.
+/// `cp.async` copies and loads, and the destination of two-element (4-byte) and 16-byte stores.
 #[derive(Clone, Copy)]
 pub struct HeadRows16 {
     base: *const u8,
@@ -274,6 +312,33 @@ impl HeadRows16 {
     fn element(&self, row: u32, col: u32) -> *const u8 {
         self.base
             .wrapping_add((row as u64 * self.row_bytes + col as u64 * 2) as usize)
+    }
+
+    /// The 16 bytes (8 elements) at (row, col), or zeros for a row past the end or when
+    /// `column_exists` is false (a chunk past the row), read without caching in L1
+    /// (`ld.global.nc`): for a tensor no thread writes while the kernel runs.
+    ///
+    /// The host checked that the view's address and strides are multiples of 8 elements, and
+    /// kernels pass a col that is a multiple of 8: the load is 16-byte aligned.
+    #[inline(always)]
+    pub fn load_chunk(&self, row: u32, col: u32, column_exists: bool) -> [u32; 4] {
+        if row < self.rows && column_exists {
+            // SAFETY: inside the tensor the host described (row < rows, col + 8 ≤ its row
+            // length), 16-byte aligned (see above), and not written during the kernel.
+            unsafe { arch::load_streaming_16(self.element(row, col)) }
+        } else {
+            [0; 4]
+        }
+    }
+
+    /// Stores 16 bytes (8 packed elements) at (row, col); dropped for a row past the end or
+    /// when `column_exists` is false. Alignment as for [`Self::load_chunk`].
+    #[inline(always)]
+    pub fn store_chunk(&self, row: u32, col: u32, column_exists: bool, value: [u32; 4]) {
+        if row < self.rows && column_exists {
+            // SAFETY: as for `load_chunk`; the tensor is an output of the kernel.
+            unsafe { arch::store_global_16(self.element(row, col) as *mut u8, value) }
+        }
     }
 
     /// Stores two packed 16-bit elements at (row, col) and (row, col + 1).

@@ -3,11 +3,13 @@
 //!
 //! - [`layout`]: strides and padding of shared tiles (host and GPU: the host sizes launches);
 //! - [`fragment`]: the tensor-core operand shapes, and which element each lane holds;
+//! - [`row_chunks`]: which thread of a row-streaming pass owns which 16-byte chunk of which row
+//!   (host and GPU: the host sizes the grid);
 //! - `global`: one head's rows of a tensor in device memory, and its statistics vectors;
 //! - `shared`: f32 and 16-bit tiles in shared memory, and the block-wide loops that fill them;
 //! - `copy`: asynchronous 16-byte copies of global rows into 16-bit shared tiles;
 //! - `register`: one thread's 4 × 4 register blocks of a matrix product;
-//! - `warp`: reductions across a warp;
+//! - `warp`: reductions across a warp, or across an aligned group of its lanes;
 //! - `accumulator`: a warp's rows of an f32 accumulator in the mma.m16n8 layout (mask, row
 //!   reductions, the online-softmax update, the output store), shared by FA2-TC and FA3;
 //! - `kv_cache`: a KV cache's rows (contiguous or paged) and the decode kernels' mma fragments
@@ -17,6 +19,7 @@
 
 pub mod fragment;
 pub mod layout;
+pub mod row_chunks;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod accumulator;

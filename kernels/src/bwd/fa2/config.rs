@@ -1,6 +1,7 @@
 //! FlashAttention-2 backward's tile configuration: the compile-time part (head-dim capacity, B_r,
 //! B_c) as one type per main kernel, [`Fa2BackwardConfig`], and the launch geometry of the three
-//! kernels as plain functions the host's plan and the kernels share.
+//! kernels (and of the wide pre- and post-pass) as plain functions the host's plan and the
+//! kernels share.
 //!
 //! The main kernel is split-K, the forward's split-Q turned around: each warp owns
 //! [`KEYS_PER_WARP`] keys of K_j, V_j and keeps their rows of dK_j, dV_j in registers; each lane
@@ -10,15 +11,36 @@ use crate::common::limits::{
     MAX_REGISTERS_PER_THREAD, MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM,
 };
 use crate::tile::layout::conflict_free_stride;
+use crate::tile::row_chunks::{CHUNK_ELEMENTS, ChunkLanes, MAX_HEAD_DIM as MAX_CHUNKED_HEAD_DIM};
 
 /// Keys of K_j (rows of dK_j and dV_j) owned by one warp of the main kernel.
 pub const KEYS_PER_WARP: u32 = 4;
 /// B_c, every capacity: 16 warps of [`KEYS_PER_WARP`] keys.
 pub const BLOCK_COLS: u32 = 64;
-/// Threads of the pre- and post-pass: one warp per row, 8 rows at a time.
+/// Threads of the pre- and post-pass, element-wise and wide.
 pub const PASS_THREADS: u32 = 256;
-/// Rows of Q (of D, of the dQ accumulator) one block of the pre- and post-pass covers.
+/// Rows of Q (of D, of the dQ accumulator) one block of the element-wise pre- and post-pass
+/// covers (one warp per row, 8 rows at a time).
 pub const PASS_ROWS: u32 = 64;
+/// Rows of each 16-byte chunk a thread of the wide pre- and post-pass covers (`ChunkLanes`'
+/// steps): their loads are all in flight before the first is used.
+pub type const WIDE_PASS_STEPS: usize = 2;
+
+/// One thread's chunks in the wide pre- and post-pass (`tile::row_chunks`).
+pub type WidePassLanes = ChunkLanes<WIDE_PASS_STEPS>;
+
+/// Whether the wide pre- and post-pass take head dim `head_dim`: whole 16-byte chunks of 16-bit
+/// elements, at most one per lane of a warp (d a multiple of 8, up to 256). The host also needs
+/// f16/bf16 and O, dO, dQ views whose address and strides are multiples of 8 elements.
+pub const fn wide_passes_take(head_dim: u32) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(CHUNK_ELEMENTS) && head_dim <= MAX_CHUNKED_HEAD_DIM
+}
+
+/// Rows of Q one block of the wide pre- and post-pass covers at `head_dim`: 16 (d > 128) to 512
+/// (d = 8).
+pub const fn wide_pass_rows(head_dim: u32) -> u32 {
+    WidePassLanes::rows_per_block(head_dim, PASS_THREADS)
+}
 
 /// B_r of the main kernel for `head_dim_capacity`: 64, or 32 at capacity 256, where Q_i, dO_i
 /// of 64 rows beside K_j, V_j would need 263 KiB of shared memory (227 KiB allowed).
@@ -115,5 +137,13 @@ mod tests {
         }
         assert_eq!(main_threads(), 512);
         assert_eq!(block_rows(256), 32);
+    }
+
+    #[test]
+    fn the_wide_passes_take_multiples_of_8_up_to_256() {
+        let taken: std::vec::Vec<u32> = (0..=300).filter(|&d| wide_passes_take(d)).collect();
+        assert_eq!(taken, (1..=32).map(|c| 8 * c).collect::<std::vec::Vec<_>>());
+        assert_eq!(wide_pass_rows(128), 32);
+        assert_eq!(wide_pass_rows(200), 16);
     }
 }

@@ -2,7 +2,8 @@
 //! kernels that follow the CPU emulator (`lab/src/model/fa2_backward.rs`) step for step:
 //!
 //! 1. [`preprocess`], per row block: D_i = rowsum(dO_i ∘ O_i), and the f32 dQ accumulator
-//!    zeroed;
+//!    zeroed (or [`preprocess_wide`], the same with 16-byte loads and stores, where the dtype,
+//!    head dim and views allow: the host's plan decides);
 //! 2. [`backward`], grid over (key block j, batch·head): K_j, V_j loaded once, dK_j and dV_j
 //!    accumulated in registers; the inner loop walks the row blocks i that see K_j (causal: from
 //!    the first one whose rows reach the keys), recomputing S = Q_i·K_jᵀ, P = exp(S − L_i), and
@@ -10,7 +11,8 @@
 //!    dQ_i += dS·K_j by atomic adds into the accumulator (every key block adds to every dQ_i it
 //!    sees); then dK_j = scale·dK_j and dV_j stored once (compiled for grouped K/V heads: at the
 //!    query head's rows of the expanded workspace, summed afterwards by `bwd::group_sum`);
-//! 3. [`postprocess`], per row block: dQ = scale·(the accumulator), in the input dtype.
+//! 3. [`postprocess`], per row block: dQ = scale·(the accumulator), in the input dtype (or
+//!    [`postprocess_wide`], as for the pre-pass).
 //!
 //! Split-K: each warp owns `config::KEYS_PER_WARP` keys of K_j and their rows of dK_j, dV_j
 //! (lane l: columns l, l + 32, …); for S, P, dP, dS lane l takes rows l, l + 32, … of Q_i
@@ -18,16 +20,25 @@
 //! rows, dQ_i across the keys of every warp.
 //!
 //! As in the emulator, the scale multiplies dK_j and dQ once at the end instead of every dS.
+//!
+//! The element-wise passes give each row a warp (lane l: columns l, l + 32, …, one element at a
+//! time); the wide ones give each 16-byte chunk (8 columns) a lane: a row's d/8 chunks go to a
+//! group of d/8 lanes rounded up to a power of two (d = 128: 16 lanes, two rows per warp; d =
+//! 40: 8 lanes, 5 with a chunk, four rows per warp), and each thread covers `WIDE_PASS_STEPS`
+//! rows (`tile::row_chunks` draws it).
 
-use super::config::{BLOCK_COLS, Fa2BackwardConfig, KEYS_PER_WARP, PASS_ROWS};
+use super::config::{
+    BLOCK_COLS, Fa2BackwardConfig, KEYS_PER_WARP, PASS_ROWS, PASS_THREADS, WIDE_PASS_STEPS,
+    WidePassLanes,
+};
 use crate::arch::{self, WARP_SIZE};
 use crate::common::block::BlockInfo;
-use crate::common::element::Element;
+use crate::common::element::{Element, TensorCoreElement};
 use crate::common::params::Fa2BackwardParams;
 use crate::common::softmax::{LOG2_E, recomputation_base};
-use crate::tile::global::{HeadAccumulator, HeadRows, HeadVector};
+use crate::tile::global::{HeadAccumulator, HeadRows, HeadRows16, HeadVector};
 use crate::tile::shared::{SharedTile, SharedVector, for_each_element, load_tile};
-use crate::tile::warp::warp_sum;
+use crate::tile::warp::{group_sum, warp_sum};
 
 type const KEYS: usize = const { KEYS_PER_WARP as usize };
 
@@ -78,6 +89,93 @@ pub fn postprocess<T: Element>(p: &Fa2BackwardParams) {
         let row = row_start + r;
         dq.write(row, col, shape.softmax_scale * accumulated.read(row, col));
     });
+}
+
+/// The pre-pass at full memory width: [`preprocess`]'s D and zeroed accumulator with 16-byte
+/// loads of O and dO and 16-byte zero stores, f16/bf16 only. Each thread owns one 16-byte
+/// chunk (8 columns) of `config::WIDE_PASS_STEPS` rows; the lanes of a row sum their chunks'
+/// products and reduce them by a butterfly over the row's lanes (`tile::row_chunks` has the
+/// layout). Grid (⌈seqlen_q / config::wide_pass_rows(d)⌉, batch·heads), `config::PASS_THREADS`
+/// threads, no shared memory. The host launches it where `config::wide_passes_take(d)` and O,
+/// dO and dQ rows are 16-byte aligned (its plan says which pass runs and why); it is a kernel
+/// of its own, not a flag of [`preprocess`], so neither pays for the other's branches and the
+/// plan names the one that runs.
+#[inline(always)]
+pub fn preprocess_wide<T: TensorCoreElement>(p: &Fa2BackwardParams) {
+    let shape = &p.shape;
+    let info = BlockInfo::new(shape, arch::block_idx_y());
+    let head_dim = shape.head_dim;
+    let o = HeadRows16::new(&p.operands.o, info.batch, info.head, info.seqlen_q);
+    let d_o = HeadRows16::new(&p.d_o, info.batch, info.head, info.seqlen_q);
+    let delta = HeadVector::new(p.delta, info.batch_head, info.seqlen_q);
+    let dq = HeadAccumulator::new(p.dq_accumulator, info.batch_head, info.seqlen_q, head_dim);
+    let lanes = WidePassLanes::new(
+        head_dim,
+        PASS_THREADS,
+        arch::block_idx_x(),
+        arch::thread_idx_x(),
+    );
+    let (rows, col, in_row) = (lanes.rows(), lanes.col(), lanes.in_row());
+    // Every chunk of O and dO this thread sums, in flight before the first is used; rows past
+    // seqlen_q and chunks past d read 0 and write nothing.
+    let o_chunks = rows.map(|row| o.load_chunk(row, col, in_row));
+    let d_o_chunks = rows.map(|row| d_o.load_chunk(row, col, in_row));
+    for step in 0..WIDE_PASS_STEPS {
+        let row = rows[step];
+        dq.store_chunk(row, col, in_row, [0.0; 8]);
+        // D_i = rowsum(dO_i ∘ O_i): this chunk's 8 products, then the row's lanes together.
+        let sum = group_sum(
+            chunk_dot::<T>(d_o_chunks[step], o_chunks[step]),
+            lanes.lanes_per_row(),
+        );
+        if lanes.leads_row() && row < info.seqlen_q {
+            delta.write(row, sum);
+        }
+    }
+}
+
+/// The post-pass at full memory width: [`postprocess`]'s dQ = scale·(the accumulator) with two
+/// 16-byte loads of the accumulator and one 16-byte store of dQ per 8 columns, in the chunk
+/// layout of [`preprocess_wide`], and launched as it is.
+#[inline(always)]
+pub fn postprocess_wide<T: TensorCoreElement>(p: &Fa2BackwardParams) {
+    let shape = &p.shape;
+    let info = BlockInfo::new(shape, arch::block_idx_y());
+    let head_dim = shape.head_dim;
+    let accumulated =
+        HeadAccumulator::new(p.dq_accumulator, info.batch_head, info.seqlen_q, head_dim);
+    let dq = HeadRows16::new(&p.dq, info.batch, info.head, info.seqlen_q);
+    let lanes = WidePassLanes::new(
+        head_dim,
+        PASS_THREADS,
+        arch::block_idx_x(),
+        arch::thread_idx_x(),
+    );
+    let (rows, col, in_row) = (lanes.rows(), lanes.col(), lanes.in_row());
+    // Every chunk this thread scales, in flight before the first is stored.
+    let sums = rows.map(|row| accumulated.load_chunk(row, col, in_row));
+    for step in 0..WIDE_PASS_STEPS {
+        let scaled = sums[step].map(|sum| shape.softmax_scale * sum);
+        dq.store_chunk(rows[step], col, in_row, pack_chunk::<T>(scaled));
+    }
+}
+
+/// The dot product of two 16-byte chunks of 8 elements each, in f32.
+#[inline(always)]
+fn chunk_dot<T: TensorCoreElement>(a: [u32; 4], b: [u32; 4]) -> f32 {
+    let mut sum = 0.0f32;
+    for i in 0..4 {
+        let (x, y) = (T::unpack2(a[i]), T::unpack2(b[i]));
+        sum = arch::fma(x[0], y[0], sum);
+        sum = arch::fma(x[1], y[1], sum);
+    }
+    sum
+}
+
+/// 8 f32, rounded to T, as one 16-byte chunk.
+#[inline(always)]
+fn pack_chunk<T: TensorCoreElement>(values: [f32; 8]) -> [u32; 4] {
+    core::array::from_fn(|i| T::pack2(values[2 * i], values[2 * i + 1]))
 }
 
 /// The SRAM tiles: K_j and V_j for the whole loop; Q_i, dO_i, P, dS and the rows' L_i (as the
