@@ -433,7 +433,7 @@ impl Consumer<'_> {
     /// Whether this thread issues the warpgroup's dQ_i reductions: its first.
     #[inline(always)]
     fn leads(&self) -> bool {
-        arch::thread_idx_x() % WARPGROUP_THREADS == 0
+        arch::thread_idx_x().is_multiple_of(WARPGROUP_THREADS)
     }
 
     /// Waits until every warp of this warpgroup has arrived.
