@@ -109,12 +109,7 @@ pub fn preprocess_wide<T: TensorCoreElement>(p: &Fa2BackwardParams) {
     let d_o = HeadRows16::new(&p.d_o, info.batch, info.head, info.seqlen_q);
     let delta = HeadVector::new(p.delta, info.batch_head, info.seqlen_q);
     let dq = HeadAccumulator::new(p.dq_accumulator, info.batch_head, info.seqlen_q, head_dim);
-    let lanes = WidePassLanes::new(
-        head_dim,
-        PASS_THREADS,
-        arch::block_idx_x(),
-        arch::thread_idx_x(),
-    );
+    let lanes = wide_pass_lanes(head_dim);
     let (rows, col, in_row) = (lanes.rows(), lanes.col(), lanes.in_row());
     // Every chunk of O and dO this thread sums, in flight before the first is used; rows past
     // seqlen_q and chunks past d read 0 and write nothing.
@@ -145,12 +140,7 @@ pub fn postprocess_wide<T: TensorCoreElement>(p: &Fa2BackwardParams) {
     let accumulated =
         HeadAccumulator::new(p.dq_accumulator, info.batch_head, info.seqlen_q, head_dim);
     let dq = HeadRows16::new(&p.dq, info.batch, info.head, info.seqlen_q);
-    let lanes = WidePassLanes::new(
-        head_dim,
-        PASS_THREADS,
-        arch::block_idx_x(),
-        arch::thread_idx_x(),
-    );
+    let lanes = wide_pass_lanes(head_dim);
     let (rows, col, in_row) = (lanes.rows(), lanes.col(), lanes.in_row());
     // Every chunk this thread scales, in flight before the first is stored.
     let sums = rows.map(|row| accumulated.load_chunk(row, col, in_row));
@@ -158,6 +148,17 @@ pub fn postprocess_wide<T: TensorCoreElement>(p: &Fa2BackwardParams) {
         let scaled = sums[step].map(|sum| shape.softmax_scale * sum);
         dq.store_chunk(rows[step], col, in_row, pack_chunk::<T>(scaled));
     }
+}
+
+/// This thread's chunk and rows in the wide passes' layout, for this block.
+#[inline(always)]
+fn wide_pass_lanes(head_dim: u32) -> WidePassLanes {
+    WidePassLanes::new(
+        head_dim,
+        PASS_THREADS,
+        arch::block_idx_x(),
+        arch::thread_idx_x(),
+    )
 }
 
 /// The dot product of two 16-byte chunks of 8 elements each, in f32.
