@@ -640,22 +640,7 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
         );
     }
     // Rows that a 16-byte copy cannot read, or dK's pair stores cannot write aligned.
-    let aligned = TensorView {
-        addr: 1 << 20,
-        batch_stride: 3 * 203 * 64,
-        head_stride: 203 * 64,
-        row_stride: 64,
-    };
-    let views = BackwardViews {
-        q: aligned,
-        k: aligned,
-        v: aligned,
-        o: aligned,
-        d_o: aligned,
-        dq: aligned,
-        dk: aligned,
-        dv: aligned,
-    };
+    let (aligned, views) = aligned_views(64);
     assert_eq!(
         plan(DType::Bf16, 64, &default, Some(&views))
             .unwrap()
@@ -891,22 +876,7 @@ fn the_wide_passes_need_aligned_o_d_o_and_dq() {
         &Default::default(),
     )
     .unwrap();
-    let aligned = TensorView {
-        addr: 1 << 20,
-        batch_stride: 3 * 203 * 72,
-        head_stride: 203 * 72,
-        row_stride: 72,
-    };
-    let views = BackwardViews {
-        q: aligned,
-        k: aligned,
-        v: aligned,
-        o: aligned,
-        d_o: aligned,
-        dq: aligned,
-        dk: aligned,
-        dv: aligned,
-    };
+    let (aligned, views) = aligned_views(72);
     let plan = |views: &BackwardViews| {
         let options = BackwardOptions::default();
         BackwardPlan::new(
@@ -993,4 +963,26 @@ fn the_wide_passes_need_aligned_o_d_o_and_dq() {
             assert_eq!(p.algorithm, main, "{name}: {p}");
         }
     }
+}
+
+/// A (batch, 3 heads, 203 rows, `head_dim`) view at a 16-byte-aligned address with contiguous
+/// rows, and the backward's views, every one of them that view.
+fn aligned_views(head_dim: u64) -> (flash_kernels::common::params::TensorView, BackwardViews) {
+    let aligned = flash_kernels::common::params::TensorView {
+        addr: 1 << 20,
+        batch_stride: 3 * 203 * head_dim,
+        head_stride: 203 * head_dim,
+        row_stride: head_dim,
+    };
+    let views = BackwardViews {
+        q: aligned,
+        k: aligned,
+        v: aligned,
+        o: aligned,
+        d_o: aligned,
+        dq: aligned,
+        dk: aligned,
+        dv: aligned,
+    };
+    (aligned, views)
 }
