@@ -208,7 +208,10 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 256 2 80);
         $emit!(fa3 $dtype 256 2 64);
         $emit!(fa3 $dtype 64 3 128 persistent);
+        $emit!(fa3 $dtype 96 2 128 persistent);
         $emit!(fa3 $dtype 128 2 128 persistent);
+        $emit!(fa3 $dtype 192 2 112 persistent);
+        $emit!(fa3 $dtype 256 2 80 persistent);
         $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype varlen);
         $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype local);
         $crate::for_each_hopper_kernel!(@fa3_default $emit $dtype varlen_local);
