@@ -324,10 +324,7 @@ impl TransposedScores {
     }
 
     /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) (the article's P = exp(S − L)) and
-    /// dSᵀ = Pᵀ ∘ (dPᵀ − D), 0 where `MASK` hides the pair (past seqlen_q or seqlen_k, or above
-    /// the causal diagonal); `logsumexp(r)` and `delta(r)` give L and D of the block's query r.
-    /// Returned packed to 16 bits as the A fragments of Pᵀ·dO_i and dSᵀ·Q_i: the accumulator
-    /// layout of a 16 × 16 pair of tiles is the A layout ([`pack_row`]).
+    /// dSᵀ = Pᵀ ∘ (dPᵀ − D) ([`Self::probabilities`], then [`Self::score_gradients`]).
     #[inline(always)]
     pub fn gradients<
         T: TensorCoreElement,
@@ -341,10 +338,22 @@ impl TransposedScores {
         logsumexp: impl Fn(u32) -> f32,
         delta: impl Fn(u32) -> f32,
     ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
+        let p = self.probabilities::<TILES, MASK>(scores, logsumexp);
+        Self::score_gradients::<T, TILES, CHUNKS>(&p, d_probs, delta)
+    }
+
+    /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) (the article's P = exp(S − L)), 0 where `MASK` hides
+    /// the pair (past seqlen_q or seqlen_k, or above the causal diagonal); `logsumexp(r)` gives
+    /// L of the block's query r. Needs only Sᵀ, so it can run while dPᵀ is still being computed.
+    #[inline(always)]
+    pub fn probabilities<const TILES: usize, const MASK: bool>(
+        &self,
+        scores: &[[f32; 4]; TILES],
+        logsumexp: impl Fn(u32) -> f32,
+    ) -> [[f32; 4]; TILES] {
         let lane = arch::lane_idx();
         let visible_cols = self.visible_cols();
         let mut p = [[0.0f32; 4]; TILES];
-        let mut ds = [[0.0f32; 4]; TILES];
         for t in 0..TILES {
             for e in 0..4 {
                 // Element e: key row l/4 (+8 for e ≥ 2), query column 2·(l%4) (+1 for odd e).
@@ -362,13 +371,32 @@ impl TransposedScores {
                 let base = recomputation_base(logsumexp(local_row));
                 let probability = arch::exp2(arch::fma(scores[t][e], self.score_scale, -base));
                 p[t][e] = if visible { probability } else { 0.0 };
+            }
+        }
+        p
+    }
+
+    /// dSᵀ = Pᵀ ∘ (dPᵀ − D) from [`Self::probabilities`]' Pᵀ; `delta(r)` gives D of the block's
+    /// query r. Returns Pᵀ and dSᵀ packed to 16 bits as the A fragments of Pᵀ·dO_i and dSᵀ·Q_i:
+    /// the accumulator layout of a 16 × 16 pair of tiles is the A layout ([`pack_row`]).
+    #[inline(always)]
+    pub fn score_gradients<T: TensorCoreElement, const TILES: usize, const CHUNKS: usize>(
+        p: &[[f32; 4]; TILES],
+        d_probs: &[[f32; 4]; TILES],
+        delta: impl Fn(u32) -> f32,
+    ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
+        let lane = arch::lane_idx();
+        let mut ds = [[0.0f32; 4]; TILES];
+        for t in 0..TILES {
+            for e in 0..4 {
+                let local_row = t as u32 * MMA_N + e as u32 % 2 + accumulator_col(lane);
                 ds[t][e] = p[t][e] * (d_probs[t][e] - delta(local_row));
             }
         }
         let mut p_fragments = [[0u32; 4]; CHUNKS];
         let mut ds_fragments = [[0u32; 4]; CHUNKS];
         for h in 0..2 {
-            pack_row::<T, _, _>(&p, h, &mut p_fragments);
+            pack_row::<T, _, _>(p, h, &mut p_fragments);
             pack_row::<T, _, _>(&ds, h, &mut ds_fragments);
         }
         (p_fragments, ds_fragments)

@@ -476,9 +476,10 @@ impl Consumer<'_> {
         self.issue_transposed::<T, C>(sram.v, sram.d_o(stage), &mut d_probs);
         self.write_statistic::<C>(sram, statistic);
         self.sync_warpgroup();
-        arch::wgmma_wait::<0>();
+        // Sᵀ has landed (dPᵀ, the younger group, may still run): Pᵀ's exponentials under dPᵀ's
+        // products, FlashAttention-3's order.
+        arch::wgmma_wait::<1>();
         arch::wgmma_fence_accumulator(&mut scores);
-        arch::wgmma_fence_accumulator(&mut d_probs);
 
         let lane = arch::lane_idx();
         let block = TransposedScores {
@@ -494,10 +495,12 @@ impl Consumer<'_> {
             sram.statistics(self.consumer, 0),
             sram.statistics(self.consumer, 1),
         );
-        let (mut p, mut ds) = block.gradients::<T, _, { C::ROW_CHUNKS }, MASK>(
-            &scores,
+        let probabilities = block.probabilities::<_, MASK>(&scores, |r| logsumexp.get(r));
+        arch::wgmma_wait::<0>();
+        arch::wgmma_fence_accumulator(&mut d_probs);
+        let (mut p, mut ds) = TransposedScores::score_gradients::<T, _, { C::ROW_CHUNKS }>(
+            &probabilities,
             &d_probs,
-            |r| logsumexp.get(r),
             |r| delta.get(r),
         );
         if !owner {
