@@ -779,7 +779,8 @@ fn the_fa3_backward_plan_and_its_fallbacks() {
                     main.kernel.family,
                     Family::Fa3Backward {
                         head_dim: compiled,
-                        grouped: kv_heads != 4
+                        grouped: kv_heads != 4,
+                        deterministic: false,
                     },
                     "d {d}"
                 );
@@ -826,13 +827,29 @@ fn the_fa3_backward_plan_and_its_fallbacks() {
         reason.contains("past the FA3 backward's largest, 128"),
         "{reason}"
     );
-    // Deterministic mode: fa2-tc orders the adds.
+    // Deterministic mode: fa3 orders the adds itself (one flag per row block of its B_r).
     let deterministic = BackwardOptions {
         deterministic: true,
         ..default
     };
-    let reason = fa2_tc_reason(&h200, DType::F16, 128, &deterministic);
-    assert!(reason.contains("deterministic"), "{reason}");
+    let p = plan_on(&h200, DType::F16, &problem_at(128, 4), &deterministic, None).unwrap();
+    assert_eq!(
+        (p.algorithm, &p.fallback),
+        (BackwardAlgorithm::Fa3, &None),
+        "{p}"
+    );
+    assert!(p.deterministic && p.dq_flags > 0, "{p}");
+    assert_eq!(p.block_rows, 64, "{p}");
+    assert!(
+        matches!(
+            p.launches[1].kernel.family,
+            Family::Fa3Backward {
+                deterministic: true,
+                ..
+            }
+        ),
+        "{p}"
+    );
     // f32 and head dims that are not multiples of 8: both steps of the chain, to fa2.
     for (dtype, d, why) in [
         (DType::F32, 64, "f32 has no FA3 kernel"),

@@ -155,11 +155,17 @@ macro_rules! entry_point {
             }
         };
     };
-    (fa3_backward $dtype:ident $d:literal $($grouped:ident)?) => {
+    (fa3_backward $dtype:ident $d:literal $order:ident $($grouped:ident)?) => {
         const _: () = {
-            fa3_backward_config!(Config, $d, $crate::backward_grouped!($($grouped)?));
+            fa3_backward_config!(
+                Config,
+                $d,
+                $crate::backward_grouped!($($grouped)?),
+                $crate::backward_deterministic!($order)
+            );
             #[unsafe(export_name = concat!("fa3_backward_", stringify!($dtype), "_d", $d,
-                $crate::backward_grouped_suffix!($($grouped)?)))]
+                $crate::backward_grouped_suffix!($($grouped)?),
+                $crate::backward_deterministic_suffix!($order)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa3BackwardParams) {
                 fa3_backward::kernel::backward::<element!($dtype), Config>(&params)
             }

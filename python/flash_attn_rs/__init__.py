@@ -260,8 +260,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     flash-attn's signature, argument for argument and in its order, so code written for it runs
     by changing the import: ``dropout_p`` must be 0.0 and ``alibi_slopes`` None (the kernels
     have neither yet: anything else is a ValueError naming it); ``deterministic=True`` makes the
-    backward's dQ the same bits on every run (fa2-tc's ordered adds; the backward's plan says
-    so). ``algorithm`` and ``return_lse`` are ours, keyword-only.
+    backward's dQ the same bits on every run (dQ's additions in key-block order, on fa3 or
+    fa2-tc; the backward's plan says so). ``algorithm`` and ``return_lse`` are ours, keyword-only.
 
     Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` flash-attn's
     (O, softmax_lse, S_dmask), S_dmask None (flash-attn's is only filled with dropout), and with

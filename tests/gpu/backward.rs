@@ -687,28 +687,46 @@ fn deterministic_mode_gives_the_same_dq_bits_twice() {
     let Some(gpu) = common::gpu_or_skip(test) else {
         return;
     };
-    let deterministic = BackwardOptions {
-        deterministic: true,
-        ..Default::default()
-    };
     let seed: u64 = rand::random();
     println!("{test}: inputs from seed {seed}");
-    for (head_dim, causal) in [(64, false), (64, true), (128, false), (256, true)] {
-        let shape = (2, 2, 1100, 1000, head_dim);
-        let mut runs = Vec::new();
-        for _ in 0..2 {
-            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
-            let (plan, bits) =
-                check_shape::<bf16>(&gpu, shape, causal, &deterministic, PLAIN, &mut rng);
-            assert!(plan.deterministic && plan.dq_flags > 0, "{plan}");
-            assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc, "{plan}");
-            runs.push(bits);
+    // fa3 where it runs (compute capability 9.0, d ≤ 128), its fallback fa2-tc elsewhere, and
+    // fa2-tc by name.
+    let hopper = gpu.has_hopper_module();
+    for algorithm in [BackwardAlgorithm::Fa3, BackwardAlgorithm::Fa2Tc] {
+        let deterministic = BackwardOptions {
+            algorithm,
+            deterministic: true,
+        };
+        for (head_dim, causal) in [
+            (64, false),
+            (64, true),
+            (128, false),
+            (128, true),
+            (256, true),
+        ] {
+            let expected = if algorithm == BackwardAlgorithm::Fa3 && hopper && head_dim <= 128 {
+                BackwardAlgorithm::Fa3
+            } else {
+                BackwardAlgorithm::Fa2Tc
+            };
+            // seqlen_q > seqlen_k: with the causal mask the first rows see no key.
+            let shape = (2, 2, 1100, 1000, head_dim);
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+                let (plan, bits) =
+                    check_shape::<bf16>(&gpu, shape, causal, &deterministic, PLAIN, &mut rng);
+                assert!(plan.deterministic && plan.dq_flags > 0, "{plan}");
+                assert_eq!(plan.algorithm, expected, "{plan}");
+                runs.push(bits);
+            }
+            let differing = runs[0].iter().zip(&runs[1]).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                differing, 0,
+                "{expected}, d = {head_dim}, causal = {causal}: {differing} elements of dQ \
+                 differ between runs"
+            );
         }
-        let differing = runs[0].iter().zip(&runs[1]).filter(|(a, b)| a != b).count();
-        assert_eq!(
-            differing, 0,
-            "d = {head_dim}, causal = {causal}: {differing} elements of dQ differ between runs"
-        );
     }
 }
 

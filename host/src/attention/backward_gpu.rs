@@ -131,6 +131,12 @@ fn launch_fa2_backward(
         delta: gpu.address(&delta),
         dq_accumulator: gpu.address(&dq_accumulator),
     };
+    // Deterministic mode's flags, or 0: the main kernels' adds in any order.
+    let dq_semaphore = if plan.deterministic {
+        gpu.address(&dq_flags)
+    } else {
+        0
+    };
     let [pre, main, post, ..] = plan.launches[..] else {
         unreachable!("an FA2 backward plan starts with three launches")
     };
@@ -142,17 +148,14 @@ fn launch_fa2_backward(
             let main_params = Fa3BackwardParams {
                 base: params,
                 tensor_maps: fa3_tensor_maps(gpu, call, plan, params.dq_accumulator)?,
+                dq_semaphore,
             };
             gpu.launch(main.kernel, main.launch, main_params)?
         }
         BackwardAlgorithm::Fa2Tc => {
             let main_params = Fa2TcBackwardParams {
                 base: params,
-                dq_semaphore: if plan.deterministic {
-                    gpu.address(&dq_flags)
-                } else {
-                    0
-                },
+                dq_semaphore,
             };
             gpu.launch(main.kernel, main.launch, main_params)?
         }

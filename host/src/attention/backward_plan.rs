@@ -39,7 +39,7 @@ pub enum BackwardAlgorithm {
     /// FlashAttention-3's backward on Hopper (`bwd::fa3`): the same pre- and post-pass around a
     /// main kernel on wgmma and TMA. Compute capability 9.0, f16/bf16, head dims that are
     /// multiples of 8 up to 128 (each on the smallest compiled one: 64, 96, 128), rows 16-byte
-    /// aligned, not deterministic; anything else runs [`BackwardAlgorithm::Fa2Tc`] (or what
+    /// aligned, deterministic or not; anything else runs [`BackwardAlgorithm::Fa2Tc`] (or what
     /// that falls back to), and the plan says why. The default: its second version measured
     /// 223–307 TFLOP/s against fa2-tc's 156–197 and PyTorch flash's 198–301 (call 23, docs/perf).
     #[default]
@@ -110,8 +110,9 @@ pub struct BackwardOptions {
     /// fa2-tc, and that to the scalar one, where it cannot run).
     pub algorithm: BackwardAlgorithm,
     /// dQ the same bits on every run: the key blocks add to each row block's dQ in a fixed
-    /// order (one flag per row block, `tile::global::RowBlockFlags`) instead of as their atomic
-    /// adds land. Costs a u32 per (batch·head, row block) and the waits for the turn.
+    /// order (one flag per row block, `tile::global::RowBlockFlags`) instead of as their adds
+    /// land. Costs a u32 per (batch·head, row block) and the waits for the turn. fa3 and fa2-tc
+    /// take it; the scalar backwards refuse it.
     pub deterministic: bool,
 }
 
@@ -262,14 +263,15 @@ impl BackwardPlan {
                     )
                 }
             };
-        if options.deterministic && algorithm != BackwardAlgorithm::Fa2Tc {
+        let orders_dq_adds = matches!(algorithm, BackwardAlgorithm::Fa2Tc | BackwardAlgorithm::Fa3);
+        if options.deterministic && !orders_dq_adds {
             return Err(Error::invalid(
                 "deterministic",
                 true,
                 format!(
-                    "only the tensor-core backward (fa2-tc: f16/bf16, head dims that are \
-                     multiples of 8, 16-byte-aligned rows) orders dQ's adds, and the standard \
-                     backward has none{}",
+                    "only the tensor-core backwards (fa3 and fa2-tc: f16/bf16, head dims that \
+                     are multiples of 8, 16-byte-aligned rows) order dQ's adds, and the \
+                     standard backward has none{}",
                     fallback
                         .as_ref()
                         .map(|f| format!("; here {f}"))
@@ -548,11 +550,11 @@ fn smallest_capacity(
         .copied()
 }
 
-/// FA3's backward main kernel for this call (for grouped K/V heads or not), or why there is
-/// none: the device is not compute capability 9.0, f32, deterministic mode (which orders dQ's
-/// adds in fa2-tc only), or what keeps the tensor-core kernel from running (a head dim that is
-/// not a multiple of 8, rows that are not 16-byte aligned: TMA reads them, `check_views`), or a
-/// head dim past the largest compiled one.
+/// FA3's backward main kernel for this call (for grouped K/V heads or not, deterministic or
+/// not), or why there is
+/// none: the device is not compute capability 9.0, f32, or what keeps the tensor-core kernel
+/// from running (a head dim that is not a multiple of 8, rows that are not 16-byte aligned: TMA
+/// reads them, `check_views`), or a head dim past the largest compiled one.
 fn fa3_main_kernel(
     limits: &dyn LaunchLimits,
     dtype: DType,
@@ -567,15 +569,18 @@ fn fa3_main_kernel(
     if dtype == DType::F32 {
         return Err("f32 has no FA3 kernel (f16 and bf16 do)".into());
     }
-    if deterministic {
-        return Err("deterministic mode orders dQ's adds in fa2-tc only".into());
-    }
     check_views(d, grouped, views)?;
     let largest = fa3_backward::HEAD_DIMS[fa3_backward::HEAD_DIMS.len() - 1];
     HOPPER_KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::from(dtype))
-        .filter(|k| matches!(k.family, Family::Fa3Backward { grouped: g, .. } if g == grouped))
+        .filter(|k| {
+            matches!(
+                k.family,
+                Family::Fa3Backward { grouped: g, deterministic: o, .. }
+                    if g == grouped && o == deterministic
+            )
+        })
         .filter(|k| k.head_dim_capacity().is_some_and(|capacity| capacity >= d))
         .min_by_key(|k| k.head_dim_capacity())
         .copied()

@@ -439,6 +439,15 @@ pub fn fence_proxy_async_shared() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
 }
 
+/// `fence.proxy.async.global`: orders this thread's generic-proxy accesses to global memory
+/// against its async-proxy ones (bulk tensor reductions), both ways: deterministic mode's flag,
+/// acquired before a reduction is issued and released after it has completed.
+#[inline(always)]
+pub fn fence_proxy_async_global() {
+    // SAFETY: an ordering instruction.
+    unsafe { asm!("fence.proxy.async.global;", options(nostack)) }
+}
+
 // ---------------------------------------------------------------------------------------------
 // TMA
 // ---------------------------------------------------------------------------------------------

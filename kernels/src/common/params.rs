@@ -288,6 +288,13 @@ pub struct Fa3BackwardParams {
     /// (K, V) rows, then the f32 dQ accumulator, (batch, heads, seqlen_q, d) contiguous, with a
     /// box of 32 columns × B_r rows.
     pub tensor_maps: u64,
+    /// 0: each key block adds its dQ_i to the accumulator whenever it is done with it. Else
+    /// deterministic mode, as [`Fa2TcBackwardParams::dq_semaphore`] (one zeroed u32 per
+    /// (batch·head, row block of B_r)), in FlashAttention-3's order: key blocks ascending
+    /// without the mask; with it, from the last key block that sees the row block down, the
+    /// grid started from the last key block (shortest first), so that a block only ever waits
+    /// for blocks started before it.
+    pub dq_semaphore: u64,
 }
 
 /// The grouped backward's group sum (`bwd::group_sum`): with grouped K/V heads the main kernel

@@ -257,8 +257,13 @@ pub enum Family {
     /// FlashAttention-3's backward main kernel (Hopper), for head dims up to `head_dim` (its
     /// tiling: `Fa3BackwardTiling::for_head_dim`); the pre- and post-pass are
     /// [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
-    /// [`BackwardStage::Main`]'s.
-    Fa3Backward { head_dim: u32, grouped: bool },
+    /// [`BackwardStage::Main`]'s. `deterministic`: compiled for deterministic mode (dQ's
+    /// reductions in a fixed order, `Fa3BackwardParams::dq_semaphore`).
+    Fa3Backward {
+        head_dim: u32,
+        grouped: bool,
+        deterministic: bool,
+    },
     /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache. `one_launch`:
     /// the last block of each group merges the splits (no [`Family::DecodeCombine`] launch).
     Decode {
@@ -490,12 +495,14 @@ impl KernelId {
                 Family::Fa3Backward {
                     head_dim: a,
                     grouped: s,
+                    deterministic: u,
                 },
                 Family::Fa3Backward {
                     head_dim: b,
                     grouped: t,
+                    deterministic: v,
                 },
-            ) => a == b && s == t,
+            ) => a == b && s == t && u == v,
             (Family::GroupSum, Family::GroupSum) => true,
             (
                 Family::Decode {

@@ -192,9 +192,12 @@ macro_rules! for_each_hopper_kernel {
         $crate::for_each_hopper_kernel!(@fa3_backward_mains $emit $dtype grouped);
     )*};
     (@fa3_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
-        $emit!(fa3_backward $dtype 64 $($grouped)?);
-        $emit!(fa3_backward $dtype 96 $($grouped)?);
-        $emit!(fa3_backward $dtype 128 $($grouped)?);
+        $emit!(fa3_backward $dtype 64 atomic $($grouped)?);
+        $emit!(fa3_backward $dtype 96 atomic $($grouped)?);
+        $emit!(fa3_backward $dtype 128 atomic $($grouped)?);
+        $emit!(fa3_backward $dtype 64 deterministic $($grouped)?);
+        $emit!(fa3_backward $dtype 96 deterministic $($grouped)?);
+        $emit!(fa3_backward $dtype 128 deterministic $($grouped)?);
     };
     (@fa3 $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa3 $dtype 64 2 128);
@@ -222,6 +225,29 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3 $dtype 128 2 128 $form);
         $emit!(fa3 $dtype 192 2 112 $form);
         $emit!(fa3 $dtype 256 2 80 $form);
+    };
+}
+
+/// `true` for an FA3 backward list entry marked `deterministic` (dQ's reductions in a fixed
+/// order), `false` for one marked `atomic`.
+#[macro_export]
+macro_rules! backward_deterministic {
+    (atomic) => {
+        false
+    };
+    (deterministic) => {
+        true
+    };
+}
+
+/// The kernel-name suffix of an FA3 backward list entry's order: `_deterministic`.
+#[macro_export]
+macro_rules! backward_deterministic_suffix {
+    (atomic) => {
+        ""
+    };
+    (deterministic) => {
+        "_deterministic"
     };
 }
 
@@ -388,11 +414,12 @@ macro_rules! push_kernel {
             ElementType::$dtype(),
         ));
     };
-    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $($grouped:ident)?) => {
+    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $order:ident $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa3Backward {
                 head_dim: $head_dim,
                 grouped: $crate::backward_grouped!($($grouped)?),
+                deterministic: $crate::backward_deterministic!($order),
             },
             ElementType::$dtype(),
         ));

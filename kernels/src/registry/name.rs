@@ -74,10 +74,15 @@ impl fmt::Display for KernelId {
                 "fa2tc_backward_{dtype}_d{head_dim_capacity}{}",
                 grouped_suffix(grouped)
             ),
-            Family::Fa3Backward { head_dim, grouped } => write!(
+            Family::Fa3Backward {
+                head_dim,
+                grouped,
+                deterministic,
+            } => write!(
                 f,
-                "fa3_backward_{dtype}_d{head_dim}{}",
-                grouped_suffix(grouped)
+                "fa3_backward_{dtype}_d{head_dim}{}{}",
+                grouped_suffix(grouped),
+                if deterministic { "_deterministic" } else { "" }
             ),
             Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
             Family::Decode {
@@ -227,8 +232,17 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_backward_") {
+            let (rest, deterministic) = match rest.strip_suffix("_deterministic") {
+                Some(rest) => (rest, true),
+                None => (rest, false),
+            };
             let (dtype, head_dim, grouped) = backward_main(rest)?;
-            (Family::Fa3Backward { head_dim, grouped }, dtype)
+            let family = Family::Fa3Backward {
+                head_dim,
+                grouped,
+                deterministic,
+            };
+            (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {
             let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let stage = BackwardStage::Main {

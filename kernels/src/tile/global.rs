@@ -454,9 +454,7 @@ impl RowBlockFlags {
     #[inline(always)]
     pub fn wait_for_turn(&self, row_block: u32, turn: u32) {
         if arch::thread_idx_x() == 0 {
-            let flag = self.base.wrapping_add(row_block as usize);
-            // SAFETY: row_block < row_blocks: inside the flags the host allocated and zeroed.
-            while unsafe { arch::load_acquire_u32(flag) } != turn {}
+            self.wait_for_turn_alone(row_block, turn);
         }
         arch::sync_threads();
     }
@@ -467,8 +465,24 @@ impl RowBlockFlags {
     pub fn pass_turn(&self, row_block: u32) {
         arch::sync_threads();
         if arch::thread_idx_x() == 0 {
-            // SAFETY: as for `wait_for_turn`.
-            unsafe { arch::release_add_u32(self.base.wrapping_add(row_block as usize), 1) };
+            self.pass_turn_alone(row_block);
         }
+    }
+
+    /// This thread waits until the flag of `row_block` reads `turn` (the caller orders the
+    /// block's other threads after it, or has one thread make the adds).
+    #[inline(always)]
+    pub fn wait_for_turn_alone(&self, row_block: u32, turn: u32) {
+        let flag = self.base.wrapping_add(row_block as usize);
+        // SAFETY: row_block < row_blocks: inside the flags the host allocated and zeroed.
+        while unsafe { arch::load_acquire_u32(flag) } != turn {}
+    }
+
+    /// This thread passes the turn of `row_block` to the next key block: every add it has seen
+    /// performed is visible to the thread that acquires the new value.
+    #[inline(always)]
+    pub fn pass_turn_alone(&self, row_block: u32) {
+        // SAFETY: as for `wait_for_turn_alone`.
+        unsafe { arch::release_add_u32(self.base.wrapping_add(row_block as usize), 1) };
     }
 }

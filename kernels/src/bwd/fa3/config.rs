@@ -134,6 +134,11 @@ pub trait Fa3BackwardConfig {
     /// Compiled for grouped K/V heads: dK_j and dV_j stored at the query head's rows of the
     /// expanded workspace (`BlockInfo::kv_gradient_head`).
     const GROUPED: bool;
+    /// Compiled for deterministic mode: each row block's dQ reductions in a fixed order
+    /// (`Fa3BackwardParams::dq_semaphore`, which must then be set). A constant, not a test of
+    /// the address: the flag's wait and completion inside the row loop made ptxas spill at
+    /// d = 128 (176 bytes) in every call.
+    const DETERMINISTIC: bool;
     /// d/8: a warp's tiles of dK_j (and of dV_j), the N of dV_j += Pᵀ·dO_i.
     type const D_TILES: usize;
     /// B_r/8: a warp's tiles of Sᵀ (and dPᵀ): 16 keys × B_r queries.
@@ -188,13 +193,14 @@ pub trait Fa3BackwardConfig {
 /// dim d with [`Fa3BackwardTiling::for_head_dim`]'s tiling; `grouped` a `bool`.
 #[macro_export]
 macro_rules! fa3_backward_config {
-    ($name:ident, $d:literal, $grouped:expr) => {
+    ($name:ident, $d:literal, $grouped:expr, $deterministic:expr) => {
         struct $name;
         impl $crate::bwd::fa3::config::Fa3BackwardConfig for $name {
             const HEAD_DIM: u32 = $d;
             const TILING: $crate::bwd::fa3::config::Fa3BackwardTiling =
                 $crate::bwd::fa3::config::Fa3BackwardTiling::for_head_dim($d);
             const GROUPED: bool = $grouped;
+            const DETERMINISTIC: bool = $deterministic;
             type const D_TILES: usize = const { $d / 8 };
             type const ROW_TILES: usize =
                 const { $crate::bwd::fa3::config::BLOCK_ROWS as usize / 8 };

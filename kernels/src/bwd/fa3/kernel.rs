@@ -54,7 +54,7 @@ use crate::fwd::fa3::config::{
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
-use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::global::{HeadRows16, HeadVector, RowBlockFlags};
 use crate::tile::shared::SharedVector;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile, aligned_shared_start};
 
@@ -207,15 +207,43 @@ struct KeyBlock {
 }
 
 impl KeyBlock {
+    /// Key block x of head y; in deterministic mode with the causal mask the grid runs from the
+    /// last key block (the shortest: fewest row blocks see it) down, FlashAttention-3's order
+    /// there, because a row block's dQ_i then takes its key blocks' reductions from the last one
+    /// down ([`Self::dq_turn`]), and a block may only wait for blocks started before it.
     #[inline(always)]
     fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams) -> Self {
         let info = BlockInfo::causal_only(&p.base.shape, arch::block_idx_y());
-        let key_start = arch::block_idx_x() * C::BLOCK_COLS;
+        let x = arch::block_idx_x();
+        let key_block = if C::DETERMINISTIC && info.mask().is_bounded() {
+            arch::grid_dim_x() - 1 - x
+        } else {
+            x
+        };
+        let key_start = key_block * C::BLOCK_COLS;
         Self {
             info,
             key_start,
             row_blocks: info.row_blocks(key_start, C::BLOCK_COLS, C::BLOCK_ROWS),
         }
+    }
+
+    /// Deterministic mode: how many key blocks add to row block `i`'s dQ before the one
+    /// starting at `key_start` (FlashAttention-3's order). Without the mask every key block sees
+    /// every row block, and they all reach it at the same step: ascending. With the causal mask
+    /// the key blocks that see row block i are 0..n(i), and block j reaches it at its (i − first
+    /// row block of j)-th step, the later blocks sooner: from the last one down, so that none
+    /// waits long.
+    #[inline(always)]
+    fn dq_turn<C: Fa3BackwardConfig>(info: &BlockInfo, key_start: u32, i: u32) -> u32 {
+        let key_block = key_start / C::BLOCK_COLS;
+        let mask = info.mask();
+        if !mask.is_bounded() {
+            return key_block;
+        }
+        let row_end = (i + 1) * C::BLOCK_ROWS;
+        let seeing = mask.key_blocks_needed(row_end, info.seqlen_k, C::BLOCK_COLS);
+        seeing.saturating_sub(1 + key_block)
     }
 
     /// Whether any row block sees these keys (none: dK_j = dV_j = 0, and nothing is loaded).
@@ -576,8 +604,26 @@ impl Consumer<'_> {
             );
             // The 32-column boxes that hold the head dim's columns.
             let boxes = p.base.shape.head_dim.div_ceil(F32_BOX_COLS);
+            // Deterministic mode: the reductions into row block i one key block at a time, in
+            // `dq_turn`'s order, each complete before the next block's turn.
+            let flags = RowBlockFlags::new(
+                p.dq_semaphore,
+                self.info.batch_head,
+                self.info.seqlen_q.div_ceil(C::BLOCK_ROWS),
+            );
+            if C::DETERMINISTIC {
+                let turn = KeyBlock::dq_turn::<C>(&self.info, self.key_start, step.i);
+                flags.wait_for_turn_alone(step.i, turn);
+                // The previous block's reductions, acquired through the flag, before ours.
+                arch::fence_proxy_async_global();
+            }
             dq.reduce_add(&staging, boxes, row_start);
             arch::bulk_commit_group();
+            if C::DETERMINISTIC {
+                arch::bulk_wait_group::<0>();
+                arch::fence_proxy_async_global();
+                flags.pass_turn_alone(step.i);
+            }
         }
     }
 

@@ -74,8 +74,8 @@ pub struct BenchArgs {
     /// lab/scripts/torch_backward_bench.py's JSON. Writes backward.md and backward.json.
     #[arg(long)]
     backward: bool,
-    /// Backward variants: fa3, fa2-tc, fa2, fa2-tc-deterministic, standard (default: the first
-    /// four; with --memory, standard and fa2-tc).
+    /// Backward variants: fa3, fa2-tc, fa2, fa2-tc-deterministic, fa3-deterministic, standard
+    /// (default: the first four; with --memory, standard and fa2-tc).
     #[arg(long, value_delimiter = ',')]
     backward_variants: Vec<String>,
     /// The forward before our backward (its O and L; timed in forward + backward): fa3 (the

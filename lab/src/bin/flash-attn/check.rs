@@ -55,9 +55,10 @@ pub struct CheckArgs {
     /// have it compiled: pick them with --head-dims.
     #[arg(long)]
     fa3_tiling: Option<String>,
-    /// Also check the backward on every shape: each of --backward-algorithms, and fa2-tc in
-    /// deterministic mode where it runs on tensor cores (f16/bf16, head dims that are multiples
-    /// of 8), after the FA2 forward, against the f64 reference gradients (the GPU tests' rule).
+    /// Also check the backward on every shape: each of --backward-algorithms, and those of
+    /// fa2-tc and fa3 in deterministic mode where they run on tensor cores (f16/bf16, head dims
+    /// that are multiples of 8), after the FA2 forward, against the f64 reference gradients (the
+    /// GPU tests' rule).
     #[arg(long)]
     backward: bool,
     /// The backwards to check with --backward (default: standard, fa2, fa2-tc, fa3; fa3 runs
@@ -78,15 +79,20 @@ pub struct CheckArgs {
 }
 
 /// The backward options `check --backward` runs for one dtype and head dim: every algorithm
-/// asked for, and fa2-tc deterministic where the tensor cores take the problem (elsewhere the
-/// plan refuses deterministic mode, by design).
+/// asked for, and fa2-tc and fa3 deterministic where the tensor cores take the problem
+/// (elsewhere the plan refuses deterministic mode, by design; fa3 runs fa2-tc where it cannot
+/// run).
 fn backward_cases(algorithms: &[Algorithm], dtype: DType, head_dim: usize) -> Vec<BackwardVariant> {
     let mut cases: Vec<BackwardVariant> = algorithms
         .iter()
         .map(|&algorithm| BackwardVariant::new(algorithm, false))
         .collect();
-    if algorithms.contains(&Algorithm::Fa2Tc) && dtype != DType::F32 && head_dim.is_multiple_of(8) {
-        cases.push(BackwardVariant::new(Algorithm::Fa2Tc, true));
+    if dtype != DType::F32 && head_dim.is_multiple_of(8) {
+        for ordered in [Algorithm::Fa2Tc, Algorithm::Fa3] {
+            if algorithms.contains(&ordered) {
+                cases.push(BackwardVariant::new(ordered, true));
+            }
+        }
     }
     cases
 }

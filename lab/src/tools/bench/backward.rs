@@ -37,15 +37,16 @@ pub struct BackwardVariant {
 }
 
 impl BackwardVariant {
-    /// fa2-tc, fa2 (scalar), fa2-tc deterministic, standard (S, P, dP, dS in HBM) and fa3 (the
+    /// fa2-tc, fa2 (scalar), fa2-tc deterministic, standard (S, P, dP, dS in HBM), fa3 (the
     /// default: FlashAttention-3's backward on compute capability 9.0, elsewhere what it falls
-    /// back to, fa2-tc).
-    pub const ALL: [BackwardVariant; 5] = [
+    /// back to, fa2-tc) and fa3 deterministic.
+    pub const ALL: [BackwardVariant; 6] = [
         BackwardVariant::new(Algorithm::Fa2Tc, false),
         BackwardVariant::new(Algorithm::Fa2, false),
         BackwardVariant::new(Algorithm::Fa2Tc, true),
         BackwardVariant::new(Algorithm::Standard, false),
         BackwardVariant::new(Algorithm::Fa3, false),
+        BackwardVariant::new(Algorithm::Fa3, true),
     ];
     /// What `bench --backward` times by default: the FlashAttention backward's variants (the
     /// standard one takes seconds per call at the sweep's longer N; ask for it by name).
@@ -61,7 +62,7 @@ impl BackwardVariant {
         }
     }
 
-    /// The record name: `fa2-tc`, `fa2`, `fa2-tc-deterministic`.
+    /// The record name: `fa2-tc`, `fa2`, `fa2-tc-deterministic`, `fa3-deterministic`, ….
     pub fn name(&self) -> String {
         let algorithm = self.algorithm.name();
         if self.deterministic {
@@ -82,7 +83,8 @@ impl std::str::FromStr for BackwardVariant {
                 Error::invalid(
                     "backward variant",
                     s,
-                    "allowed: fa2-tc, fa2, fa2-tc-deterministic, standard, fa3",
+                    "allowed: fa2-tc, fa2, fa2-tc-deterministic, standard, fa3, \
+                     fa3-deterministic",
                 )
             })
     }
@@ -92,7 +94,8 @@ impl std::str::FromStr for BackwardVariant {
 /// writes the same schema).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BackwardRecord {
-    /// `fa3`, `fa2-tc`, `fa2`, `fa2-tc-deterministic`, `standard`, or `torch-flash`,
+    /// `fa3`, `fa2-tc`, `fa2`, `fa2-tc-deterministic`, `fa3-deterministic`, `standard`, or
+    /// `torch-flash`,
     /// `torch-cudnn`.
     pub implementation: String,
     #[serde(with = "crate::names")]
@@ -600,7 +603,7 @@ mod tests {
                 Some(variant)
             );
         }
-        assert!("fa3-deterministic".parse::<BackwardVariant>().is_err());
+        assert!("fa2-deterministic".parse::<BackwardVariant>().is_err());
     }
 
     #[test]
