@@ -485,6 +485,28 @@ impl TensorMap {
         }
     }
 
+    /// [`TensorMap::load_4d`] with an L2 cache policy (`.L2::cache_hint`): the copy's lines
+    /// stay in L2 with the policy's priority ([`create_l2_policy`]).
+    ///
+    /// # Safety
+    /// As [`TensorMap::load_4d`].
+    #[inline(always)]
+    pub unsafe fn load_4d_hinted(
+        self,
+        destination: SharedAddress,
+        coords: [i32; 4],
+        barrier: MBarrier,
+        policy: L2Policy,
+    ) {
+        // SAFETY: the caller's contract; the policy is one `createpolicy` made.
+        unsafe {
+            asm!("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{c0}, {c1}, {c2}, {c3}}}], [{b}], {p};",
+                 d = in(reg32) destination.0, m = in(reg64) self.0, c0 = in(reg32) coords[0],
+                 c1 = in(reg32) coords[1], c2 = in(reg32) coords[2], c3 = in(reg32) coords[3],
+                 b = in(reg32) barrier.0.0, p = in(reg64) policy.0, options(nostack))
+        }
+    }
+
     /// `cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group`: adds the box
     /// in shared memory at `source` (laid out in the map's swizzle) to the map's 4-D tensor at
     /// `coords` (innermost first), element by element, in L2; elements of the box outside the
@@ -506,6 +528,61 @@ impl TensorMap {
                  options(nostack))
         }
     }
+    /// [`TensorMap::reduce_add_4d`] with an L2 cache policy (`.L2::cache_hint`).
+    ///
+    /// # Safety
+    /// As [`TensorMap::reduce_add_4d`].
+    #[inline(always)]
+    pub unsafe fn reduce_add_4d_hinted(
+        self,
+        source: SharedAddress,
+        coords: [i32; 4],
+        policy: L2Policy,
+    ) {
+        // SAFETY: the caller's contract; the policy is one `createpolicy` made.
+        unsafe {
+            asm!("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group.L2::cache_hint [{m}, {{{c0}, {c1}, {c2}, {c3}}}], [{s}], {p};",
+                 m = in(reg64) self.0, c0 = in(reg32) coords[0], c1 = in(reg32) coords[1],
+                 c2 = in(reg32) coords[2], c3 = in(reg32) coords[3], s = in(reg32) source.0,
+                 p = in(reg64) policy.0, options(nostack))
+        }
+    }
+}
+
+/// How long L2 keeps the lines a bulk copy brings or writes, against other traffic: the primary
+/// priority of a cache policy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum L2Priority {
+    /// No hint: the copy is issued without a cache policy.
+    Normal,
+    /// Data read once (evicted before normal lines).
+    EvictFirst,
+    /// Data read again by other blocks soon (kept over normal lines).
+    EvictLast,
+}
+
+/// A 64-bit L2 cache policy, the `.L2::cache_hint` operand of the bulk copies.
+#[derive(Clone, Copy)]
+pub struct L2Policy(u64);
+
+/// `createpolicy.fractional.L2::evict_first.b64` or `….L2::evict_last.b64` with fraction 1.0:
+/// a policy that gives every line the copy touches `priority` (`Normal` gives `evict_normal`).
+/// Made where it is used, so that no register holds it across a loop.
+#[inline(always)]
+pub fn create_l2_policy(priority: L2Priority) -> L2Policy {
+    let policy: u64;
+    // SAFETY: computes a value in a register; no memory access.
+    unsafe {
+        match priority {
+            L2Priority::Normal => asm!("createpolicy.fractional.L2::evict_normal.b64 {p}, 1.0;",
+                                       p = out(reg64) policy, options(nostack)),
+            L2Priority::EvictFirst => asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;",
+                                           p = out(reg64) policy, options(nostack)),
+            L2Priority::EvictLast => asm!("createpolicy.fractional.L2::evict_last.b64 {p}, 1.0;",
+                                          p = out(reg64) policy, options(nostack)),
+        }
+    }
+    L2Policy(policy)
 }
 
 /// `cp.async.bulk.commit_group`: closes this thread's bulk group (the bulk copies and reductions

@@ -8,7 +8,7 @@
 //!  Õ += P̃·V, keys 16c..16c+16:        16c rows into panel 0; panels apart = R·128 (MN-major)
 //! ```
 
-use crate::arch::{self, MBarrier, MatrixDescriptor, SharedAddress, TensorMap};
+use crate::arch::{self, L2Priority, MBarrier, MatrixDescriptor, SharedAddress, TensorMap};
 use crate::fwd::fa3::config::{F32_BOX_COLS, PANEL_COLS, PANEL_ROW_BYTES, WGMMA_K};
 
 /// wgmma k-steps per panel: 64 columns / 16.
@@ -147,10 +147,19 @@ impl HeadTensorMap {
     }
 
     /// Copies rows `[first_row, first_row + tile.rows)` of every panel into `tile`, completing on
-    /// `barrier` (which the caller told to expect the tile's bytes). Rows past seqlen and
-    /// columns past d arrive as zeros.
+    /// `barrier` (which the caller told to expect the tile's bytes), with L2 priority
+    /// `priority` (FlashAttention-3's hints: operands other blocks read again soon
+    /// `EvictLast`, operands read once `EvictFirst`). Rows past seqlen and columns past d arrive
+    /// as zeros.
     #[inline(always)]
-    pub fn load(&self, tile: &SwizzledTile, panels: u32, first_row: u32, barrier: MBarrier) {
+    pub fn load(
+        &self,
+        tile: &SwizzledTile,
+        panels: u32,
+        first_row: u32,
+        barrier: MBarrier,
+        priority: L2Priority,
+    ) {
         for panel in 0..panels {
             let coords = [
                 (panel * PANEL_COLS) as i32,
@@ -161,14 +170,25 @@ impl HeadTensorMap {
             // SAFETY: the host encoded the map for this tensor with a box of one panel × the
             // tile's rows and 128-byte swizzle; the tile lies inside the launch-sized shared
             // memory, 1024-byte aligned, and no one reads it until `barrier` completes.
-            unsafe { self.map.load_4d(tile.panel(panel), coords, barrier) };
+            unsafe {
+                match priority {
+                    L2Priority::Normal => self.map.load_4d(tile.panel(panel), coords, barrier),
+                    _ => self.map.load_4d_hinted(
+                        tile.panel(panel),
+                        coords,
+                        barrier,
+                        arch::create_l2_policy(priority),
+                    ),
+                }
+            };
         }
     }
 
     /// Adds the first `boxes` boxes of `tile` to rows `[first_row, first_row + tile.rows)` of
     /// this head (box b at columns 32·b), in this thread's open bulk group; rows past seqlen and
     /// columns past d are dropped. The caller commits the group and waits for its reads before
-    /// writing the tile again.
+    /// writing the tile again. The added lines stay in L2 as `EvictLast` (later key blocks add to
+    /// the same rows; FlashAttention-3's `store_dq` hint).
     #[inline(always)]
     pub fn reduce_add(&self, tile: &SwizzledF32Tile, boxes: u32, first_row: u32) {
         for index in 0..boxes {
@@ -182,7 +202,13 @@ impl HeadTensorMap {
             // × the tile's rows and 128-byte swizzle; the tile lies inside the launch-sized
             // shared memory, 1024-byte aligned, its stores fenced for the async proxy and
             // ordered before this by the caller's barrier.
-            unsafe { self.map.reduce_add_4d(tile.box_start(index), coords) };
+            unsafe {
+                self.map.reduce_add_4d_hinted(
+                    tile.box_start(index),
+                    coords,
+                    arch::create_l2_policy(L2Priority::EvictLast),
+                )
+            };
         }
     }
 }

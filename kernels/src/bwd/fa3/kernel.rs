@@ -43,7 +43,7 @@
 //! mbarriers.
 
 use super::config::{DQ_PART_TILES, DS_BUFFERS, Fa3BackwardConfig, ROW_STAGES};
-use crate::arch::{self, MBarrier, SharedAddress};
+use crate::arch::{self, L2Priority, MBarrier, SharedAddress};
 use crate::common::block::{BlockInfo, RowBlocks};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3BackwardParams;
@@ -284,8 +284,23 @@ fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) 
     let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
     let d_o = HeadTensorMap::new(maps + 3 * TENSOR_MAP_BYTES, info.head, info.batch);
     sram.kv_full().arrive_expect_bytes(2 * C::KV_BYTES);
-    k.load(&sram.k, C::PANELS, block.key_start, sram.kv_full());
-    v.load(&sram.v, C::PANELS, block.key_start, sram.kv_full());
+    // K_j and V_j are this block's alone; Q_i and dO_i are read again by the head's other key
+    // blocks (FlashAttention-3's hints).
+    let kv_full = sram.kv_full();
+    k.load(
+        &sram.k,
+        C::PANELS,
+        block.key_start,
+        kv_full,
+        L2Priority::Normal,
+    );
+    v.load(
+        &sram.v,
+        C::PANELS,
+        block.key_start,
+        kv_full,
+        L2Priority::Normal,
+    );
     let first = block.row_blocks.first();
     for i in first..block.row_blocks.end() {
         let (stage, phase) = ring(i - first);
@@ -294,8 +309,21 @@ fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) 
         sram.rows_empty(stage).wait(phase ^ 1);
         let full = sram.rows_full(stage);
         full.arrive_expect_bytes(2 * C::ROW_BYTES);
-        q.load(&sram.q(stage), C::PANELS, i * C::BLOCK_ROWS, full);
-        d_o.load(&sram.d_o(stage), C::PANELS, i * C::BLOCK_ROWS, full);
+        let row_start = i * C::BLOCK_ROWS;
+        q.load(
+            &sram.q(stage),
+            C::PANELS,
+            row_start,
+            full,
+            L2Priority::EvictLast,
+        );
+        d_o.load(
+            &sram.d_o(stage),
+            C::PANELS,
+            row_start,
+            full,
+            L2Priority::EvictLast,
+        );
     }
 }
 

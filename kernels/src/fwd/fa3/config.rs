@@ -25,8 +25,11 @@ pub const F32_BOX_COLS: u32 = PANEL_ROW_BYTES / 4;
 pub const TILE_ALIGNMENT: u32 = 1024;
 /// K/V ring depth: block j + 1 (and the start of j + 2) lands while block j is computed.
 pub const KV_STAGES: u32 = 2;
-/// mbarriers: Q full, Q empty; K full, V full, K empty, V empty per stage.
-pub const BARRIERS: u32 = 2 + 4 * KV_STAGES;
+/// Q tiles a persistent block holds at most: the next tile's Q_i lands while the current tile
+/// is computed (cuDNN's Hopper kernel keeps two).
+pub const MAX_Q_STAGES: u32 = 2;
+/// mbarriers: Q full and Q empty per Q stage; K full, V full, K empty, V empty per K/V stage.
+pub const BARRIERS: u32 = 2 * MAX_Q_STAGES + 4 * KV_STAGES;
 
 /// How an FA3 block splits: `consumers` warpgroups of 64 query rows each (B_r = 64·consumers)
 /// beside one producer warpgroup, and `block_cols` keys per K/V block (B_c); and its grid: one
@@ -98,14 +101,31 @@ impl Fa3Tiling {
         panels(head_dim) * self.block_cols * PANEL_ROW_BYTES
     }
 
-    /// Dynamic shared memory: the alignment slack, Q, the K and V ring, the barriers, and the
-    /// persistent grid's current tile number (8 bytes, for alignment).
+    /// Q tiles in shared memory: two on the persistent grid where they fit beside the K/V ring
+    /// (d ≤ 128), so the producer loads the next tile's Q_i while the consumers finish the
+    /// current one; else one.
+    pub const fn q_stages(self, head_dim: u32) -> u32 {
+        let two = self.shared_bytes_with(head_dim, MAX_Q_STAGES);
+        if self.persistent && two <= MAX_SHARED_BYTES_PER_BLOCK {
+            MAX_Q_STAGES
+        } else {
+            1
+        }
+    }
+
+    /// Dynamic shared memory: the alignment slack, the Q stages, the K and V ring, the
+    /// barriers, and each Q stage's tile number (the persistent grid's; 8 bytes each, for
+    /// alignment).
     pub const fn shared_bytes(self, head_dim: u32) -> u32 {
+        self.shared_bytes_with(head_dim, self.q_stages(head_dim))
+    }
+
+    const fn shared_bytes_with(self, head_dim: u32, q_stages: u32) -> u32 {
         TILE_ALIGNMENT
-            + self.q_bytes(head_dim)
+            + q_stages * self.q_bytes(head_dim)
             + 2 * KV_STAGES * self.kv_bytes(head_dim)
             + 8 * BARRIERS
-            + 8
+            + 8 * MAX_Q_STAGES
     }
 
     /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
@@ -208,6 +228,8 @@ pub trait Fa3Config {
     /// k-steps of S = Q_i·K_jᵀ.
     const Q_STEPS: u32 = Self::HEAD_DIM / WGMMA_K;
     const Q_BYTES: u32 = Self::TILING.q_bytes(Self::HEAD_DIM);
+    /// Q tiles in shared memory ([`Fa3Tiling::q_stages`]).
+    const Q_STAGES: u32 = Self::TILING.q_stages(Self::HEAD_DIM);
     const KV_BYTES: u32 = Self::TILING.kv_bytes(Self::HEAD_DIM);
     /// Whether the consumer warpgroups take turns to issue their products (ping-pong, see
     /// `kernel::GemmTurns`), so one's softmax overlaps another's products.

@@ -15,22 +15,23 @@
 //!  runs beside another's products (`GemmTurns`)
 //! ```
 //!
-//! Shared memory: Q_i, then K and V in two stages each, every tile in 64-column panels with the
-//! 128-byte swizzle (`tile::swizzled`), then the mbarriers. The barriers' phases follow the
-//! ring: block j uses stage j % 2 in phase (j / 2) % 2; the producer waits on the empty
-//! barrier's previous phase, which a fresh barrier counts as complete, so the first two blocks
-//! load without waiting.
+//! Shared memory: Q_i (on the persistent grid at d ≤ 128, two Q stages: the next tile's Q_i lands
+//! while this tile's last products run), then K and V in two stages each, every tile in
+//! 64-column panels with the 128-byte swizzle (`tile::swizzled`), then the mbarriers. The
+//! barriers' phases follow the ring: block j uses stage j % 2 in phase (j / 2) % 2; the producer
+//! waits on the empty barrier's previous phase, which a fresh barrier counts as complete, so the
+//! first two blocks load without waiting. The Q stages follow the same rule over tiles.
 //!
 //! Softmax in the exp2 domain with FA2-TC's conditional rescale, on each warp's 16 rows of the
 //! m64 accumulator, which have mma.sync's fragment layout (`tile::accumulator`).
 
 use super::config::{
-    BARRIERS, Fa3Config, KV_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
+    BARRIERS, Fa3Config, KV_STAGES, MAX_Q_STAGES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS,
 };
 use super::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use super::scheduler::{Tile, TileScheduler};
 use super::turns::GemmTurns;
-use crate::arch::{self, MBarrier, SharedAddress};
+use crate::arch::{self, L2Priority, MBarrier, SharedAddress};
 use crate::common::block::{BlockInfo, KeyBlocks};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
@@ -47,47 +48,60 @@ use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
 /// The block's shared memory: tiles and barriers.
 #[derive(Clone, Copy)]
 struct Fa3Sram {
-    q: SwizzledTile,
+    /// Q stage 0's tile; stage s's is s tiles further.
+    q_start: SharedAddress,
+    q_bytes: u32,
+    block_rows: u32,
     /// Stage 0's K; stage s's K is s tiles further, its V `KV_STAGES` tiles after its K.
     kv_start: SharedAddress,
     kv_bytes: u32,
     block_cols: u32,
     barriers: SharedAddress,
-    /// The persistent grid's current tile number, after the barriers.
-    tile_slot: SharedAddress,
+    /// The persistent grid's tile numbers, one word per Q stage, after the barriers.
+    tile_slots: SharedAddress,
 }
 
 impl Fa3Sram {
     #[inline(always)]
     fn new<C: Fa3Config>() -> Self {
-        let start = aligned_shared_start(TILE_ALIGNMENT);
-        let kv_start = start.offset(C::Q_BYTES);
+        let q_start = aligned_shared_start(TILE_ALIGNMENT);
+        let kv_start = q_start.offset(C::Q_STAGES * C::Q_BYTES);
+        let barriers = kv_start.offset(2 * KV_STAGES * C::KV_BYTES);
         Self {
-            q: SwizzledTile::new(start, C::BLOCK_ROWS),
+            q_start,
+            q_bytes: C::Q_BYTES,
+            block_rows: C::BLOCK_ROWS,
             kv_start,
             kv_bytes: C::KV_BYTES,
             block_cols: C::BLOCK_COLS,
-            barriers: kv_start.offset(2 * KV_STAGES * C::KV_BYTES),
-            tile_slot: kv_start.offset(2 * KV_STAGES * C::KV_BYTES + 8 * BARRIERS),
+            barriers,
+            tile_slots: barriers.offset(8 * BARRIERS),
         }
     }
 
-    /// The producer hands tile `t`'s number to the consumers (before Q_i's arrival on q_full,
-    /// whose release orders this store before their acquire of the barrier).
+    /// The Q tile of Q stage `stage`.
     #[inline(always)]
-    fn set_tile(&self, t: u32) {
-        // SAFETY: a word of the block's shared memory past the barriers (`shared_bytes` counts
-        // it); the consumers read it only after waiting on q_full, which this thread arrives on
-        // after the store.
-        unsafe { self.tile_slot.store_u32(t) }
+    fn q(&self, stage: u32) -> SwizzledTile {
+        SwizzledTile::new(self.q_start.offset(stage * self.q_bytes), self.block_rows)
     }
 
-    /// The current tile's number, once q_full's phase for it has completed.
+    /// The producer hands the number of the tile whose Q goes into `stage` to the consumers
+    /// (before Q_i's arrival on q_full, whose release orders this store before their acquire of
+    /// the barrier).
     #[inline(always)]
-    fn tile(&self) -> u32 {
+    fn set_tile(&self, stage: u32, t: u32) {
+        // SAFETY: a word of the block's shared memory past the barriers (`shared_bytes` counts
+        // `MAX_Q_STAGES` of them, 8 bytes apart); the consumers read it only after waiting on
+        // the stage's q_full, which this thread arrives on after the store.
+        unsafe { self.tile_slots.offset(8 * stage).store_u32(t) }
+    }
+
+    /// The number of the tile in `stage`, once its q_full phase has completed.
+    #[inline(always)]
+    fn tile(&self, stage: u32) -> u32 {
         // SAFETY: as for `set_tile`; the producer rewrites it only after every consumer warp has
-        // arrived on q_empty, after this read.
-        unsafe { self.tile_slot.load_u32() }
+        // arrived on the stage's q_empty, after this read.
+        unsafe { self.tile_slots.offset(8 * stage).load_u32() }
     }
 
     #[inline(always)]
@@ -106,39 +120,39 @@ impl Fa3Sram {
         MBarrier(self.barriers.offset(8 * index))
     }
 
-    /// Q_i has landed.
+    /// Q_i (of Q stage s) has landed.
     #[inline(always)]
-    fn q_full(&self) -> MBarrier {
-        self.barrier(0)
+    fn q_full(&self, stage: u32) -> MBarrier {
+        self.barrier(stage)
     }
 
-    /// Every consumer warp is done with Q_i (its last S = Q_i·K_jᵀ has landed): the next tile's
-    /// Q may overwrite it.
+    /// Every consumer warp is done with Q stage s's Q_i (its last S = Q_i·K_jᵀ has landed): a
+    /// later tile's Q may overwrite it.
     #[inline(always)]
-    fn q_empty(&self) -> MBarrier {
-        self.barrier(1)
+    fn q_empty(&self, stage: u32) -> MBarrier {
+        self.barrier(MAX_Q_STAGES + stage)
     }
 
     /// K_j (of stage s) has landed.
     #[inline(always)]
     fn k_full(&self, stage: u32) -> MBarrier {
-        self.barrier(2 + stage)
+        self.barrier(2 * MAX_Q_STAGES + stage)
     }
 
     #[inline(always)]
     fn v_full(&self, stage: u32) -> MBarrier {
-        self.barrier(2 + KV_STAGES + stage)
+        self.barrier(2 * MAX_Q_STAGES + KV_STAGES + stage)
     }
 
     /// Every consumer warp is done reading stage s's K.
     #[inline(always)]
     fn k_empty(&self, stage: u32) -> MBarrier {
-        self.barrier(2 + 2 * KV_STAGES + stage)
+        self.barrier(2 * MAX_Q_STAGES + 2 * KV_STAGES + stage)
     }
 
     #[inline(always)]
     fn v_empty(&self, stage: u32) -> MBarrier {
-        self.barrier(2 + 3 * KV_STAGES + stage)
+        self.barrier(2 * MAX_Q_STAGES + 3 * KV_STAGES + stage)
     }
 
     /// One thread: the full barriers expect the producer's one arrival (with its bytes), the
@@ -146,8 +160,10 @@ impl Fa3Sram {
     #[inline(always)]
     fn init_barriers<C: Fa3Config>(&self) {
         let consumer_warps = C::TILING.consumers * WARPGROUP_THREADS / arch::WARP_SIZE;
-        self.q_full().init(1);
-        self.q_empty().init(consumer_warps);
+        for stage in 0..C::Q_STAGES {
+            self.q_full(stage).init(1);
+            self.q_empty(stage).init(consumer_warps);
+        }
         for stage in 0..KV_STAGES {
             self.k_full(stage).init(1);
             self.v_full(stage).init(1);
@@ -205,7 +221,8 @@ fn tile_at<C: Fa3Config>(
 }
 
 /// Where a block is in its walk over tiles: the ring's blocks are counted across tiles (stage and
-/// phase continue), and Q's barriers alternate phase per tile.
+/// phase continue), and so are the Q stages: tile n's Q is in stage n % `Q_STAGES`, whose
+/// barriers alternate phase at each of its uses.
 #[derive(Clone, Copy)]
 struct TileWalk {
     /// Tiles this block has finished.
@@ -225,10 +242,16 @@ impl TileWalk {
         }
     }
 
+    /// The Q stage of the current tile.
+    #[inline(always)]
+    fn q_stage<C: Fa3Config>(self) -> u32 {
+        self.n % C::Q_STAGES
+    }
+
     /// The parity of the current tile's Q barriers.
     #[inline(always)]
-    fn q_phase(self) -> u32 {
-        self.n % 2
+    fn q_phase<C: Fa3Config>(self) -> u32 {
+        (self.n / C::Q_STAGES) % 2
     }
 }
 
@@ -242,13 +265,15 @@ fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: PackedTable, sram: &Fa3Sra
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
         let tile = tile_at::<C>(p, packed, &scheduler, t);
+        let q_stage = walk.q_stage::<C>();
         if C::PERSISTENT {
-            // The consumers are done with the previous Q_i, and read its number long before.
-            sram.q_empty().wait(walk.q_phase() ^ 1);
-            sram.set_tile(t);
+            // The consumers are done with the stage's previous Q_i (with two stages, the one
+            // before the tile they are computing now), and read its number long before.
+            sram.q_empty(q_stage).wait(walk.q_phase::<C>() ^ 1);
+            sram.set_tile(q_stage, t);
         }
         let Some(tile) = tile else {
-            sram.q_full().arrive();
+            sram.q_full(q_stage).arrive();
             break;
         };
         // Taken before this tile's loads, so the counter's latency hides behind them.
@@ -281,9 +306,10 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
     turns.start();
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
     loop {
-        sram.q_full().wait(walk.q_phase());
+        let q_stage = walk.q_stage::<C>();
+        sram.q_full(q_stage).wait(walk.q_phase::<C>());
         if C::PERSISTENT {
-            t = sram.tile();
+            t = sram.tile(q_stage);
         }
         let Some(tile) = tile_at::<C>(p, packed, &scheduler, t) else {
             break;
@@ -310,24 +336,49 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
     let q = HeadTensorMap::new(maps, info.head, info.batch);
     let k = HeadTensorMap::new(maps + TENSOR_MAP_BYTES, info.kv_head, info.batch);
     let v = HeadTensorMap::new(maps + 2 * TENSOR_MAP_BYTES, info.kv_head, info.batch);
-    sram.q_full().arrive_expect_bytes(C::Q_BYTES);
+    let q_stage = walk.q_stage::<C>();
+    let q_full = sram.q_full(q_stage);
+    q_full.arrive_expect_bytes(C::Q_BYTES);
     // Rows from the sequence's first in a packed batch, whose maps span every sequence.
     let (q_start, k_start) = if C::PACKED {
         (info.q_start, info.k_start)
     } else {
         (0, 0)
     };
-    q.load(&sram.q, C::PANELS, q_start + row_start, sram.q_full());
+    // Q_i is this tile's alone; K and V are read again by the head's other row blocks
+    // (FlashAttention-3's hints).
+    let q_tile = sram.q(q_stage);
+    q.load(
+        &q_tile,
+        C::PANELS,
+        q_start + row_start,
+        q_full,
+        L2Priority::EvictFirst,
+    );
     for j in 0..blocks.count() {
         let (stage, phase) = ring(walk.ring_base + j);
         let key_start = k_start + blocks.key_start(j);
         // The stage's previous block (j − 2) must be released first.
         sram.k_empty(stage).wait(phase ^ 1);
         sram.k_full(stage).arrive_expect_bytes(C::KV_BYTES);
-        k.load(&sram.k(stage), C::PANELS, key_start, sram.k_full(stage));
+        let k_full = sram.k_full(stage);
+        k.load(
+            &sram.k(stage),
+            C::PANELS,
+            key_start,
+            k_full,
+            L2Priority::EvictLast,
+        );
         sram.v_empty(stage).wait(phase ^ 1);
         sram.v_full(stage).arrive_expect_bytes(C::KV_BYTES);
-        v.load(&sram.v(stage), C::PANELS, key_start, sram.v_full(stage));
+        let v_full = sram.v_full(stage);
+        v.load(
+            &sram.v(stage),
+            C::PANELS,
+            key_start,
+            v_full,
+            L2Priority::EvictLast,
+        );
     }
 }
 
@@ -356,8 +407,10 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     // The sequence row of this warp's first row of the accumulators.
     let warp_row = row_start + group_row + arch::warp_idx() % 4 * MMA_M;
     let threshold = |h| rescale_threshold(row_votes::<C>(warp_row, h, info.seqlen_q));
+    let q_stage = walk.q_stage::<C>();
     let warpgroup = Consumer {
         sram,
+        q: sram.q(q_stage),
         group_row,
         group_first_row: row_start + group_row,
         warp_row,
@@ -385,7 +438,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     // Every S = Q_i·K_jᵀ has landed (or none runs): the producer may load the next tile's Q.
     let release_q = || {
         if C::PERSISTENT {
-            release(sram.q_empty());
+            release(sram.q_empty(q_stage));
         }
     };
     if count == 0 {
@@ -473,6 +526,8 @@ fn rescale<const O_TILES: usize>(acc: &mut [[f32; 4]; O_TILES], alpha: Option<[f
 /// One consumer warpgroup's view of the block.
 struct Consumer<'a> {
     sram: &'a Fa3Sram,
+    /// The tile's Q_i (in its Q stage).
+    q: SwizzledTile,
     /// This warpgroup's first row within Q_i.
     group_row: u32,
     /// The sequence row of this warpgroup's first row: the rows whose mask decides its blocks'.
@@ -535,7 +590,7 @@ impl Consumer<'_> {
     ) {
         let k = self.sram.k(ring(self.ring_base + j).0);
         for step in 0..C::Q_STEPS {
-            let a = self.sram.q.k_major_step(self.group_row, step);
+            let a = self.q.k_major_step(self.group_row, step);
             let b = k.k_major_step(0, step);
             arch::wgmma_ss(scores, a, b, step > 0, T::BF16);
         }
