@@ -27,6 +27,7 @@ pub mod tensors;
 
 use cudarc::driver::CudaSlice;
 use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, StandardParams};
+use flash_kernels::fwd::fa3::config::O_STORE_ROWS;
 use flash_kernels::registry::ElementType;
 
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
@@ -181,14 +182,20 @@ pub(crate) fn fa3_params<T: Element>(
     logsumexp: u64,
 ) -> Result<Fa3Params> {
     let element = ElementType::from(T::DTYPE);
-    let maps = tensor_map::encode_call(
-        &[
-            MapOperand::new("q", &operands.q, q_dims, tiling.block_rows()),
-            MapOperand::new("k", &operands.k, k_dims, tiling.block_cols),
-            MapOperand::new("v", &operands.v, v_dims, tiling.block_cols),
-        ],
-        element,
-    )?;
+    let inputs = [
+        MapOperand::new("q", &operands.q, q_dims, tiling.block_rows()),
+        MapOperand::new("k", &operands.k, k_dims, tiling.block_cols),
+        MapOperand::new("v", &operands.v, v_dims, tiling.block_cols),
+    ];
+    // The persistent kernels store O by TMA where it fits (`Fa3Tiling::stores_o_by_tma`), one
+    // warp's rows a copy; O has Q's dims (d_v = d) and, as FA3 runs, 16-byte-aligned rows.
+    let output = MapOperand::new("o", &operands.o, q_dims, O_STORE_ROWS);
+    let maps = if tiling.persistent {
+        let [q, k, v] = inputs;
+        tensor_map::encode_call(&[q, k, v, output], element)?
+    } else {
+        tensor_map::encode_call(&inputs, element)?
+    };
     Ok(Fa3Params {
         shape,
         o: operands.o,

@@ -253,6 +253,34 @@ pub fn store_rows<T: TensorCoreElement, const O_TILES: usize>(
     stats: &[RowStats; 2],
     acc: &[[f32; 4]; O_TILES],
 ) {
+    finish_rows::<T, O_TILES>(
+        logsumexp,
+        first_row,
+        seqlen_q,
+        stats,
+        acc,
+        |row, col, packed| {
+            if col < cols {
+                o.store_pair(row, col, packed);
+            }
+        },
+    );
+}
+
+/// The lane's part of O = diag(ℓ)⁻¹·Õ in the input dtype, two elements at a time, for the warp's
+/// 16 rows starting at sequence row `first_row`: `store(row, col, packed)` for every pair of the
+/// lane's rows before seqlen_q (every column of the accumulator: the caller drops those from d
+/// on), and L = m + log ℓ for those rows. `stats` hold each lane's partial ℓ; the quad completes
+/// them.
+#[inline(always)]
+pub fn finish_rows<T: TensorCoreElement, const O_TILES: usize>(
+    logsumexp: &HeadVector,
+    first_row: u32,
+    seqlen_q: u32,
+    stats: &[RowStats; 2],
+    acc: &[[f32; 4]; O_TILES],
+    mut store: impl FnMut(u32, u32, u32),
+) {
     let lane = arch::lane_idx();
     for h in 0..2 {
         // Complete ℓ: each lane summed its own columns; the quad adds the four partial sums.
@@ -270,10 +298,8 @@ pub fn store_rows<T: TensorCoreElement, const O_TILES: usize>(
         let inverse_sum = row_stats.inverse_sum();
         for (tile, values) in acc.iter().enumerate() {
             let col = tile as u32 * MMA_N + accumulator_col(lane);
-            if col < cols {
-                let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
-                o.store_pair(row, col, packed);
-            }
+            let packed = T::pack2(values[2 * h] * inverse_sum, values[2 * h + 1] * inverse_sum);
+            store(row, col, packed);
         }
         if lane.is_multiple_of(4) {
             logsumexp.write(row, row_stats.logsumexp(arch::log2));

@@ -184,6 +184,29 @@ impl HeadTensorMap {
         }
     }
 
+    /// Stores rows `[tile_row, tile_row + box_rows)` of every panel of `tile` (box_rows the
+    /// map's box, a multiple of 8 as is `tile_row`, so the box starts on a swizzle period) to
+    /// rows `[first_row, first_row + box_rows)` of this head, in this thread's open bulk group;
+    /// rows past seqlen and columns past d are not written. The caller commits the group and
+    /// waits for its reads before writing those rows of the tile again.
+    #[inline(always)]
+    pub fn store(&self, tile: &SwizzledTile, panels: u32, tile_row: u32, first_row: u32) {
+        for panel in 0..panels {
+            let coords = [
+                (panel * PANEL_COLS) as i32,
+                first_row as i32,
+                self.head,
+                self.batch,
+            ];
+            let source = tile.panel(panel).offset(tile_row * PANEL_ROW_BYTES);
+            // SAFETY: the host encoded the map for this tensor with a box of one panel ×
+            // box_rows rows and 128-byte swizzle; the rows lie inside the launch-sized shared
+            // tile, on a 1024-byte boundary (tile_row a multiple of 8), their stores fenced for
+            // the async proxy and ordered before this by the caller's barrier.
+            unsafe { self.map.store_4d(source, coords) };
+        }
+    }
+
     /// Adds the first `boxes` boxes of `tile` to rows `[first_row, first_row + tile.rows)` of
     /// this head (box b at columns 32·b), in this thread's open bulk group; rows past seqlen and
     /// columns past d are dropped. The caller commits the group and waits for its reads before

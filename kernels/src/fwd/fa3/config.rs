@@ -23,6 +23,8 @@ pub const F32_BOX_COLS: u32 = PANEL_ROW_BYTES / 4;
 /// wgmma both apply to the address bits). The dynamic shared window is aligned up to it at run
 /// time, so a launch asks for this much slack.
 pub const TILE_ALIGNMENT: u32 = 1024;
+/// Rows of one TMA store of O: one warp's rows of the m64 accumulator (the O map's box).
+pub const O_STORE_ROWS: u32 = 16;
 /// K/V ring depth: block j + 1 (and the start of j + 2) lands while block j is computed.
 pub const KV_STAGES: u32 = 2;
 /// Q tiles a persistent block holds at most: the next tile's Q_i lands while the current tile
@@ -105,24 +107,35 @@ impl Fa3Tiling {
     /// (d ≤ 128), so the producer loads the next tile's Q_i while the consumers finish the
     /// current one; else one.
     pub const fn q_stages(self, head_dim: u32) -> u32 {
-        let two = self.shared_bytes_with(head_dim, MAX_Q_STAGES);
-        if self.persistent && two <= MAX_SHARED_BYTES_PER_BLOCK {
+        if self.persistent
+            && self.shared_bytes_with(head_dim, MAX_Q_STAGES, 0) <= MAX_SHARED_BYTES_PER_BLOCK
+        {
             MAX_Q_STAGES
         } else {
             1
         }
     }
 
-    /// Dynamic shared memory: the alignment slack, the Q stages, the K and V ring, the
-    /// barriers, and each Q stage's tile number (the persistent grid's; 8 bytes each, for
-    /// alignment).
-    pub const fn shared_bytes(self, head_dim: u32) -> u32 {
-        self.shared_bytes_with(head_dim, self.q_stages(head_dim))
+    /// Whether the consumers store O through a shared tile by TMA (each warp its 16 rows, cuDNN's
+    /// epilogue), which the persistent grid's next tile overlaps; where the tile fits beside the
+    /// Q stages and the ring (d ≤ 128). Elsewhere each lane stores its pairs from registers.
+    pub const fn stores_o_by_tma(self, head_dim: u32) -> bool {
+        let q_stages = self.q_stages(head_dim);
+        self.persistent
+            && self.shared_bytes_with(head_dim, q_stages, 1) <= MAX_SHARED_BYTES_PER_BLOCK
     }
 
-    const fn shared_bytes_with(self, head_dim: u32, q_stages: u32) -> u32 {
+    /// Dynamic shared memory: the alignment slack, the Q stages, the K and V ring, the O tile
+    /// (where O leaves by TMA), the barriers, and each Q stage's tile number (the persistent
+    /// grid's; 8 bytes each, for alignment).
+    pub const fn shared_bytes(self, head_dim: u32) -> u32 {
+        let o_tiles = if self.stores_o_by_tma(head_dim) { 1 } else { 0 };
+        self.shared_bytes_with(head_dim, self.q_stages(head_dim), o_tiles)
+    }
+
+    const fn shared_bytes_with(self, head_dim: u32, q_stages: u32, o_tiles: u32) -> u32 {
         TILE_ALIGNMENT
-            + q_stages * self.q_bytes(head_dim)
+            + (q_stages + o_tiles) * self.q_bytes(head_dim)
             + 2 * KV_STAGES * self.kv_bytes(head_dim)
             + 8 * BARRIERS
             + 8 * MAX_Q_STAGES
@@ -230,6 +243,8 @@ pub trait Fa3Config {
     const Q_BYTES: u32 = Self::TILING.q_bytes(Self::HEAD_DIM);
     /// Q tiles in shared memory ([`Fa3Tiling::q_stages`]).
     const Q_STAGES: u32 = Self::TILING.q_stages(Self::HEAD_DIM);
+    /// Whether O leaves through shared memory by TMA ([`Fa3Tiling::stores_o_by_tma`]).
+    const O_BY_TMA: bool = Self::TILING.stores_o_by_tma(Self::HEAD_DIM);
     const KV_BYTES: u32 = Self::TILING.kv_bytes(Self::HEAD_DIM);
     /// Whether the consumer warpgroups take turns to issue their products (ping-pong, see
     /// `kernel::GemmTurns`), so one's softmax overlaps another's products.

@@ -40,7 +40,7 @@ use crate::common::softmax::{
     LOG2_E, RESCALE_THRESHOLD, RowStats, needs_rescale, needs_rescale_past, rescale_threshold,
 };
 use crate::fwd::fa2_tc::config::conditional_rescale;
-use crate::tile::accumulator::{ScoreBlock, pack_row, scale_row, store_rows};
+use crate::tile::accumulator::{ScoreBlock, finish_rows, pack_row, scale_row, store_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector, PackedTable, TileCounters};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile, aligned_shared_start};
@@ -56,6 +56,8 @@ struct Fa3Sram {
     kv_start: SharedAddress,
     kv_bytes: u32,
     block_cols: u32,
+    /// O's tile (B_r rows, every panel), where O leaves by TMA (`C::O_BY_TMA`).
+    o: SwizzledTile,
     barriers: SharedAddress,
     /// The persistent grid's tile numbers, one word per Q stage, after the barriers.
     tile_slots: SharedAddress,
@@ -66,7 +68,9 @@ impl Fa3Sram {
     fn new<C: Fa3Config>() -> Self {
         let q_start = aligned_shared_start(TILE_ALIGNMENT);
         let kv_start = q_start.offset(C::Q_STAGES * C::Q_BYTES);
-        let barriers = kv_start.offset(2 * KV_STAGES * C::KV_BYTES);
+        let o_start = kv_start.offset(2 * KV_STAGES * C::KV_BYTES);
+        let o_bytes = if C::O_BY_TMA { C::Q_BYTES } else { 0 };
+        let barriers = o_start.offset(o_bytes);
         Self {
             q_start,
             q_bytes: C::Q_BYTES,
@@ -74,6 +78,7 @@ impl Fa3Sram {
             kv_start,
             kv_bytes: C::KV_BYTES,
             block_cols: C::BLOCK_COLS,
+            o: SwizzledTile::new(o_start, C::BLOCK_ROWS),
             barriers,
             tile_slots: barriers.offset(8 * BARRIERS),
         }
@@ -320,6 +325,10 @@ fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
         }
         walk = walk.after(&tile);
     }
+    if C::O_BY_TMA && arch::lane_idx() == 0 {
+        // The warp's last stores of O have read its rows of the tile before the block exits.
+        arch::bulk_wait_group::<0>();
+    }
     turns.finish();
 }
 
@@ -491,6 +500,10 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     for j in count..blocks.count() {
         warpgroup.skip_block(j);
     }
+    if C::O_BY_TMA {
+        warpgroup.store_o_by_tma::<T, C>(p, &info, &stats, &acc);
+        return;
+    }
     let o = HeadRows16::new(&p.o, info.batch, info.head, info.seqlen_q);
     let (o, logsumexp) = if C::PACKED {
         let logsumexp = HeadVector::packed(p.logsumexp, info.head, packed.total_q(), info.q_start);
@@ -549,6 +562,49 @@ struct Consumer<'a> {
 }
 
 impl Consumer<'_> {
+    /// O = diag(ℓ)⁻¹·Õ through this warp's 16 rows of the O tile, stored by one TMA copy per
+    /// panel from its first lane (cuDNN's epilogue: no barrier between warps, and the copy runs
+    /// while the next tile computes; its rows past seqlen_q and columns past d are clipped by the
+    /// map), and L from registers. The warp's previous copy must have read the rows first.
+    #[inline(always)]
+    fn store_o_by_tma<T: TensorCoreElement, C: Fa3Config>(
+        &self,
+        p: &Fa3Params,
+        info: &BlockInfo,
+        stats: &[RowStats; 2],
+        acc: &[[f32; 4]; C::O_TILES],
+    ) {
+        let leader = arch::lane_idx() == 0;
+        if leader {
+            arch::bulk_wait_group_read::<0>();
+        }
+        arch::sync_warp();
+        let tile_row = self.warp_row - self.group_first_row + self.group_row;
+        let logsumexp = HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q);
+        let o_tile = self.sram.o;
+        finish_rows::<T, _>(
+            &logsumexp,
+            self.warp_row,
+            info.seqlen_q,
+            stats,
+            acc,
+            |row, col, packed| {
+                let address = o_tile.element(tile_row + row - self.warp_row, col);
+                // SAFETY: row − warp_row < 16 and col + 1 < 64·panels: inside this warp's rows of the
+                // O tile, 4-byte aligned (col even); the warp's previous TMA store has read them
+                // (its leader's wait above, then the warp barrier).
+                unsafe { arch::store_shared_u32(address, packed) };
+            },
+        );
+        arch::fence_proxy_async_shared();
+        arch::sync_warp();
+        if leader {
+            let o = HeadTensorMap::new(p.tensor_maps + 3 * TENSOR_MAP_BYTES, info.head, info.batch);
+            o.store(&o_tile, C::PANELS, tile_row, self.warp_row);
+            arch::bulk_commit_group();
+        }
+    }
+
     /// Waits until K_j (with `scores`) and V_{j_v} (with `values`, for the P̃·V issued beside it)
     /// have landed, then fences the registers the products read: every wait comes before the
     /// fence, so nothing but wgmmas runs between the fence and the last product it covers.
