@@ -227,8 +227,21 @@ fn fa3_runs_on_the_next_compiled_head_dim_and_says_why_it_falls_back() {
     let p = plan(Algorithm::Fa3, DType::Bf16, [2, 16, 4096, 128], &options);
     assert_eq!(p.kernel_names(), "fa3_forward_bf16_d128_w2c128p");
     assert_eq!(p.launches[0].launch.grid, (132, 1, 1));
+    // At d = 96, 192, 256 the persistent grid for short sequences only (measured, docs/perf).
     let p = plan(Algorithm::Fa3, DType::F16, [1, 4, 1000, 80], &options);
+    assert_eq!(p.kernel_names(), "fa3_forward_f16_d96_w2c128p", "{p}");
+    let p = plan(Algorithm::Fa3, DType::F16, [1, 4, 2048, 96], &options);
     assert_eq!(p.kernel_names(), "fa3_forward_f16_d96_w2c128", "{p}");
+    let p = plan(Algorithm::Fa3, DType::F16, [1, 4, 2048, 96], &causal);
+    assert_eq!(p.kernel_names(), "fa3_forward_f16_d96_w2c128p", "{p}");
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 192], &options);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d192_w2c112p", "{p}");
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 2048, 192], &causal);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d192_w2c112", "{p}");
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 256], &options);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d256_w2c80", "{p}");
+    let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 256], &causal);
+    assert_eq!(p.kernel_names(), "fa3_forward_bf16_d256_w2c80p", "{p}");
     let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 1000, 64], &causal);
     assert_eq!(p.kernel_names(), "fa3_forward_bf16_d64_w3c128p", "{p}");
     let p = plan(Algorithm::Fa3, DType::Bf16, [1, 4, 4096, 64], &causal);

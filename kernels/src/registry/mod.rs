@@ -174,9 +174,8 @@ macro_rules! for_each_kernel {
 /// FlashAttention-3's choice: 489 against 402 TFLOP/s with two at N = 4096, docs/perf), the others
 /// with two. Also compiled, for measurement: d = 64 with two consumers and with B_c = 96 and
 /// 64, d = 128 with B_c = 176 (FlashAttention-3's non-causal tile), d = 256 with B_c = 64; and
-/// the d = 64 and 128 defaults on the persistent grid (`Fa3Tiling::persistent`), which the
-/// defaults pick where it measured faster. (At d = 96, 192 and 256 the tile loop's state made
-/// ptxas spill in the consumers' main loop.)
+/// every head dim's default split on the persistent grid (`Fa3Tiling::persistent`), which the
+/// defaults pick where it measured faster (short sequences).
 ///
 /// And `fa3_backward <dtype> <head dim> [grouped]`: FlashAttention-3's backward main kernel
 /// (`bwd::fa3`, tiling `Fa3BackwardTiling::for_head_dim`; `grouped` as `fa2_tc_backward`'s), at

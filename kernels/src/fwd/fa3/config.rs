@@ -147,8 +147,9 @@ impl Fa3Tiling {
     /// The tiling the host picks at a compiled head dim: B_c as large as shared memory and the
     /// consumers' registers allow (FlashAttention-3's sizes, `hopper/tile_size.h`, within the
     /// two-consumer design); on the persistent grid where it measured faster (docs/perf, "FA3 on
-    /// Hopper", call 9), which is where tiles are short (seqlen_k ≤ 2048: the next tile's loads
-    /// hide behind the current one's last products and stores) and d = 128 without the mask.
+    /// Hopper": call 9 at d = 64 and 128; nineteenth session at d = 96, 192 and 256), which is
+    /// where tiles are short (the next tile's Q, first K/V blocks and, at d ≤ 128, its O store
+    /// overlap the current one), and at d = 128 without the mask at every length.
     pub const fn default_for(head_dim: u32, causal: bool, seqlen_k: u32) -> Self {
         let split = match head_dim {
             0..=64 => Fa3Tiling::new(3, 128),
@@ -158,7 +159,10 @@ impl Fa3Tiling {
         };
         let persistent = match head_dim {
             64 => seqlen_k <= 2048,
+            96 => seqlen_k <= 1024 || (causal && seqlen_k <= 2048),
             128 => seqlen_k <= 2048 || !causal,
+            192 => seqlen_k <= 1024,
+            256 => causal && seqlen_k <= 1024,
             _ => false,
         };
         if persistent {
