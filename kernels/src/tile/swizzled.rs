@@ -146,6 +146,12 @@ impl HeadTensorMap {
         }
     }
 
+    /// The 4-D coordinates (innermost first) of column `col`, row `row` of this head.
+    #[inline(always)]
+    fn coords(&self, col: u32, row: u32) -> [i32; 4] {
+        [col as i32, row as i32, self.head, self.batch]
+    }
+
     /// Copies rows `[first_row, first_row + tile.rows)` of every panel into `tile`, completing on
     /// `barrier` (which the caller told to expect the tile's bytes), with L2 priority
     /// `priority` (FlashAttention-3's hints: operands other blocks read again soon
@@ -161,12 +167,7 @@ impl HeadTensorMap {
         priority: L2Priority,
     ) {
         for panel in 0..panels {
-            let coords = [
-                (panel * PANEL_COLS) as i32,
-                first_row as i32,
-                self.head,
-                self.batch,
-            ];
+            let coords = self.coords(panel * PANEL_COLS, first_row);
             // SAFETY: the host encoded the map for this tensor with a box of one panel × the
             // tile's rows and 128-byte swizzle; the tile lies inside the launch-sized shared
             // memory, 1024-byte aligned, and no one reads it until `barrier` completes.
@@ -192,12 +193,7 @@ impl HeadTensorMap {
     #[inline(always)]
     pub fn store(&self, tile: &SwizzledTile, panels: u32, tile_row: u32, first_row: u32) {
         for panel in 0..panels {
-            let coords = [
-                (panel * PANEL_COLS) as i32,
-                first_row as i32,
-                self.head,
-                self.batch,
-            ];
+            let coords = self.coords(panel * PANEL_COLS, first_row);
             let source = tile.panel(panel).offset(tile_row * PANEL_ROW_BYTES);
             // SAFETY: the host encoded the map for this tensor with a box of one panel ×
             // box_rows rows and 128-byte swizzle; the rows lie inside the launch-sized shared
@@ -215,12 +211,7 @@ impl HeadTensorMap {
     #[inline(always)]
     pub fn reduce_add(&self, tile: &SwizzledF32Tile, boxes: u32, first_row: u32) {
         for index in 0..boxes {
-            let coords = [
-                (index * F32_BOX_COLS) as i32,
-                first_row as i32,
-                self.head,
-                self.batch,
-            ];
+            let coords = self.coords(index * F32_BOX_COLS, first_row);
             // SAFETY: the host encoded the map for the f32 accumulator with a box of 32 columns
             // × the tile's rows and 128-byte swizzle; the tile lies inside the launch-sized
             // shared memory, 1024-byte aligned, its stores fenced for the async proxy and

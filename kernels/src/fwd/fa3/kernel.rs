@@ -367,27 +367,14 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
     for j in 0..blocks.count() {
         let (stage, phase) = ring(walk.ring_base + j);
         let key_start = k_start + blocks.key_start(j);
-        // The stage's previous block (j − 2) must be released first.
-        sram.k_empty(stage).wait(phase ^ 1);
-        sram.k_full(stage).arrive_expect_bytes(C::KV_BYTES);
-        let k_full = sram.k_full(stage);
-        k.load(
-            &sram.k(stage),
-            C::PANELS,
-            key_start,
-            k_full,
-            L2Priority::EvictLast,
-        );
-        sram.v_empty(stage).wait(phase ^ 1);
-        sram.v_full(stage).arrive_expect_bytes(C::KV_BYTES);
-        let v_full = sram.v_full(stage);
-        v.load(
-            &sram.v(stage),
-            C::PANELS,
-            key_start,
-            v_full,
-            L2Priority::EvictLast,
-        );
+        // Each of K_j and V_j: the stage's previous block (j − 2) must be released first.
+        let load = |map: &HeadTensorMap, tile, full: MBarrier, empty: MBarrier| {
+            empty.wait(phase ^ 1);
+            full.arrive_expect_bytes(C::KV_BYTES);
+            map.load(&tile, C::PANELS, key_start, full, L2Priority::EvictLast);
+        };
+        load(&k, sram.k(stage), sram.k_full(stage), sram.k_empty(stage));
+        load(&v, sram.v(stage), sram.v_full(stage), sram.v_empty(stage));
     }
 }
 
