@@ -507,27 +507,6 @@ impl TensorMap {
         }
     }
 
-    /// `cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group`: adds the box
-    /// in shared memory at `source` (laid out in the map's swizzle) to the map's 4-D tensor at
-    /// `coords` (innermost first), element by element, in L2; elements of the box outside the
-    /// tensor are dropped. Joins this thread's open bulk group ([`bulk_commit_group`]); the
-    /// source must not be written again before [`bulk_wait_group_read`] says it was read.
-    ///
-    /// # Safety
-    /// `self` must be a valid tensor map of a global buffer this block may add to; `source` must
-    /// be aligned as the swizzle needs (1024 bytes for 128-byte swizzle), hold the box's bytes
-    /// inside the block's shared memory, and its stores must be visible to the async proxy
-    /// ([`fence_proxy_async_shared`] after them, then a barrier with the storing threads).
-    #[inline(always)]
-    pub unsafe fn reduce_add_4d(self, source: SharedAddress, coords: [i32; 4]) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            asm!("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [{m}, {{{c0}, {c1}, {c2}, {c3}}}], [{s}];",
-                 m = in(reg64) self.0, c0 = in(reg32) coords[0], c1 = in(reg32) coords[1],
-                 c2 = in(reg32) coords[2], c3 = in(reg32) coords[3], s = in(reg32) source.0,
-                 options(nostack))
-        }
-    }
     /// `cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group`: copies the box in shared
     /// memory at `source` (laid out in the map's swizzle) to the map's 4-D tensor at `coords`
     /// (innermost first); elements of the box outside the tensor are not written. Joins this
@@ -550,10 +529,18 @@ impl TensorMap {
         }
     }
 
-    /// [`TensorMap::reduce_add_4d`] with an L2 cache policy (`.L2::cache_hint`).
+    /// `cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group.L2::cache_hint`:
+    /// adds the box in shared memory at `source` (laid out in the map's swizzle) to the map's 4-D
+    /// tensor at `coords` (innermost first), element by element, in L2, the lines kept with
+    /// `policy`'s priority ([`create_l2_policy`]); elements of the box outside the tensor are
+    /// dropped. Joins this thread's open bulk group ([`bulk_commit_group`]); the source must not
+    /// be written again before [`bulk_wait_group_read`] says it was read.
     ///
     /// # Safety
-    /// As [`TensorMap::reduce_add_4d`].
+    /// `self` must be a valid tensor map of a global buffer this block may add to; `source` must
+    /// be aligned as the swizzle needs (1024 bytes for 128-byte swizzle), hold the box's bytes
+    /// inside the block's shared memory, and its stores must be visible to the async proxy
+    /// ([`fence_proxy_async_shared`] after them, then a barrier with the storing threads).
     #[inline(always)]
     pub unsafe fn reduce_add_4d_hinted(
         self,

@@ -7,3 +7,5 @@
 pub mod config;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub mod kernel;
+#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
+mod sram;

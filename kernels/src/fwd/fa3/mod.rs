@@ -8,6 +8,8 @@ pub mod kernel;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub(crate) mod roles;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
+mod sram;
+#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 mod turns;
 // Also built for the host's tests: the tile order is plain arithmetic.
 #[cfg(any(test, all(target_arch = "nvptx64", feature = "hopper")))]
