@@ -187,10 +187,11 @@ pub(crate) fn fa3_params<T: Element>(
         MapOperand::new("k", &operands.k, k_dims, tiling.block_cols),
         MapOperand::new("v", &operands.v, v_dims, tiling.block_cols),
     ];
-    // The persistent kernels store O by TMA where it fits (`Fa3Tiling::stores_o_by_tma`), one
+    // The kernels that store O by TMA (`Fa3Tiling::stores_o_by_tma`, which depends on the head
+    // dim only through its 64-column panels, the same for the call's d and the compiled one), one
     // warp's rows a copy; O has Q's dims (d_v = d) and, as FA3 runs, 16-byte-aligned rows.
     let output = MapOperand::new("o", &operands.o, q_dims, O_STORE_ROWS);
-    let maps = if tiling.persistent {
+    let maps = if tiling.stores_o_by_tma(q_dims[3] as u32) {
         let [q, k, v] = inputs;
         tensor_map::encode_call(&[q, k, v, output], element)?
     } else {

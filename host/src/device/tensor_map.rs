@@ -6,7 +6,7 @@
 //! 64-column panel × the tile's rows, with the 128-byte swizzle the kernels' shared tiles use.
 //! Rows past seqlen and columns past d are outside the tensor, and TMA fills them with zeros.
 //! The maps go to global memory (a kernel parameter aligned to 64 bytes does not compile, see
-//! `../shared/BUILD-FACTS.md`), up to five per call (Q, K, V; the persistent forward's O, the
+//! `../shared/BUILD-FACTS.md`), up to five per call (Q, K, V; the persistent forward's O at d ≤ 128, the
 //! target of its TMA stores in boxes of one warp's 16 rows; the backward's dO and its f32 dQ
 //! accumulator, the target of bulk reductions in boxes of 32 columns), in a small ring of slots
 //! reused by content: stream order makes overwriting a slot safe, since the copy runs after every
@@ -29,7 +29,7 @@ use crate::error::{CudaContextExt, Error, Result};
 /// 64-bit words of one `CUtensorMap`.
 pub const TENSOR_MAP_WORDS: usize = 16;
 /// Maps of one call: Q, K, V, and for the backward dO and the dQ accumulator (the forward
-/// leaves the last two zero, or puts O fourth on the persistent grid).
+/// leaves the last two zero, or puts O fourth where the persistent kernel stores it by TMA).
 pub const CALL_MAPS: usize = 5;
 /// Words of one call's maps.
 pub const CALL_WORDS: usize = CALL_MAPS * TENSOR_MAP_WORDS;
