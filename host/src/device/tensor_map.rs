@@ -6,11 +6,11 @@
 //! 64-column panel × the tile's rows, with the 128-byte swizzle the kernels' shared tiles use.
 //! Rows past seqlen and columns past d are outside the tensor, and TMA fills them with zeros.
 //! The maps go to global memory (a kernel parameter aligned to 64 bytes does not compile, see
-//! `../shared/BUILD-FACTS.md`), up to five per call (Q, K, V; the persistent forward's O at d ≤ 128, the
-//! target of its TMA stores in boxes of one warp's 16 rows; the backward's dO and its f32 dQ
-//! accumulator, the target of bulk reductions in boxes of 32 columns), in a small ring of slots
-//! reused by content: stream order makes overwriting a slot safe, since the copy runs after every
-//! kernel launched before it.
+//! `../shared/BUILD-FACTS.md`), up to five per call (Q, K, V; the persistent forward's O at
+//! d ≤ 128, the target of its TMA stores in boxes of one warp's 16 rows; the backward's dO and its
+//! f32 dQ accumulator, the target of bulk reductions in boxes of 32 columns), in a small ring of
+//! slots reused by content: stream order makes overwriting a slot safe, since the copy runs after
+//! every kernel launched before it.
 
 use std::collections::HashMap;
 
