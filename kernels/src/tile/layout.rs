@@ -35,9 +35,61 @@ pub const fn quad_padded(n: u32) -> u32 {
     n.div_ceil(QUAD) * QUAD
 }
 
+/// Byte offset of f32 element (`row`, `col`) within one box of a tile laid out in the 128-byte
+/// swizzle (TMA's `SWIZZLE_128B`, the backward's dQ_i staging): rows of 32 floats (128 bytes), whose
+/// 16-byte chunk c is stored at chunk c ^ (row % 8).
+#[inline(always)]
+pub const fn swizzled_f32_offset(row: u32, col: u32) -> u32 {
+    let chunk = (col / QUAD) ^ (row % 8);
+    row * 128 + chunk * 16 + col % QUAD * 4
+}
+
+/// Which element of its accumulator pair (columns c and c + 1) a lane stores at its `store`-th
+/// (0 or 1) 32-bit store into a [`swizzled_f32_offset`] tile. Lanes 2 and 3 of each quad take the
+/// second element first: under the swizzle the quad's second half in row r shares its chunk with
+/// the first half in row r ^ 1, so taking the other word puts each store's 32 lanes on 32
+/// different banks. (Storing the pair in one 64-bit store costs two passes per half-warp: the
+/// half-warp's four rows fill only 4 of the 8 chunks.)
+#[inline(always)]
+pub const fn swizzled_pair_side(lane: u32, store: u32) -> u32 {
+    store ^ (lane % 4 / 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_32_bit_store_of_the_staged_pairs_meets_every_bank_once() {
+        use crate::tile::fragment::{accumulator_col, accumulator_row};
+        // A warp's 16 rows of a 16 × 8 accumulator tile t, rows h·8 + l/4, stored one element a
+        // lane per instruction.
+        for t in 0..8 {
+            for h in 0..2 {
+                for store in 0..2 {
+                    let mut banks = [0u32; 32];
+                    for lane in 0..32 {
+                        let row = accumulator_row(lane) + 8 * h;
+                        let col = t * 8 + accumulator_col(lane) + swizzled_pair_side(lane, store);
+                        banks[(swizzled_f32_offset(row, col % 32) / 4 % 32) as usize] += 1;
+                    }
+                    assert!(banks.iter().all(|&n| n == 1), "t {t} h {h} store {store}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_swizzled_f32_offsets_fill_each_box_once() {
+        let mut seen = [false; 2048];
+        for row in 0..64 {
+            for col in 0..32 {
+                let word = (swizzled_f32_offset(row, col) / 4) as usize;
+                assert!(!seen[word], "{row} {col}");
+                seen[word] = true;
+            }
+        }
+    }
 
     #[test]
     fn quad_stride_is_whole_and_odd_quads() {

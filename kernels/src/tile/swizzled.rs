@@ -10,6 +10,7 @@
 
 use crate::arch::{self, L2Priority, MBarrier, MatrixDescriptor, SharedAddress, TensorMap};
 use crate::fwd::fa3::config::{F32_BOX_COLS, PANEL_COLS, PANEL_ROW_BYTES, WGMMA_K};
+use crate::tile::layout::swizzled_f32_offset;
 
 /// wgmma k-steps per panel: 64 columns / 16.
 const STEPS_PER_PANEL: u32 = PANEL_COLS / WGMMA_K;
@@ -88,13 +89,11 @@ impl SwizzledTile {
     }
 }
 
-/// f32 elements per swizzled 16-byte chunk.
-const F32_CHUNK_ELEMENTS: u32 = CHUNK_BYTES / 4;
-
 /// An f32 tile of `rows` rows in boxes of [`F32_BOX_COLS`] columns, each box `rows` × 128 bytes
 /// with the 128-byte swizzle (1024-byte aligned), as TMA reads it for a reduction into global
-/// memory: the backward's dQ_i staged for one bulk add. The swizzle spreads the 8 rows a warp's
-/// accumulator stores touch over every bank (2 wavefronts per store, not 8).
+/// memory: the backward's dQ_i staged for one bulk add. With the swizzle, a warp's accumulator
+/// stores meet every bank once when stored an element at a time in
+/// [`swizzled_pair_side`]'s order.
 #[derive(Clone, Copy)]
 pub struct SwizzledF32Tile {
     start: SharedAddress,
@@ -118,9 +117,7 @@ impl SwizzledF32Tile {
     /// starts an 8-byte pair.
     #[inline(always)]
     pub fn element(&self, row: u32, col: u32) -> SharedAddress {
-        let in_box = col % F32_BOX_COLS;
-        let chunk = (in_box / F32_CHUNK_ELEMENTS) ^ (row % SWIZZLE_ROWS);
-        let offset = row * PANEL_ROW_BYTES + chunk * CHUNK_BYTES + in_box % F32_CHUNK_ELEMENTS * 4;
+        let offset = swizzled_f32_offset(row, col % F32_BOX_COLS);
         self.box_start(col / F32_BOX_COLS).offset(offset)
     }
 }

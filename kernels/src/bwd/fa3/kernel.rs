@@ -56,6 +56,7 @@ use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector, RowBlockFlags};
+use crate::tile::layout::swizzled_pair_side;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile};
 
 // The forward's two-stage ring arithmetic (`ring`) serves the Q_i/dO_i ring.
@@ -601,26 +602,33 @@ impl Consumer<'_> {
     }
 
     /// Stores one 64-column part of the owned dQ_i (this warp's 16 of the tile's rows) into the
-    /// staging tile, a pair of adjacent columns per 8-byte store. Rows past seqlen_q and columns
-    /// past d are stored too; the reductions drop them. (The step passes `part` plus its opaque
-    /// zero, so the lane's column offsets are derived here, not hoisted out of the row loop
-    /// beside dK_j and dV_j.)
+    /// staging tile, one f32 per store in [`swizzled_pair_side`]'s order, so that each store
+    /// meets every bank once (a pair per 8-byte store took twice the passes: ncu counted 256
+    /// excess wavefronts per step at d = 128). Rows past seqlen_q and columns past d are stored
+    /// too; the reductions drop them. (The step passes `part` plus its opaque zero, so the lane's
+    /// column offsets are derived here, not hoisted out of the row loop beside dK_j and dV_j.)
     #[inline(always)]
     fn stage_dq(&self, staging: SwizzledF32Tile, part: u32, acc: &[[f32; 4]; DQ_PART_TILES]) {
         let lane = arch::lane_idx();
         let row = arch::warp_idx() % 4 * MMA_M + accumulator_row(lane);
         let lane_col = part * PANEL_COLS + accumulator_col(lane);
+        // The element each of the lane's two stores takes: the pair in order, or swapped.
+        let first = swizzled_pair_side(lane, 0);
         for (t, tile) in acc.iter().enumerate() {
             let col = lane_col + t as u32 * MMA_N;
-            // SAFETY: row + 8 < B_r and col + 1 < 64·panels: inside this consumer's staging
-            // tile, 8-byte aligned (col even); only this warpgroup writes it, after its leader's
-            // wait for the previous reductions' reads and a warpgroup barrier.
-            unsafe {
-                arch::store_shared_f32x2(staging.element(row, col), [tile[0], tile[1]]);
-                arch::store_shared_f32x2(
-                    staging.element(row + LDMATRIX_SIDE, col),
-                    [tile[2], tile[3]],
-                );
+            for h in 0..2 {
+                let row = row + h as u32 * LDMATRIX_SIDE;
+                let (a, b) = (tile[2 * h], tile[2 * h + 1]);
+                let (a, b) = if first == 0 { (a, b) } else { (b, a) };
+                // col is even: col and col + 1 share a 16-byte chunk, 4 bytes apart.
+                let pair = staging.element(row, col);
+                // SAFETY: row < B_r and col + 1 < 64·panels: inside this consumer's staging tile,
+                // 4-byte aligned; only this warpgroup writes it, after its leader's wait for the
+                // previous reductions' reads and a warpgroup barrier.
+                unsafe {
+                    arch::store_shared_u32(pair.offset(4 * first), a.to_bits());
+                    arch::store_shared_u32(pair.offset(4 - 4 * first), b.to_bits());
+                }
             }
         }
     }
