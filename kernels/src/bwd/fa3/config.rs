@@ -139,6 +139,12 @@ pub trait Fa3BackwardConfig {
     /// the address: the flag's wait and completion inside the row loop made ptxas spill at
     /// d = 128 (176 bytes) in every call.
     const DETERMINISTIC: bool;
+    /// The dQ_i reductions issued by a writer warp of the producer warpgroup (`dq_writer`)
+    /// rather than by the owner warpgroup's first thread: in deterministic mode (the turn and the
+    /// completion wait off the consumers: 1.3–1.45× faster on an H100) and at d ≤ 64 (2–6%
+    /// faster); at d = 128 the owner's thread was 1–4% faster on the same H100 (twentieth
+    /// session, docs/perf/fa3-backward.md).
+    const DQ_WRITER: bool = Self::DETERMINISTIC || Self::HEAD_DIM <= 64;
     /// d/8: a warp's tiles of dK_j (and of dV_j), the N of dV_j += Pᵀ·dO_i.
     type const D_TILES: usize;
     /// B_r/8: a warp's tiles of Sᵀ (and dPᵀ): 16 keys × B_r queries.
@@ -165,6 +171,8 @@ pub trait Fa3BackwardConfig {
         assert!(Self::ROW_TILES * 8 == tiling.block_rows() as usize);
         assert!(Self::ROW_CHUNKS * WGMMA_K as usize == tiling.block_rows() as usize);
         assert!(Self::HEAD_DIM.is_multiple_of(WGMMA_K));
+        // Deterministic mode's turns are taken in the writer warp.
+        assert!(Self::DQ_WRITER || !Self::DETERMINISTIC);
         // dQ_i's ownership alternates between two consumers by step parity.
         assert!(tiling.consumers == DS_BUFFERS);
         // TMA boxes are at most 256 rows.

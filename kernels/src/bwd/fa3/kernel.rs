@@ -5,8 +5,8 @@
 //! scale·accumulator). Generic over one config `C: Fa3BackwardConfig`.
 //!
 //! ```text
-//!  warpgroup 0, producer (24 registers)          warpgroups 1..=2, consumers (64 keys of K_j each)
-//!  one thread issues TMA:                         wait K_j, V_j; then for each row block i:
+//!  warpgroup 0 (24 registers)                    warpgroups 1..=2, consumers (64 keys of K_j each)
+//!  producer, one thread issues TMA:               wait K_j, V_j; then for each row block i:
 //!   K_j, V_j once            ──kv_full──▶          wait Q_i, dO_i; L_i, D_i into shared memory
 //!   for i: wait rows_empty[s];                     Sᵀ  = K_j·Q_iᵀ    (wgmma SS, 64 keys × 64 queries)
 //!          Q_i, dO_i ──rows_full[s]──▶             dPᵀ = V_j·dO_iᵀ   (wgmma SS)
@@ -18,9 +18,11 @@
 //!                                                  at every other step (dQ_i's owner, by parity):
 //!                                                  dQ_i = dS·K_j     (wgmma SS, both MN-major: all
 //!                                                    B_c keys, both warpgroups' dSᵀ, one 64-column
-//!                                                    part at a time) → its staging tile (f32);
-//!                                                    one thread adds the tile to the f32
-//!                                                    accumulator (TMA reduce, one per 32 columns)
+//!                                                    part at a time) → its staging tile (f32)
+//!  dQ writer, warp 1 (`DQ_WRITER` kernels; the    ◀──dq full[c]──
+//!  others: the owner's first thread):
+//!   TMA reduce-add of the tile into the f32
+//!   accumulator (one per 32 columns)  ──dq empty[c]──▶ (before the owner's next store)
 //!                                                  release Q_i, dO_i (rows_empty[s])
 //!                                                 dK_j = scale·dK_j, dV_j stored
 //! ```
@@ -31,10 +33,12 @@
 //! next step (whose dQ it owns), and the owners alternate. ncu on the first version, where each
 //! warpgroup added its own 64 keys' share every step, put the L2 at 72% of its throughput with
 //! the warps stalled on those reductions (docs/perf); since v4 the owner stores dQ_i into its own
-//! f32 staging tile and one elected thread adds the tile by bulk tensor reductions
-//! (`cp.reduce.async.bulk.tensor`, FlashAttention-3's `store_dq`), so no warp issues a global
-//! reduction; the tile is written again two steps later, after the thread's wait for the
-//! reductions to have read it. dSᵀ is double-buffered by step parity; two
+//! f32 staging tile and one thread adds the tile by bulk tensor reductions
+//! (`cp.reduce.async.bulk.tensor`, FlashAttention-3's `store_dq`): in deterministic mode and at
+//! d ≤ 64 the producer warpgroup's second warp (`dq_writer`, FlashAttention-3's), so no consumer
+//! issues or waits for a global reduction, elsewhere the owner's first thread (1–4% faster at
+//! d = 128, where it waits for the reads only at its next owned step). The owner writes its tile
+//! again two steps later, after the reductions have read it. dSᵀ is double-buffered by step parity; two
 //! pairs of named barriers order it between the warpgroups (`DsHandOff`); L_i, D_i are per
 //! warpgroup, ordered by a named barrier among its 128 threads. Shared memory: K_j, V_j, the
 //! Q_i/dO_i ring in two stages, every tile in 64-column panels with the 128-byte swizzle
@@ -43,79 +47,24 @@
 //! mbarriers.
 
 use super::config::{DQ_PART_TILES, DS_BUFFERS, Fa3BackwardConfig, ROW_STAGES};
+use super::dq_writer::{DqAccumulator, DqHandOff, write_dq};
+use super::key_block::KeyBlock;
 use super::sram::Fa3BackwardSram;
 use crate::arch::{self, L2Priority};
-use crate::common::block::{BlockInfo, RowBlocks};
+use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3BackwardParams;
 use crate::common::softmax::LOG2_E;
-use crate::fwd::fa3::config::{
-    F32_BOX_COLS, KV_STAGES, PANEL_COLS, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
-};
+use crate::fwd::fa3::config::{KV_STAGES, PANEL_COLS, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K};
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
-use crate::tile::global::{HeadRows16, HeadVector, RowBlockFlags};
+use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::layout::swizzled_pair_side;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile};
 
 // The forward's two-stage ring arithmetic (`ring`) serves the Q_i/dO_i ring.
 const _: () = assert!(ROW_STAGES == KV_STAGES);
-
-/// The block's key block and the row blocks that see it.
-#[derive(Clone, Copy)]
-struct KeyBlock {
-    info: BlockInfo,
-    key_start: u32,
-    row_blocks: RowBlocks,
-}
-
-impl KeyBlock {
-    /// Key block x of head y; in deterministic mode with the causal mask the grid runs from the
-    /// last key block (the shortest: fewest row blocks see it) down, FlashAttention-3's order
-    /// there, because a row block's dQ_i then takes its key blocks' reductions from the last one
-    /// down ([`Self::dq_turn`]), and a block may only wait for blocks started before it.
-    #[inline(always)]
-    fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams) -> Self {
-        let info = BlockInfo::causal_only(&p.base.shape, arch::block_idx_y());
-        let x = arch::block_idx_x();
-        let key_block = if C::DETERMINISTIC && info.mask().is_bounded() {
-            arch::grid_dim_x() - 1 - x
-        } else {
-            x
-        };
-        let key_start = key_block * C::BLOCK_COLS;
-        Self {
-            info,
-            key_start,
-            row_blocks: info.row_blocks(key_start, C::BLOCK_COLS, C::BLOCK_ROWS),
-        }
-    }
-
-    /// Deterministic mode: how many key blocks add to row block `i`'s dQ before the one
-    /// starting at `key_start` (FlashAttention-3's order). Without the mask every key block sees
-    /// every row block, and they all reach it at the same step: ascending. With the causal mask
-    /// the key blocks that see row block i are 0..n(i), and block j reaches it at its (i − first
-    /// row block of j)-th step, the later blocks sooner: from the last one down, so that none
-    /// waits long.
-    #[inline(always)]
-    fn dq_turn<C: Fa3BackwardConfig>(info: &BlockInfo, key_start: u32, i: u32) -> u32 {
-        let key_block = key_start / C::BLOCK_COLS;
-        let mask = info.mask();
-        if !mask.is_bounded() {
-            return key_block;
-        }
-        let row_end = (i + 1) * C::BLOCK_ROWS;
-        let seeing = mask.key_blocks_needed(row_end, info.seqlen_k, C::BLOCK_COLS);
-        seeing.saturating_sub(1 + key_block)
-    }
-
-    /// Whether any row block sees these keys (none: dK_j = dV_j = 0, and nothing is loaded).
-    #[inline(always)]
-    fn has_rows(&self) -> bool {
-        self.row_blocks.first() < self.row_blocks.end()
-    }
-}
 
 /// The main kernel for head dims up to `C::HEAD_DIM` (multiples of 8; columns past d arrive as
 /// zeros). Grid (⌈seqlen_k / B_c⌉, batch·heads), `C::TILING.threads()` threads,
@@ -129,6 +78,9 @@ pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(p: &Fa3BackwardParam
         C,
         sram.init_barriers::<C>(),
         produce::<C>(p, &sram),
+        if C::DQ_WRITER {
+            write_dq::<C>(p, &sram)
+        },
         |consumer| consume::<T, C>(p, &sram, consumer)
     );
 }
@@ -235,9 +187,9 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
                 warpgroup.step::<T, C, false>(step, &mut dk, &mut dv);
             }
         }
-        // The last dQ_i reductions have read the staging tile (the block's shared memory ends
-        // with it) and written the accumulator.
-        if warpgroup.leads() {
+        // Without the writer: the last dQ_i reductions have read the staging tile (the block's
+        // shared memory ends with it) and written the accumulator.
+        if !C::DQ_WRITER && warpgroup.leads() {
             arch::bulk_wait_group::<0>();
         }
     }
@@ -341,8 +293,8 @@ struct Consumer<'a> {
     score_scale: f32,
     logsumexp: HeadVector,
     delta: HeadVector,
-    /// The launch's parameters, read where used (the dQ accumulator's map), so that no register
-    /// holds them across the row loop.
+    /// The launch's parameters, read where used (the dQ accumulator's map, without the writer),
+    /// so that no register holds them across the row loop.
     params: &'a Fa3BackwardParams,
 }
 
@@ -350,7 +302,8 @@ impl Consumer<'_> {
     /// Named barrier 0 is `sync_threads`'s; consumer c orders its warps at 1 + c.
     const FIRST_BARRIER: u32 = 1;
 
-    /// Whether this thread issues the warpgroup's dQ_i reductions: its first.
+    /// Whether this thread issues the warpgroup's dQ_i reductions (without the writer): its
+    /// first.
     #[inline(always)]
     fn leads(&self) -> bool {
         arch::thread_idx_x().is_multiple_of(WARPGROUP_THREADS)
@@ -383,7 +336,7 @@ impl Consumer<'_> {
         let statistic = self.read_statistic::<C>(row_start);
         let hand_off = DsHandOff::of(step);
         let owner = hand_off.owned_by(self.consumer);
-        if owner && self.leads() {
+        if !C::DQ_WRITER && owner && self.leads() {
             // The reductions of dQ two steps ago have read the staging tile: after the barrier
             // below every thread may write it again.
             arch::bulk_wait_group_read::<0>();
@@ -468,6 +421,7 @@ impl Consumer<'_> {
         // Both warpgroups' dSᵀ, visible to the async proxy, before dQ reads it.
         hand_off.wait_ready();
         let staging = sram.dq_staging(self.consumer);
+        let dq_hand_off = DqHandOff::of(step.n, step.count);
         for part in 0..C::PANELS {
             let mut dq = [[0.0f32; 4]; DQ_PART_TILES];
             arch::wgmma_fence();
@@ -481,40 +435,21 @@ impl Consumer<'_> {
             if part + 1 == C::PANELS {
                 hand_off.mark_free(step);
             }
+            if C::DQ_WRITER && part == 0 {
+                // The writer's reductions of step n − 2 have read the staging tile.
+                dq_hand_off.wait_empty();
+            }
             self.stage_dq(staging, part + zero, &dq);
         }
-        // Every warp's part stored and visible to the async proxy, then one thread adds the tile
-        // (line 21's dQ_i += dS_ij·K_j, summed over the block's keys).
+        // Every thread's stores visible to the async proxy, then the writer warp (or this
+        // warpgroup's first thread, once every warp has stored) adds the tile.
         arch::fence_proxy_async_shared();
-        self.sync_warpgroup();
-        if self.leads() {
-            let p = self.params;
-            let dq = HeadTensorMap::new(
-                p.tensor_maps + 4 * TENSOR_MAP_BYTES,
-                self.info.head,
-                self.info.batch,
-            );
-            // The 32-column boxes that hold the head dim's columns.
-            let boxes = p.base.shape.head_dim.div_ceil(F32_BOX_COLS);
-            // Deterministic mode: the reductions into row block i one key block at a time, in
-            // `dq_turn`'s order, each complete before the next block's turn.
-            let flags = RowBlockFlags::new(
-                p.dq_semaphore,
-                self.info.batch_head,
-                self.info.seqlen_q.div_ceil(C::BLOCK_ROWS),
-            );
-            if C::DETERMINISTIC {
-                let turn = KeyBlock::dq_turn::<C>(&self.info, self.key_start, step.i);
-                flags.wait_for_turn_alone(step.i, turn);
-                // The previous block's reductions, acquired through the flag, before ours.
-                arch::fence_proxy_async_global();
-            }
-            dq.reduce_add(&staging, boxes, row_start);
-            arch::bulk_commit_group();
-            if C::DETERMINISTIC {
-                arch::bulk_wait_group::<0>();
-                arch::fence_proxy_async_global();
-                flags.pass_turn_alone(step.i);
+        if C::DQ_WRITER {
+            dq_hand_off.mark_full();
+        } else {
+            self.sync_warpgroup();
+            if self.leads() {
+                DqAccumulator::new(self.params, &self.info).add(&staging, step.i);
             }
         }
     }

@@ -6,6 +6,10 @@
 
 pub mod config;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
+mod dq_writer;
+#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub mod kernel;
+#[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
+mod key_block;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 mod sram;

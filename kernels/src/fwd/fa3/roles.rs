@@ -12,11 +12,15 @@ pub(crate) const TENSOR_MAP_BYTES: u64 = 128;
 /// The warp-specialized start of every FA3 kernel (forward and backward), for config `$c` (its
 /// `PRODUCER_REGISTERS` and `CONSUMER_REGISTERS`): thread 0 runs `$init` (the mbarriers), a
 /// block barrier publishes it; then warpgroup 0 gives registers back and its thread 0 runs
-/// `$produce` (the TMA copies), while the other warpgroups take registers and run `$consume`
-/// with their consumer index (0-based). A macro, not a function of closures: the roles' bodies
-/// must be inlined into the entry (a closure LLVM keeps out of line becomes a `.func` call).
+/// `$produce` (the TMA copies), its warp 1 (all 32 lanes) `$second_warp` where one is given (the
+/// backward's dQ writer), while the other warpgroups take registers and run `$consume` with
+/// their consumer index (0-based). A macro, not a function of closures: the roles' bodies must
+/// be inlined into the entry (a closure LLVM keeps out of line becomes a `.func` call).
 macro_rules! split_roles {
-    ($c:ident, $init:expr, $produce:expr, |$consumer:ident| $consume:expr) => {{
+    ($c:ident, $init:expr, $produce:expr, |$consumer:ident| $consume:expr) => {
+        $crate::fwd::fa3::roles::split_roles!($c, $init, $produce, (), |$consumer| $consume)
+    };
+    ($c:ident, $init:expr, $produce:expr, $second_warp:expr, |$consumer:ident| $consume:expr) => {{
         if $crate::arch::thread_idx_x() == 0 {
             $init;
         }
@@ -26,6 +30,8 @@ macro_rules! split_roles {
             $crate::arch::release_registers::<{ $c::PRODUCER_REGISTERS }>();
             if $crate::arch::thread_idx_x() == 0 {
                 $produce;
+            } else if $crate::arch::warp_idx() == 1 {
+                $second_warp;
             }
         } else {
             $crate::arch::claim_registers::<{ $c::CONSUMER_REGISTERS }>();
