@@ -3,6 +3,7 @@
 
 use flash_attn::DType;
 use flash_attn::attention::{AttentionOptions, Gradients};
+use flash_attn::scoring::Scoring;
 use flash_attn_lab::model::fa2::emulate_fa2;
 use flash_attn_lab::model::fa2_backward::{
     BackwardInputs, EmulatedBackward, backward_on_host, emulate_fa2_backward,
@@ -15,6 +16,7 @@ use flash_attn_lab::model::reference_backward::{
 };
 use flash_attn_lab::model::traffic::{BackwardIoCounts, Traffic};
 use flash_attn_lab::tools::check::F32_RELATIVE_TOLERANCE;
+use flash_kernels::common::mask::KeyWindow;
 use ndarray::{Array4, Axis, s};
 mod common;
 
@@ -90,9 +92,9 @@ fn named(gradients: &Gradients<Array4<f64>>) -> [(&'static str, &Array4<f64>); 3
 // ---------------------------------------------------------------------------------------------
 
 /// loss = Σ dO ∘ O(Q, K, V): its gradient with respect to Q, K, V is what the backward returns.
-fn loss(inputs: &[Array4<f64>; 4], causal: bool, scale: f64) -> f64 {
+fn loss(inputs: &[Array4<f64>; 4], scoring: Scoring, scale: f64) -> f64 {
     let [q, k, v, d_o] = inputs;
-    let o = attention_reference(q.view(), k.view(), v.view(), causal, scale).o;
+    let o = attention_reference(q.view(), k.view(), v.view(), scoring, scale).o;
     (&o * d_o).sum()
 }
 
@@ -101,7 +103,7 @@ fn loss(inputs: &[Array4<f64>; 4], causal: bool, scale: f64) -> f64 {
 fn finite_differences(
     inputs: &[Array4<f64>; 4],
     which: usize,
-    causal: bool,
+    scoring: Scoring,
     scale: f64,
 ) -> Array4<f64> {
     const STEP: f64 = 1e-5;
@@ -110,9 +112,9 @@ fn finite_differences(
         let index = [index.0, index.1, index.2, index.3];
         let mut moved = inputs.clone();
         moved[which][index] += STEP;
-        let up = loss(&moved, causal, scale);
+        let up = loss(&moved, scoring, scale);
         moved[which][index] -= 2.0 * STEP;
-        let down = loss(&moved, causal, scale);
+        let down = loss(&moved, scoring, scale);
         *g = (up - down) / (2.0 * STEP);
     }
     gradient
@@ -132,12 +134,69 @@ fn reference_gradients_match_finite_differences() {
             let wide = inputs.wide();
             let reference = inputs.reference(causal);
             for (which, (name, analytic)) in named(&reference.gradients).into_iter().enumerate() {
-                let numeric = finite_differences(&wide, which, causal, scale);
+                let numeric = finite_differences(&wide, which, causal.into(), scale);
                 let error = relative_error(analytic, &numeric);
                 println!("{shape:?} causal={causal} {name}: relative error {error:.1e}");
                 assert!(
                     error <= FINITE_DIFFERENCE_TOLERANCE,
                     "{shape:?} causal={causal} {name}: {error:e}"
+                );
+            }
+        }
+    }
+}
+
+/// Windows (causal or not, one-sided, narrow enough that some queries and keys see nothing) and
+/// soft-capping (a cap near the scores' size, so tanh bends), alone and together (Gemma 2), at
+/// seqlen_q below and above seqlen_k.
+#[test]
+fn reference_gradients_match_finite_differences_with_windows_and_softcap() {
+    let window = |left, right| KeyWindow { left, right };
+    let scorings = [
+        Scoring {
+            window: window(Some(2), Some(1)),
+            softcap: 0.0,
+        },
+        Scoring {
+            window: window(Some(1), Some(0)),
+            softcap: 0.0,
+        },
+        Scoring {
+            window: window(None, Some(0)),
+            softcap: 0.5,
+        },
+        Scoring {
+            window: KeyWindow::FULL,
+            softcap: 0.3,
+        },
+        Scoring {
+            window: window(Some(3), None),
+            softcap: 0.4,
+        },
+    ];
+    for (seed, shape) in [[1, 2, 5, 8, 3], [1, 1, 8, 4, 3]].into_iter().enumerate() {
+        for scoring in scorings {
+            let mut inputs = Inputs::random(shape, 30 + seed as u64);
+            // Scores of a few units, so a cap of 0.3–0.5 (after the scale) saturates some.
+            inputs.q.mapv_inplace(|x| 3.0 * x);
+            let scale = f64::from(inputs.scale());
+            let wide = inputs.wide();
+            let [q, k, v, d_o] = &wide;
+            let reference = attention_backward_reference(
+                q.view(),
+                k.view(),
+                v.view(),
+                d_o.view(),
+                scoring,
+                scale,
+            );
+            for (which, (name, analytic)) in named(&reference.gradients).into_iter().enumerate() {
+                let numeric = finite_differences(&wide, which, scoring, scale);
+                let error = relative_error(analytic, &numeric);
+                println!("{shape:?} {scoring:?} {name}: relative error {error:.1e}");
+                assert!(
+                    error <= FINITE_DIFFERENCE_TOLERANCE,
+                    "{shape:?} {scoring:?} {name}: {error:e}"
                 );
             }
         }

@@ -794,6 +794,7 @@ fn the_fa3_backward_plan_and_its_fallbacks() {
                         head_dim: compiled,
                         grouped: kv_heads != 4,
                         deterministic: false,
+                        local: false,
                     },
                     "d {d}"
                 );

@@ -5,9 +5,10 @@
 
 mod common;
 
+use flash_attn::attention::backward_plan::BackwardOptions;
 use flash_attn::attention::{
-    AttentionOptions, BackwardArguments, BackwardProblem, CompiledLimits, ForwardPlan, Problem,
-    TensorSpec,
+    AttentionOptions, BackwardArguments, BackwardPlan, BackwardProblem, CompiledLimits,
+    ForwardPlan, Problem, TensorSpec,
 };
 use flash_attn::scoring::Scoring;
 use flash_attn::{Algorithm, DType, Error};
@@ -332,7 +333,7 @@ fn bad_windows_and_soft_caps_are_named_errors() {
 }
 
 #[test]
-fn the_faithful_kernels_and_the_backward_refuse_windows_and_soft_caps() {
+fn the_faithful_kernels_refuse_windows_and_soft_caps_and_the_backward_takes_them() {
     let limits = CompiledLimits::H200;
     for (window, softcap, name) in [(Some((16, 0)), 0.0, "window"), (None, 5.0, "softcap")] {
         let problem = problem(window, softcap).unwrap();
@@ -377,7 +378,15 @@ fn the_faithful_kernels_and_the_backward_refuse_windows_and_soft_caps() {
             logsumexp: [1, 2, 100],
             forward: None,
         };
-        assert_eq!(named(BackwardProblem::new(&arguments, &options)), name);
+        // The backward takes both on the tensor-core kernels' `local` form, and names them
+        // where none can run (f32).
+        let checked = BackwardProblem::new(&arguments, &options).unwrap();
+        let backward = BackwardOptions::default();
+        let plan =
+            BackwardPlan::new(&limits, DType::Bf16, &checked.problem, &backward, None).unwrap();
+        assert!(plan.kernel_names().contains("_local"), "{plan}");
+        let refused = BackwardPlan::new(&limits, DType::F32, &checked.problem, &backward, None);
+        assert_eq!(named(refused), name);
     }
 }
 

@@ -155,16 +155,18 @@ macro_rules! entry_point {
             }
         };
     };
-    (fa3_backward $dtype:ident $d:literal $order:ident $($grouped:ident)?) => {
+    (fa3_backward $dtype:ident $d:literal $order:ident $scores:ident $($grouped:ident)?) => {
         const _: () = {
             fa3_backward_config!(
                 Config,
                 $d,
                 $crate::backward_grouped!($($grouped)?),
-                $crate::backward_deterministic!($order)
+                $crate::backward_deterministic!($order),
+                $crate::backward_local!($scores)
             );
             #[unsafe(export_name = concat!("fa3_backward_", stringify!($dtype), "_d", $d,
                 $crate::backward_grouped_suffix!($($grouped)?),
+                $crate::backward_local_suffix!($scores),
                 $crate::backward_deterministic_suffix!($order)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa3BackwardParams) {
                 fa3_backward::kernel::backward::<element!($dtype), Config>(&params)
@@ -257,12 +259,13 @@ macro_rules! entry_point {
         };
     };
     (fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
-     $rows:literal $($grouped:ident)?) => {
+     $rows:literal $scores:ident $($grouped:ident)?) => {
         const _: () = {
             fa2_tc_backward_config!(Config, $capacity, $warps, $split, $rows,
-                $crate::backward_grouped!($($grouped)?));
+                $crate::backward_grouped!($($grouped)?), $crate::backward_local!($scores));
             #[unsafe(export_name = concat!("fa2tc_backward_", stringify!($dtype), "_d",
-                $capacity, $crate::backward_grouped_suffix!($($grouped)?)))]
+                $capacity, $crate::backward_grouped_suffix!($($grouped)?),
+                $crate::backward_local_suffix!($scores)))]
             unsafe extern "ptx-kernel" fn kernel(params: Fa2TcBackwardParams) {
                 fa2_tc_backward::kernel::backward::<element!($dtype), Config>(&params)
             }

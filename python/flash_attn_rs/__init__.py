@@ -15,9 +15,9 @@ launches through ``torch.autograd.Function``s (``_autograd``), which cost less h
 first two functions are differentiable: the forward saves Q, K, V, O and L, and
 ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
-``flash_attn_func`` also takes flash-attn's ``window_size`` and ``softcap``, forward only (the
-backward names them). ``flash_attn_varlen_func`` is differentiable too: its backward is the
-dense backward on each sequence in turn, until the library has a packed backward kernel.
+``flash_attn_func`` and ``flash_attn_varlen_func`` also take flash-attn's ``window_size`` and
+``softcap``, forward and backward. ``flash_attn_varlen_func`` is differentiable too: its backward
+is the dense backward on each sequence in turn, until the library has a packed backward kernel.
 ``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention
 here.
 
@@ -253,9 +253,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``window_size = (left, right)`` is flash-attn's sliding window: query i sees key j iff
     i + off - left <= j <= i + off + right (off = seqlen_k - seqlen_q; -1 leaves a side
     unbounded; with ``causal`` right is 0); ``softcap`` > 0 turns each scaled score s into
-    softcap * tanh(s / softcap) (Gemma 2). Both run forward only, on auto, fa3 and fa2-tc
-    (float16 and bfloat16); the backward raises a ValueError naming them, so no gradient is
-    computed without them. A row that sees no key gets O = 0 and L = -inf.
+    softcap * tanh(s / softcap) (Gemma 2). Both run on auto, fa3 and fa2-tc (float16 and
+    bfloat16), forward and backward (the backward's dS takes the cap's slope 1 - tanh^2; with
+    ``deterministic=True`` the backward runs fa2-tc's ordered kernel); elsewhere a ValueError
+    names them. A row that sees no key gets O = 0 and L = -inf.
 
     flash-attn's signature, argument for argument and in its order, so code written for it runs
     by changing the import: ``dropout_p`` must be 0.0 and ``alibi_slopes`` None (the kernels
@@ -267,8 +268,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     (O, softmax_lse, S_dmask), S_dmask None (flash-attn's is only filled with dropout), and with
     ``return_lse`` (O, L). L = logsumexp of the scaled scores, float32
     (batch, heads, seqlen_q), -inf for a row that sees no key. Differentiable in q, k and v
-    (``loss.backward()`` runs the backward on the GPU: FA3's on compute capability 9.0) without a
-    window or soft-capping; L is not. Raises TypeError or ValueError naming the argument before
+    (``loss.backward()`` runs the backward on the GPU: FA3's on compute capability 9.0); L is
+    not. Raises TypeError or ValueError naming the argument before
     anything is launched, RuntimeError inside a CUDA graph capture.
     """
     _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
@@ -344,7 +345,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` (O, softmax_lse,
     None) as flash-attn's, with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
     float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key.
-    Differentiable in q, k and v without a window or soft-capping: ``loss.backward()`` runs the
+    Differentiable in q, k and v, windows and soft-capping included: ``loss.backward()`` runs the
     dense GPU backward on each sequence's rows in turn (one launch of its kernels per sequence
     with queries and keys; the library has no packed backward kernel yet, issue #32), into one
     packed dQ, dK, dV.

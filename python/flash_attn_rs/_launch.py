@@ -116,9 +116,9 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
              softcap=0.0, deterministic=False):
     """Allocates dQ, dK, dV with PyTorch (each its input's strides where those are dense, else
     contiguous) and launches the backward on the current stream of Q's device. Returns
-    (dQ, dK, dV). The forward's ``window`` and ``softcap`` go to the native half, which refuses
-    them with a ValueError naming them: the backward has neither yet. ``deterministic``: dQ with
-    the same bits on every run (the plan runs fa2-tc's ordered adds and says so)."""
+    (dQ, dK, dV). The forward's ``window`` and ``softcap`` go to the native half (the
+    tensor-core kernels' `local` form; f32 is refused naming them). ``deterministic``: dQ with
+    the same bits on every run (dQ's additions in a fixed order; the plan says which kernel)."""
     import torch
 
     if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:

@@ -984,10 +984,10 @@ mod tests {
         }
     }
 
-    /// A window and soft-capping reach the forward's options ((−1, −1) is none); the backward
-    /// refuses both, naming them, so no gradient is computed without the forward's mask.
+    /// A window and soft-capping reach the forward's and the backward's options ((−1, −1) is
+    /// none); in f32, which no tensor-core backward takes, the backward names them.
     #[test]
-    fn windows_and_softcap_run_forward_and_are_named_by_the_backward() {
+    fn windows_and_softcap_reach_the_forward_and_the_backward() {
         let lse = [BASE + (4 << 30)];
         let scores = Scores {
             causal: true,
@@ -1018,7 +1018,13 @@ mod tests {
                 softcap,
                 ..Default::default()
             };
-            let result = backward_with("bf16", scores, None, |_, _| {});
+            let (call, plan) = backward_with("bf16", scores, None, |_, _| {}).expect("valid");
+            assert_eq!(
+                (call.options.window, call.options.softcap),
+                (window, softcap as f32)
+            );
+            assert!(plan.to_string().contains("_local"), "{plan}");
+            let result = backward_with("f32", scores, None, |_, _| {});
             assert_eq!(rejected(result), (name, ExceptionKind::Value));
         }
     }

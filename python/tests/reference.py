@@ -128,39 +128,50 @@ def attention_in_dtype(q, k, v, causal, scale, dtype, window=None, softcap=0.0):
     return _round(_round(p, dtype) @ repeat_kv(v, q.shape[1]), dtype)
 
 
-def backward_in_dtype(q, k, v, d_o, causal, scale, dtype):
+def _cap_slope(q, k, scale, softcap):
+    """dS/ds of soft-capping at each pair, 1 - tanh(s / softcap)^2 (1 without capping): the
+    backward multiplies P * (dP - D) by it."""
+    if softcap <= 0:
+        return 1.0
+    s = scale * (q @ repeat_kv(k, q.shape[1]).transpose(-1, -2))
+    return 1.0 - torch.tanh(s / softcap) ** 2
+
+
+def backward_in_dtype(q, k, v, d_o, causal, scale, dtype, window=None, softcap=0.0):
     """The backward as a kernel in `dtype` rounds it (the backward baseline)."""
     heads_kv = k.shape[1]
-    p, _ = _probabilities(q, k, causal, scale)
+    p, _ = _probabilities(q, k, causal, scale, window, softcap)
+    slope = _cap_slope(q, k, scale, softcap)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     o = p @ v
     delta = (_round(o, dtype) * d_o).sum(-1, keepdim=True)
     d_p = d_o @ v.transpose(-1, -2)
-    d_s = _round(p * (d_p - delta), dtype)
+    d_s = _round(p * (d_p - delta) * slope, dtype)
     dv = _round(_round(p, dtype).transpose(-1, -2) @ d_o, dtype)
     dq = _round(scale * (d_s @ k), dtype)
     dk = _round(scale * (d_s.transpose(-1, -2) @ q), dtype)
     return dq, _group_sum(dk, heads_kv, dtype), _group_sum(dv, heads_kv, dtype)
 
 
-def gradients64(q, k, v, d_o, causal, scale):
+def gradients64(q, k, v, d_o, causal, scale, window=None, softcap=0.0):
     """dQ, dK, dV of float64 attention by autograd."""
     with torch.enable_grad():  # also inside a custom Function's backward
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        o, _ = attention64(*leaves, causal, scale)
+        o, _ = attention64(*leaves, causal, scale, window, softcap)
         return torch.autograd.grad(o, leaves, d_o)
 
 
-def gradients64_by_formula(q, k, v, d_o, causal, scale):
+def gradients64_by_formula(q, k, v, d_o, causal, scale, window=None, softcap=0.0):
     """``gradients64`` without autograd, by the backward's formulas (Dao 2023, Algorithm 2):
-    dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q,
-    dK and dV summed over each group of query heads. For code that runs where autograd records
-    nothing (inside a custom operator's implementation)."""
+    dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) (times the soft-cap's slope),
+    dQ = scale·dS·K, dK = scale·dSᵀ·Q, dK and dV summed over each group of query heads. For code
+    that runs where autograd records nothing (inside a custom operator's implementation)."""
     heads, heads_kv = q.shape[1], k.shape[1]
-    p, _ = _probabilities(q, k, causal, scale)
+    p, _ = _probabilities(q, k, causal, scale, window, softcap)
+    slope = _cap_slope(q, k, scale, softcap)
     k_e, v_e = repeat_kv(k, heads), repeat_kv(v, heads)
     o = p @ v_e
-    d_s = p * (d_o @ v_e.transpose(-1, -2) - (d_o * o).sum(-1, keepdim=True))
+    d_s = p * (d_o @ v_e.transpose(-1, -2) - (d_o * o).sum(-1, keepdim=True)) * slope
     d_q = scale * d_s @ k_e
     d_k = scale * d_s.transpose(-1, -2) @ q
     d_v = p.transpose(-1, -2) @ d_o

@@ -51,10 +51,10 @@ def seed_of(test):
     return zlib.crc32(test.encode())
 
 
-def check(test, q, k, v, run, causal, grads_of, scale=None):
+def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap=0.0):
     """Runs ``run()`` -> (O, L) in SDPA-layout views, backpropagates a random dO, and checks O, L
     and ``grads_of()`` -> (dQ, dK, dV) (SDPA-layout views) against the f64 reference computed on
-    q, k, v (SDPA-layout views of the inputs)."""
+    q, k, v (SDPA-layout views of the inputs), with the call's window and soft-capping."""
     dtype = q.dtype
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else scale
@@ -65,8 +65,8 @@ def check(test, q, k, v, run, causal, grads_of, scale=None):
     backward_plan = flash_attn_rs.last_backward_plan()
 
     q64, k64, v64, d_o64 = (t.detach().to(torch.float64) for t in (q, k, v, d_o))
-    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale)
-    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, dtype)
+    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
+    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, dtype, window, softcap)
     assert_within(test, "o", o.detach(), o_ref, ref.forward_bound(o_ref, o_dtype, dtype),
                   forward_plan)
     if lse is not None:
@@ -74,8 +74,8 @@ def check(test, q, k, v, run, causal, grads_of, scale=None):
         record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, forward_plan)
         assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e}"
 
-    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale)
-    in_dtype = ref.backward_in_dtype(q64, k64, v64, d_o64, causal, scale, dtype)
+    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale, window, softcap)
+    in_dtype = ref.backward_in_dtype(q64, k64, v64, d_o64, causal, scale, dtype, window, softcap)
     for name, got, want, base in zip(("dq", "dk", "dv"), grads_of(), exact, in_dtype):
         assert got is not None, f"{test}: no gradient for {name}"
         assert_within(test, name, got, want, ref.backward_bound(want, base, dtype),
@@ -262,29 +262,35 @@ SCORES = [((64, 0), 0.0, True), ((32, 16), 30.0, False), ((-1, -1), 20.0, True),
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("algorithm", [None, "fa2-tc"], ids=["default", "fa2-tc"])
+@pytest.mark.parametrize("algorithm, deterministic", [(None, False), ("fa2-tc", False),
+                                                      (None, True)],
+                         ids=["default", "fa2-tc", "deterministic"])
 @pytest.mark.parametrize("scores", SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
-def test_windows_and_softcap_forward(dtype, algorithm, scores):
-    """flash_attn_func's window_size and softcap (forward only) on auto (the default) and fa2-tc:
-    O and L against the float64 reference with the same window and capping; the backward raises
-    a ValueError naming them."""
+@pytest.mark.parametrize("head_dim, heads_kv", [(64, 3), (128, 1)], ids=["d64", "d128-mqa"])
+def test_windows_and_softcap(dtype, algorithm, deterministic, scores, head_dim, heads_kv):
+    """flash_attn_func's window_size and softcap on auto (the default), fa2-tc and deterministic
+    mode: O, L and dQ, dK, dV against the float64 reference with the same window and capping
+    (the backward's `local` kernels: fa3's, or fa2-tc's where deterministic)."""
     window, softcap, causal = scores
-    (b, h, sq, sk, d) = (2, 3, 300, 203, 64)
-    test = f"scores {dtype} {algorithm} {scores}"
-    q, k, v = leaves([(b, sq, h, d), (b, sk, h, d), (b, sk, h, d)], DTYPES[dtype], test)
-    o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, window_size=window,
-                                           softcap=softcap, algorithm=algorithm, return_lse=True)
-    plan = flash_attn_rs.last_plan()
-    assert "_local" in plan, plan
-    q64, k64, v64 = (t.detach().transpose(1, 2).to(torch.float64) for t in (q, k, v))
+    (b, h, sq, sk, d) = (2, 3, 300, 203, head_dim)
+    test = f"scores {dtype} {algorithm} det={deterministic} {scores} d={d} h_kv={heads_kv}"
+    q, k, v = leaves([(b, sq, h, d), (b, sk, heads_kv, d), (b, sk, heads_kv, d)], DTYPES[dtype],
+                     test)
     win = None if window == (-1, -1) else window
-    scale = d**-0.5
-    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, win, softcap)
-    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, DTYPES[dtype], win, softcap)
-    assert_within(test, "o", o.detach().transpose(1, 2), o_ref,
-                  ref.forward_bound(o_ref, o_dtype, DTYPES[dtype]), plan)
-    lse_error = ref.logsumexp_error(lse, lse_ref)
-    record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, plan)
-    assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e}"
-    with pytest.raises(ValueError, match="window" if win else "softcap"):
-        o.float().sum().backward()
+
+    def run():
+        o, lse = flash_attn_rs.flash_attn_func(
+            q, k, v, causal=causal, window_size=window, softcap=softcap, algorithm=algorithm,
+            deterministic=deterministic, return_lse=True)
+        assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
+        return o.transpose(1, 2), lse
+
+    def grads():
+        plan = flash_attn_rs.last_backward_plan()
+        assert "_local" in plan, plan
+        if deterministic:
+            assert "fa2-tc backward" in plan and "deterministic" in plan, plan
+        return [t.grad.transpose(1, 2) for t in (q, k, v)]
+
+    view = (lambda t: t.transpose(1, 2))
+    check(test, view(q), view(k), view(v), run, causal, grads, window=win, softcap=softcap)

@@ -159,19 +159,27 @@ def test_varlen_default_is_auto_running_fa3_on_hopper():
     assert plan.startswith("auto:") and "fa3_forward_bf16_d128" in plan and "_varlen" in plan, plan
 
 
+# (window_size, softcap) of the packed backward: none, a window with Gemma 2's capping.
+BACKWARD_SCORES = [((-1, -1), 0.0), ((24, 8), 30.0)]
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("lengths", ["self", "cross"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal):
+@pytest.mark.parametrize("scores", BACKWARD_SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
+def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal, scores):
     """The packed backward (the dense one on each sequence in turn): dQ, dK, dV of every sequence
-    against the float64 reference of that sequence alone, with the project's bound; rows of
-    sequences without keys, and keys of sequences without queries, get zero gradients."""
-    test = f"varlen backward {dtype} {lengths} causal={causal}"
+    against the float64 reference of that sequence alone (its window at its own bottom-right
+    corner, and its capping), with the project's bound; rows of sequences without keys, and keys
+    of sequences without queries, get zero gradients."""
+    window, softcap = scores
+    test = f"varlen backward {dtype} {lengths} causal={causal} {scores}"
     torch_dtype = DTYPES[dtype]
     q, k, v, cu_q, cu_k = packed_inputs(test, LENGTHS[lengths], 4, 2, 64, torch_dtype)
     for t in (q, k, v):
         t.requires_grad_(True)
-    o, _ = run(q, k, v, cu_q, cu_k, causal=causal)
+    o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap)
+    win = None if window == (-1, -1) else window
     d_o = randn(o.shape, torch_dtype, generator(seed_of(test) + 1))
     o.backward(d_o)
     plan = flash_attn_rs.last_backward_plan()
@@ -187,8 +195,8 @@ def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal):
             continue
         parts = [sdpa(t[a:b]) for t, (a, b) in zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1),
                                                                       (q0, q1)))]
-        exact = ref.gradients64(*parts, causal, 64**-0.5)
-        in_dtype = ref.backward_in_dtype(*parts, causal, 64**-0.5, torch_dtype)
+        exact = ref.gradients64(*parts, causal, 64**-0.5, win, softcap)
+        in_dtype = ref.backward_in_dtype(*parts, causal, 64**-0.5, torch_dtype, win, softcap)
         for name, grad, span, want, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
                                                 ((q0, q1), (k0, k1), (k0, k1)), exact, in_dtype):
             got = grad[span[0]:span[1]].to(torch.float64).transpose(0, 1)[None]

@@ -41,18 +41,15 @@ def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, windo
 
 def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
                   softcap=0.0, deterministic=False):
-    # As the native half: the backward has no window or soft-capping, and names them.
-    if window is not None:
-        raise ValueError(f"`window`: got {window}; the backward pass takes neither")
-    if softcap:
-        raise ValueError(f"`softcap`: got {softcap}; the backward pass takes neither")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64, d_o64 = (to_sdpa(t, layout).double() for t in (q, k, v, d_o))
-    o64, lse64 = ref.attention64(q64, k64, v64, causal, scale)
+    o64, lse64 = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
     assert torch.allclose(to_sdpa(o, layout).double(), o64, atol=1e-2), "saved O is not O"
-    assert torch.allclose(lse.double(), lse64, atol=1e-4), "saved L is not L"
+    finite = torch.isfinite(lse64)
+    assert torch.equal(torch.isfinite(lse), finite), "saved L is not L"
+    assert torch.allclose(lse.double()[finite], lse64[finite], atol=1e-4), "saved L is not L"
     # By formula: this runs inside the backward operator, where autograd records nothing.
-    grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale)
+    grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale, window, softcap)
     _launch.plans["backward"] = "fake deterministic backward" if deterministic else \
         "fake backward"
     return [to_sdpa(g, layout).to(t.dtype) for g, t in zip(grads, (q, k, v))]
@@ -188,9 +185,10 @@ def test_backward_slack_is_one_unit_in_the_last_place_of_the_largest_gradient():
     assert ref.backward_bound(g, g.clone(), torch.bfloat16) == 2.0**-6
 
 
-def test_window_and_softcap_reach_the_forward_and_the_backward_refuses_them(cpu_launches):
+def test_window_and_softcap_reach_the_forward_and_the_backward(cpu_launches):
     """flash_attn_func's window_size and softcap: the forward's O is the windowed, capped one;
-    the backward receives both and refuses them (never a gradient without the mask)."""
+    the backward receives both, and its gradients are those of the windowed, capped attention
+    (autograd through the float64 reference), not the plain causal one's."""
     torch.manual_seed(1)
     b, h, sq, sk, d = 1, 2, 9, 12, 8
     q = torch.randn(b, sq, h, d, requires_grad=True)
@@ -204,8 +202,16 @@ def test_window_and_softcap_reach_the_forward_and_the_backward_refuses_them(cpu_
     # The window hides keys: not the plain causal result.
     plain, _ = ref.attention64(q64, k64, v64, True, d**-0.5)
     assert not torch.allclose(want, plain, atol=1e-3)
-    with pytest.raises(ValueError, match="window"):
-        o.sum().backward()
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    d_o64 = d_o.transpose(1, 2).double()
+    want = ref.gradients64(q64, k64, v64, d_o64, True, d**-0.5, (3, 0), 2.0)
+    plain = ref.gradients64(q64, k64, v64, d_o64, True, d**-0.5)
+    for leaf, w, p in zip((q, k, v), want, plain):
+        got = leaf.grad.transpose(1, 2).double()
+        assert torch.allclose(got, w, atol=1e-5)
+        assert not torch.allclose(got, p, atol=1e-3)
+        leaf.grad = None
     # (-1, -1) and 0 are no window and no capping: the plain call, whose backward runs.
     o = flash_attn_rs.flash_attn_func(q, k, v, causal=True, window_size=(-1, -1), softcap=0)
     o.sum().backward()

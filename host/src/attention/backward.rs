@@ -96,15 +96,6 @@ impl BackwardProblem {
             q, k, v, o, d_o, ..
         } = *arguments;
         let problem = Problem::new(q.dims, k.dims, v.dims, options)?;
-        if let Some((name, value)) = problem.window_or_softcap() {
-            // The gradients of a window are the forward's mask again, and soft-capping's add
-            // a factor 1 − tanh² to dS; neither backward kernel has them yet.
-            return Err(Error::invalid(
-                name,
-                value,
-                "the backward pass takes neither a window nor soft-capping yet (forward only)",
-            ));
-        }
         let tensors = [("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o)];
         for (name, tensor) in tensors {
             check_tensor(name, &tensor, q.dtype)?;

@@ -185,13 +185,16 @@ impl BackwardPlan {
         let element = ElementType::from(dtype);
         let d = problem.head_dim as u32;
         let grouped = problem.is_grouped();
+        // A window or soft-capping runs the tensor-core kernels' `local` form.
+        let local = problem.window_or_softcap().is_some();
         // The chain fa3 → fa2-tc → fa2, from the algorithm asked for, each step with its reason.
         // (Standard was planned above.)
         let mut fallbacks = Vec::new();
         let mut asked = options.algorithm;
         let mut hopper = None;
         if asked == BackwardAlgorithm::Fa3 {
-            match fa3_main_kernel(limits, dtype, d, grouped, options.deterministic, views) {
+            let kernel = fa3_main_kernel(limits, dtype, d, grouped, local, options, views);
+            match kernel {
                 Ok(kernel) => hopper = Some(kernel),
                 Err(reason) => {
                     fallbacks.push(format!(
@@ -205,7 +208,7 @@ impl BackwardPlan {
         }
         let mut tensor_core = None;
         if asked == BackwardAlgorithm::Fa2Tc {
-            match tensor_core_main_kernel(dtype, d, grouped, views) {
+            match tensor_core_main_kernel(dtype, d, grouped, local, views) {
                 Ok(kernel) => tensor_core = Some(kernel),
                 Err(reason) => fallbacks.push(format!(
                     "{} falls back to {}: {reason}",
@@ -246,6 +249,20 @@ impl BackwardPlan {
                     )
                 }
                 (None, None) => {
+                    if let Some((name, value)) = problem.window_or_softcap() {
+                        return Err(Error::invalid(
+                            name,
+                            value,
+                            format!(
+                                "the backward with a window or soft-capping runs on the \
+                                 tensor-core kernels only (fa3, fa2-tc: f16/bf16, head dims that \
+                                 are multiples of 8 up to 256, 16-byte-aligned rows); here {}",
+                                fallback
+                                    .as_deref()
+                                    .unwrap_or("the scalar fa2 was asked for")
+                            ),
+                        ));
+                    }
                     let kernel = main_kernel(element, d, grouped).ok_or_else(|| {
                         Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
                     })?;
@@ -550,17 +567,19 @@ fn smallest_capacity(
         .copied()
 }
 
-/// FA3's backward main kernel for this call (for grouped K/V heads or not, deterministic or
-/// not), or why there is
-/// none: the device is not compute capability 9.0, f32, or what keeps the tensor-core kernel
-/// from running (a head dim that is not a multiple of 8, rows that are not 16-byte aligned: TMA
-/// reads them, `check_views`), or a head dim past the largest compiled one.
+/// FA3's backward main kernel for this call (for grouped K/V heads or not, with a window or
+/// soft-capping or not, deterministic or not), or why there is none: the device is not compute
+/// capability 9.0, f32, or what keeps the tensor-core kernel from running (a head dim that is
+/// not a multiple of 8, rows that are not 16-byte aligned: TMA reads them, `check_views`), a
+/// head dim past the largest compiled one, or deterministic mode with a window or soft-capping
+/// (compiled in fa2-tc's form only).
 fn fa3_main_kernel(
     limits: &dyn LaunchLimits,
     dtype: DType,
     d: u32,
     grouped: bool,
-    deterministic: bool,
+    local: bool,
+    options: &BackwardOptions,
     views: Option<&BackwardViews>,
 ) -> std::result::Result<KernelId, String> {
     if !limits.runs_hopper_module() {
@@ -568,6 +587,12 @@ fn fa3_main_kernel(
     }
     if dtype == DType::F32 {
         return Err("f32 has no FA3 kernel (f16 and bf16 do)".into());
+    }
+    let deterministic = options.deterministic;
+    if deterministic && local {
+        return Err(
+            "deterministic mode with a window or soft-capping is compiled for fa2-tc only".into(),
+        );
     }
     check_views(d, grouped, views)?;
     let largest = fa3_backward::HEAD_DIMS[fa3_backward::HEAD_DIMS.len() - 1];
@@ -577,8 +602,8 @@ fn fa3_main_kernel(
         .filter(|k| {
             matches!(
                 k.family,
-                Family::Fa3Backward { grouped: g, deterministic: o, .. }
-                    if g == grouped && o == deterministic
+                Family::Fa3Backward { grouped: g, deterministic: o, local: l, .. }
+                    if g == grouped && o == deterministic && l == local
             )
         })
         .filter(|k| k.head_dim_capacity().is_some_and(|capacity| capacity >= d))
@@ -645,24 +670,25 @@ fn wide_passes_refused(
     Ok(())
 }
 
-/// The tensor-core main kernel for this call (for grouped K/V heads or not), or why there is
-/// none: f32, a head dim that is not a multiple of 8 (rows are copied in 16-byte chunks), or a
-/// tensor whose rows are not 16-byte aligned (grouped, the kernel stores into the expanded
-/// workspace, not into dK and dV, which the group sum writes element by element).
+/// The tensor-core main kernel for this call (for grouped K/V heads or not, with a window or
+/// soft-capping or not), or why there is none: f32, a head dim that is not a multiple of 8
+/// (rows are copied in 16-byte chunks), or a tensor whose rows are not 16-byte aligned
+/// (grouped, the kernel stores into the expanded workspace, not into dK and dV, which the group
+/// sum writes element by element).
 fn tensor_core_main_kernel(
     dtype: DType,
     d: u32,
     grouped: bool,
+    local: bool,
     views: Option<&BackwardViews>,
 ) -> std::result::Result<KernelId, String> {
     if dtype == DType::F32 {
         return Err("f32 has no tensor-core kernel (f16 and bf16 do)".into());
     }
     check_views(d, grouped, views)?;
-    smallest_capacity(
-        ElementType::from(dtype),
-        d,
-        |family| matches!(family, Family::Fa2TcBackward { grouped: g, .. } if g == grouped),
-    )
+    smallest_capacity(ElementType::from(dtype), d, |family| {
+        matches!(family, Family::Fa2TcBackward { grouped: g, local: l, .. }
+                if g == grouped && l == local)
+    })
     .ok_or_else(|| format!("head_dim {d} is past the tensor-core kernels' largest capacity"))
 }

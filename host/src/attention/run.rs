@@ -258,8 +258,7 @@ impl<'a, T: Element> Attention<'a, T> {
         })
     }
 
-    /// The backward's own checks (no window or softcap yet; with tensors: O, dO, L and the
-    /// gradients' dims and dtypes).
+    /// The backward's own checks (with tensors: O, dO, L and the gradients' dims and dtypes).
     fn backward_problem(
         &self,
         problem: &Problem,

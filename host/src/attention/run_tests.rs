@@ -8,6 +8,7 @@ use crate::attention::packed::PackedBatch;
 use crate::attention::problem::AttentionOptions;
 use crate::error::Error;
 use crate::tensor::RowsRef;
+use flash_kernels::registry::Family;
 
 const GIB: u64 = 1 << 30;
 const BASE: u64 = 0x7f00_0000_0000;
@@ -429,14 +430,50 @@ fn the_backward_plans_the_wide_passes_only_for_aligned_o_d_o_and_dq() {
     assert!(result.is_ok(), "{result:?}");
 }
 
+/// The backward plan of `call`.
+fn backward_plan<T: Element>(call: &Backward<T>) -> BackwardPlan {
+    let plan = call.check().expect("valid");
+    let PassPlan::Backward(backward) = plan.pass else {
+        panic!("a backward plan")
+    };
+    backward
+}
+
 #[test]
-fn the_backward_refuses_a_window_softcap_and_packed_batches_by_name() {
+fn a_window_or_softcap_backward_runs_the_local_kernels_and_f32_is_refused_by_name() {
+    let local_main = |plan: &BackwardPlan| match plan.launches[1].kernel.family {
+        Family::Fa3Backward { local, .. } | Family::Fa2TcBackward { local, .. } => local,
+        other => panic!("{other:?}"),
+    };
     let mut call = Backward::<bf16>::new();
     call.forward.options.window = Some((4, 0));
-    assert_eq!(named(call.check()), "window");
+    let plan = backward_plan(&call);
+    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa3);
+    assert!(local_main(&plan), "{plan}");
     let mut call = Backward::<bf16>::new();
     call.forward.options.softcap = 30.0;
+    assert!(local_main(&backward_plan(&call)));
+    // Without either, the dense kernels.
+    assert!(!local_main(&backward_plan(&Backward::<bf16>::new())));
+    // Deterministic mode with a window: fa2-tc's local kernel, and the plan says why.
+    let mut call = Backward::<f16>::new();
+    call.forward.options.window = Some((3, 2));
+    call.forward.options.deterministic = true;
+    let plan = backward_plan(&call);
+    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc);
+    assert!(local_main(&plan));
+    assert!(plan.fallback.as_deref().unwrap().contains("deterministic"));
+    // f32 has no tensor-core kernel: refused, naming the window or the softcap.
+    let mut call = Backward::<f32>::new();
+    call.forward.options.window = Some((4, 0));
+    assert_eq!(named(call.check()), "window");
+    let mut call = Backward::<f32>::new();
+    call.forward.options.softcap = 5.0;
     assert_eq!(named(call.check()), "softcap");
+}
+
+#[test]
+fn the_backward_refuses_packed_batches_by_name() {
     let (call, batch) = packed_call();
     let attention = Attention::new(call.q, call.k, call.v).packed(&batch);
     assert_eq!(

@@ -251,8 +251,8 @@ impl KeyBlocks {
 }
 
 /// The row blocks one key block is seen by, the backward pass's mirror of [`KeyBlocks`]: from
-/// [`RowBlocks::first`] (every earlier row block is fully masked for these keys, so it is never
-/// loaded) to [`RowBlocks::end`], the last row block of seqlen_q.
+/// [`RowBlocks::first`] to [`RowBlocks::end`] (every row block outside is fully masked for these
+/// keys, so it is never loaded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowBlocks {
     seqlen_q: u32,
@@ -271,10 +271,13 @@ impl RowBlocks {
             .first_row_block_needed(self.key_start, self.block_rows)
     }
 
-    /// One past the last row block: ⌈seqlen_q / B_r⌉ (the last query sees every key).
+    /// One past the last row block that sees a key of the block: ⌈seqlen_q / B_r⌉, or earlier
+    /// where the window's left side leaves the later rows' windows past these keys.
     #[inline(always)]
     pub fn end(&self) -> u32 {
-        self.seqlen_q.div_ceil(self.block_rows)
+        let key_end = (self.key_start + self.block_cols).min(self.seqlen_k);
+        self.mask
+            .row_blocks_needed(key_end, self.seqlen_q, self.block_rows)
     }
 
     /// Whether the tile (rows from `row_start`, this key block) runs past seqlen_q or seqlen_k

@@ -124,7 +124,7 @@ impl AttentionMask {
         if !self.enabled {
             return seqlen_k;
         }
-        clip_to_keys(query as i32 + self.last_offset + 1, seqlen_k)
+        clip_index(query as i32 + self.last_offset + 1, seqlen_k)
     }
 
     /// The first key visible to `query`, clipped to [0, seqlen_k] (0 when the left side is
@@ -134,7 +134,7 @@ impl AttentionMask {
         if !self.is_left_bounded() {
             return 0;
         }
-        clip_to_keys(query as i32 + self.first_offset, seqlen_k)
+        clip_index(query as i32 + self.first_offset, seqlen_k)
     }
 
     /// The first key the window's left side lets `query` see, not clipped to the keys that
@@ -174,6 +174,19 @@ impl AttentionMask {
         (key as i32 - self.last_offset).max(0) as u32
     }
 
+    /// One past the last query that sees `key` by the left side of the window (q + first_offset
+    /// ≤ k), clipped to [0, seqlen_q]; every earlier query from [`first_query_seeing`] on sees
+    /// it too. seqlen_q when the left side is unbounded.
+    ///
+    /// [`first_query_seeing`]: Self::first_query_seeing
+    #[inline(always)]
+    pub fn query_end_seeing(&self, key: u32, seqlen_q: u32) -> u32 {
+        if !self.is_left_bounded() {
+            return seqlen_q;
+        }
+        clip_index(key as i32 - self.first_offset + 1, seqlen_q)
+    }
+
     /// The first row block of `block_rows` rows that sees a key of the key block starting at
     /// `key_start`: the backward pass's loop over row blocks for that key block starts here, every
     /// earlier row block being fully masked for it (the mirror of
@@ -181,6 +194,16 @@ impl AttentionMask {
     #[inline(always)]
     pub fn first_row_block_needed(&self, key_start: u32, block_rows: u32) -> u32 {
         self.first_query_seeing(key_start) / block_rows
+    }
+
+    /// One past the last row block of `block_rows` rows that sees a key of the key block ending
+    /// at `key_end` (its last key plus one, at most seqlen_k, above 0): with the window's left
+    /// side bounded, every later row block's windows start past the block's keys (the mirror of
+    /// [`first_key_block_needed`](Self::first_key_block_needed)); ⌈seqlen_q / B_r⌉ otherwise.
+    #[inline(always)]
+    pub fn row_blocks_needed(&self, key_end: u32, seqlen_q: u32, block_rows: u32) -> u32 {
+        self.query_end_seeing(key_end.saturating_sub(1), seqlen_q)
+            .div_ceil(block_rows)
     }
 
     /// Whether the tile of rows `[row_start, row_end)` and keys `[key_start, key_end)` crosses an
@@ -200,12 +223,12 @@ impl AttentionMask {
     }
 }
 
-/// `key` clipped to [0, seqlen_k], by max and min rather than `clamp`, whose check that its
-/// bounds are ordered (`seqlen_k as i32` could be negative, as far as the compiler knows) put a
-/// panic call into every kernel that masks.
+/// A key or query index clipped to [0, `end`], by max and min rather than `clamp`, whose check
+/// that its bounds are ordered (`end as i32` could be negative, as far as the compiler knows)
+/// put a panic call into every kernel that masks.
 #[inline(always)]
-fn clip_to_keys(key: i32, seqlen_k: u32) -> u32 {
-    (key.max(0) as u32).min(seqlen_k)
+fn clip_index(index: i32, end: u32) -> u32 {
+    (index.max(0) as u32).min(end)
 }
 
 #[cfg(test)]
@@ -230,6 +253,58 @@ mod tests {
                             first_row / block_rows,
                             "{seqlen_q}×{seqlen_k} causal={causal} B_r={block_rows} key {key_start}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// With a window, the backward's row-block range of each key block holds every row block
+    /// with a visible pair and ends right after the last of them.
+    #[test]
+    fn a_key_blocks_row_range_holds_every_row_block_that_sees_it() {
+        let windows = [
+            KeyWindow::CAUSAL,
+            KeyWindow {
+                left: Some(3),
+                right: None,
+            },
+            KeyWindow {
+                left: Some(0),
+                right: Some(0),
+            },
+            KeyWindow {
+                left: Some(5),
+                right: Some(2),
+            },
+            KeyWindow {
+                left: Some(2),
+                right: Some(0),
+            },
+        ];
+        for window in windows {
+            for (seqlen_q, seqlen_k) in [(12, 12), (7, 13), (13, 7), (1, 9), (9, 1)] {
+                let mask = AttentionMask::new(window, seqlen_q, seqlen_k);
+                for (block_rows, block_cols) in [(1, 1), (2, 3), (4, 2), (8, 8)] {
+                    for key_start in (0..seqlen_k).step_by(block_cols as usize) {
+                        let key_end = (key_start + block_cols).min(seqlen_k);
+                        let seeing: std::vec::Vec<u32> = (0..seqlen_q.div_ceil(block_rows))
+                            .filter(|&i| {
+                                let rows = i * block_rows..((i + 1) * block_rows).min(seqlen_q);
+                                rows.clone()
+                                    .any(|q| (key_start..key_end).any(|k| mask.visible(q, k)))
+                            })
+                            .collect();
+                        let first = mask.first_row_block_needed(key_start, block_rows);
+                        let end = mask.row_blocks_needed(key_end, seqlen_q, block_rows);
+                        let what = std::format!(
+                            "{window:?} {seqlen_q}×{seqlen_k} B_r={block_rows} B_c={block_cols} \
+                             key {key_start}: {seeing:?} in {first}..{end}"
+                        );
+                        assert!(seeing.iter().all(|i| (first..end).contains(i)), "{what}");
+                        if let Some(last) = seeing.last() {
+                            assert_eq!(end, last + 1, "{what}");
+                        }
                     }
                 }
             }

@@ -67,6 +67,18 @@ impl Softcap {
     pub fn apply(&self, product: f32, tanh: impl Fn(f32) -> f32) -> f32 {
         tanh(product * self.inside) * self.outside
     }
+
+    /// The capped raw product and its derivative with respect to the raw product,
+    /// d/dx [tanh(x·inside)·outside] = 1 − tanh², as inside·outside = 1: the backward pass
+    /// multiplies dS by it (the chain rule through the cap). (x, 1) when capping is off.
+    #[inline(always)]
+    pub fn apply_with_slope(&self, product: f32, tanh: impl Fn(f32) -> f32) -> (f32, f32) {
+        if !self.is_on() {
+            return (product, 1.0);
+        }
+        let t = tanh(product * self.inside);
+        (t * self.outside, 1.0 - t * t)
+    }
 }
 
 /// tanh(x) to f32's precision from the `ex2.approx` exponential (relative error about 2^-22)
@@ -108,6 +120,24 @@ mod tests {
         }
         assert!(!Softcap::new(scale, 0.0).is_on());
         assert!(cap.is_on());
+    }
+
+    /// The slope against a central difference of the capped score.
+    #[test]
+    fn the_slope_is_the_derivative_of_the_capped_product() {
+        let cap = Softcap::new(0.125, 4.0);
+        for product in [-90.0f32, -20.0, -1.0, 0.0, 3.0, 31.0, 120.0] {
+            let (capped, slope) = cap.apply_with_slope(product, f32::tanh);
+            assert_eq!(capped, cap.apply(product, f32::tanh));
+            let capped64 = |x: f64| (x * 0.125 / 4.0).tanh() * 4.0 / 0.125;
+            let h = 1e-3;
+            let numeric = (capped64(product as f64 + h) - capped64(product as f64 - h)) / (2.0 * h);
+            assert!(
+                (slope as f64 - numeric).abs() < 1e-5,
+                "{product}: {slope} {numeric}"
+            );
+        }
+        assert_eq!(Softcap::OFF.apply_with_slope(7.0, f32::tanh), (7.0, 1.0));
     }
 
     #[test]

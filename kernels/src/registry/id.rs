@@ -249,20 +249,24 @@ pub enum Family {
     /// FlashAttention-2 backward's main kernel on tensor cores, for head dims up to
     /// `head_dim_capacity` (its tiling: `Fa2TcBackwardTiling::for_capacity`); the pre- and
     /// post-pass are [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
-    /// [`BackwardStage::Main`]'s.
+    /// [`BackwardStage::Main`]'s. `local`: for a sliding window and soft-capping (the forward's
+    /// [`ForwardForm::Local`]); else the causal mask or none.
     Fa2TcBackward {
         head_dim_capacity: u32,
         grouped: bool,
+        local: bool,
     },
     /// FlashAttention-3's backward main kernel (Hopper), for head dims up to `head_dim` (its
     /// tiling: `Fa3BackwardTiling::for_head_dim`); the pre- and post-pass are
     /// [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
     /// [`BackwardStage::Main`]'s. `deterministic`: compiled for deterministic mode (dQ's
-    /// reductions in a fixed order, `Fa3BackwardParams::dq_semaphore`).
+    /// reductions in a fixed order, `Fa3BackwardParams::dq_semaphore`). `local` as
+    /// [`Family::Fa2TcBackward`]'s.
     Fa3Backward {
         head_dim: u32,
         grouped: bool,
         deterministic: bool,
+        local: bool,
     },
     /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache. `one_launch`:
     /// the last block of each group merges the splits (no [`Family::DecodeCombine`] launch).
@@ -485,24 +489,28 @@ impl KernelId {
                 Family::Fa2TcBackward {
                     head_dim_capacity: a,
                     grouped: s,
+                    local: x,
                 },
                 Family::Fa2TcBackward {
                     head_dim_capacity: b,
                     grouped: t,
+                    local: y,
                 },
-            ) => a == b && s == t,
+            ) => a == b && s == t && x == y,
             (
                 Family::Fa3Backward {
                     head_dim: a,
                     grouped: s,
                     deterministic: u,
+                    local: x,
                 },
                 Family::Fa3Backward {
                     head_dim: b,
                     grouped: t,
                     deterministic: v,
+                    local: y,
                 },
-            ) => a == b && s == t && u == v,
+            ) => a == b && s == t && u == v && x == y,
             (Family::GroupSum, Family::GroupSum) => true,
             (
                 Family::Decode {

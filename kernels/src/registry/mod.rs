@@ -36,8 +36,10 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 ///   pre- and post-pass with 16-byte loads and stores (f16/bf16, head dims that are multiples of
 ///   8, 16-byte-aligned rows), which every FA2-family backward runs where it can;
 /// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>
-///   [grouped]`: the backward's main kernel on tensor cores (the tiling is
-///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config).
+///   <dense | local> [grouped]`: the backward's main kernel on tensor cores (the tiling is
+///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config;
+///   `local`: for a sliding window and soft-capping, as the forward's `local` form, `dense`: the
+///   causal mask or none).
 /// - `standard_backward <stage> <dtype>`: the standard backward's own four kernels (dp, ds, dq,
 ///   dkdv);
 /// - `group_sum <dtype>`: the grouped backward's sum of each K/V head's group of dK and dV;
@@ -104,10 +106,14 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@fa2_tc_backward_mains $emit $dtype grouped);
     )*};
     (@fa2_tc_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
-        $emit!(fa2_tc_backward $dtype 64 8 1 64 $($grouped)?);
-        $emit!(fa2_tc_backward $dtype 128 8 1 32 $($grouped)?);
-        $emit!(fa2_tc_backward $dtype 192 8 2 32 $($grouped)?);
-        $emit!(fa2_tc_backward $dtype 256 8 2 16 $($grouped)?);
+        $crate::for_each_kernel!(@fa2_tc_backward_scores $emit $dtype dense $($grouped)?);
+        $crate::for_each_kernel!(@fa2_tc_backward_scores $emit $dtype local $($grouped)?);
+    };
+    (@fa2_tc_backward_scores $emit:ident $dtype:ident $scores:ident $($grouped:ident)?) => {
+        $emit!(fa2_tc_backward $dtype 64 8 1 64 $scores $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 128 8 1 32 $scores $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 192 8 2 32 $scores $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 256 8 2 16 $scores $($grouped)?);
     };
     (@fa2_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa2_backward preprocess $dtype);
@@ -177,9 +183,11 @@ macro_rules! for_each_kernel {
 /// every head dim's default split on the persistent grid (`Fa3Tiling::persistent`), which the
 /// defaults pick where it measured faster (short sequences).
 ///
-/// And `fa3_backward <dtype> <head dim> [grouped]`: FlashAttention-3's backward main kernel
-/// (`bwd::fa3`, tiling `Fa3BackwardTiling::for_head_dim`; `grouped` as `fa2_tc_backward`'s), at
-/// the head dims of `bwd::fa3::config::HEAD_DIMS`.
+/// And `fa3_backward <dtype> <head dim> <atomic | deterministic> <dense | local> [grouped]`:
+/// FlashAttention-3's backward main kernel (`bwd::fa3`, tiling `Fa3BackwardTiling::for_head_dim`;
+/// `local` and `grouped` as `fa2_tc_backward`'s), at the head dims of
+/// `bwd::fa3::config::HEAD_DIMS`; `local` in the atomic order only (a deterministic call with
+/// a window or soft-capping runs fa2-tc's, whose order is a parameter).
 #[macro_export]
 macro_rules! for_each_hopper_kernel {
     ($emit:ident) => {
@@ -191,12 +199,15 @@ macro_rules! for_each_hopper_kernel {
         $crate::for_each_hopper_kernel!(@fa3_backward_mains $emit $dtype grouped);
     )*};
     (@fa3_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
-        $emit!(fa3_backward $dtype 64 atomic $($grouped)?);
-        $emit!(fa3_backward $dtype 96 atomic $($grouped)?);
-        $emit!(fa3_backward $dtype 128 atomic $($grouped)?);
-        $emit!(fa3_backward $dtype 64 deterministic $($grouped)?);
-        $emit!(fa3_backward $dtype 96 deterministic $($grouped)?);
-        $emit!(fa3_backward $dtype 128 deterministic $($grouped)?);
+        $emit!(fa3_backward $dtype 64 atomic dense $($grouped)?);
+        $emit!(fa3_backward $dtype 96 atomic dense $($grouped)?);
+        $emit!(fa3_backward $dtype 128 atomic dense $($grouped)?);
+        $emit!(fa3_backward $dtype 64 deterministic dense $($grouped)?);
+        $emit!(fa3_backward $dtype 96 deterministic dense $($grouped)?);
+        $emit!(fa3_backward $dtype 128 deterministic dense $($grouped)?);
+        $emit!(fa3_backward $dtype 64 atomic local $($grouped)?);
+        $emit!(fa3_backward $dtype 96 atomic local $($grouped)?);
+        $emit!(fa3_backward $dtype 128 atomic local $($grouped)?);
     };
     (@fa3 $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa3 $dtype 64 2 128);
@@ -247,6 +258,29 @@ macro_rules! backward_deterministic_suffix {
     };
     (deterministic) => {
         "_deterministic"
+    };
+}
+
+/// `true` for a backward list entry marked `local` (a sliding window and soft-capping read from
+/// the parameters), `false` for one marked `dense` (the causal mask or none, no capping).
+#[macro_export]
+macro_rules! backward_local {
+    (dense) => {
+        false
+    };
+    (local) => {
+        true
+    };
+}
+
+/// The kernel-name suffix of a backward list entry's scores: `_local`.
+#[macro_export]
+macro_rules! backward_local_suffix {
+    (dense) => {
+        ""
+    };
+    (local) => {
+        "_local"
     };
 }
 
@@ -384,11 +418,12 @@ macro_rules! push_kernel {
         ));
     };
     ($list:ident; fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
-     $block_rows:literal $($grouped:ident)?) => {
+     $block_rows:literal $scores:ident $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa2TcBackward {
                 head_dim_capacity: $capacity,
                 grouped: $crate::backward_grouped!($($grouped)?),
+                local: $crate::backward_local!($scores),
             },
             ElementType::$dtype(),
         ));
@@ -413,12 +448,14 @@ macro_rules! push_kernel {
             ElementType::$dtype(),
         ));
     };
-    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $order:ident $($grouped:ident)?) => {
+    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $order:ident $scores:ident
+     $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa3Backward {
                 head_dim: $head_dim,
                 grouped: $crate::backward_grouped!($($grouped)?),
                 deterministic: $crate::backward_deterministic!($order),
+                local: $crate::backward_local!($scores),
             },
             ElementType::$dtype(),
         ));

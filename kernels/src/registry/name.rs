@@ -69,19 +69,23 @@ impl fmt::Display for KernelId {
             Family::Fa2TcBackward {
                 head_dim_capacity,
                 grouped,
+                local,
             } => write!(
                 f,
-                "fa2tc_backward_{dtype}_d{head_dim_capacity}{}",
-                grouped_suffix(grouped)
+                "fa2tc_backward_{dtype}_d{head_dim_capacity}{}{}",
+                grouped_suffix(grouped),
+                local_suffix(local)
             ),
             Family::Fa3Backward {
                 head_dim,
                 grouped,
                 deterministic,
+                local,
             } => write!(
                 f,
-                "fa3_backward_{dtype}_d{head_dim}{}{}",
+                "fa3_backward_{dtype}_d{head_dim}{}{}{}",
                 grouped_suffix(grouped),
+                local_suffix(local),
                 if deterministic { "_deterministic" } else { "" }
             ),
             Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
@@ -123,18 +127,27 @@ fn grouped_suffix(grouped: bool) -> &'static str {
     if grouped { GROUPED_SUFFIX } else { "" }
 }
 
-/// `name` without [`GROUPED_SUFFIX`], and whether it had it.
-fn strip_grouped(name: &str) -> (&str, bool) {
-    match name.strip_suffix(GROUPED_SUFFIX) {
+/// The suffix of a backward main kernel for a window and soft-capping
+/// (`registry::backward_local_suffix!`).
+const LOCAL_SUFFIX: &str = "_local";
+
+fn local_suffix(local: bool) -> &'static str {
+    if local { LOCAL_SUFFIX } else { "" }
+}
+
+/// `name` without `suffix`, and whether it had it.
+fn strip_flag<'a>(name: &'a str, suffix: &str) -> (&'a str, bool) {
+    match name.strip_suffix(suffix) {
         Some(rest) => (rest, true),
         None => (name, false),
     }
 }
 
-/// A backward main kernel's name after its family's prefix, `<dtype>_d<head dim>[_grouped]`:
+/// A backward main kernel's name after its family's prefix and before its flags other than
+/// `_grouped`, `<dtype>_d<head dim>[_grouped]`:
 /// the dtype's name, the head dim (or capacity), and whether it is the grouped twin.
 fn backward_main(rest: &str) -> Result<(&str, u32, bool), ParseKernelIdError> {
-    let (rest, grouped) = strip_grouped(rest);
+    let (rest, grouped) = strip_flag(rest, GROUPED_SUFFIX);
     let (dtype, head_dim) = rest.split_once("_d").ok_or(ParseKernelIdError)?;
     let head_dim = head_dim.parse::<u32>().map_err(|_| ParseKernelIdError)?;
     Ok((dtype, head_dim, grouped))
@@ -225,22 +238,23 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
+            let (rest, local) = strip_flag(rest, LOCAL_SUFFIX);
             let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let family = Family::Fa2TcBackward {
                 head_dim_capacity,
                 grouped,
+                local,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_backward_") {
-            let (rest, deterministic) = match rest.strip_suffix("_deterministic") {
-                Some(rest) => (rest, true),
-                None => (rest, false),
-            };
+            let (rest, deterministic) = strip_flag(rest, "_deterministic");
+            let (rest, local) = strip_flag(rest, LOCAL_SUFFIX);
             let (dtype, head_dim, grouped) = backward_main(rest)?;
             let family = Family::Fa3Backward {
                 head_dim,
                 grouped,
                 deterministic,
+                local,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {

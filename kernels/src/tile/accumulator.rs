@@ -320,6 +320,9 @@ pub struct TransposedScores {
     pub mask: AttentionMask,
     /// scale·log2 e: scores in log2 units, as the forward computed L.
     pub score_scale: f32,
+    /// Soft-capping of the raw products ([`Softcap::OFF`] as a constant in the kernels compiled
+    /// without it, so the cap and its slope compile away).
+    pub softcap: Softcap,
     /// The mask as two query ends per key of the lane (each element one compare of its constant
     /// column against them, as [`ScoreBlock::apply_mask_by_row_ends`]), or element by element
     /// from the query and key indices. A constant at each call site: FA3's backward takes the
@@ -331,14 +334,15 @@ pub struct TransposedScores {
 impl TransposedScores {
     /// The queries that see each of the lane's two keys (l/4 and l/4 + 8), as a half-open range
     /// of columns counted from the lane's first column of the block: from the first query the
-    /// causal mask lets see the key to seqlen_q, and none for a key past seqlen_k.
+    /// window's right side lets see the key to one past the last its left side lets see (or
+    /// seqlen_q), and none for a key past seqlen_k.
     #[inline(always)]
     fn visible_cols(&self) -> [[i32; 2]; 2] {
         let base = (self.row_start + accumulator_col(arch::lane_idx())) as i32;
         core::array::from_fn(|h| {
             let key = self.lane_key + h as u32 * LDMATRIX_SIDE;
             let end = if key < self.seqlen_k {
-                self.seqlen_q
+                self.mask.query_end_seeing(key, self.seqlen_q)
             } else {
                 0
             };
@@ -369,17 +373,20 @@ impl TransposedScores {
     }
 
     /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) (the article's P = exp(S − L)), 0 where `MASK` hides
-    /// the pair (past seqlen_q or seqlen_k, or above the causal diagonal); `logsumexp(r)` gives
-    /// L of the block's query r. Needs only Sᵀ, so it can run while dPᵀ is still being computed.
+    /// the pair (past seqlen_q or seqlen_k, or outside the window); `logsumexp(r)` gives L of
+    /// the block's query r. With soft-capping Sᵀ is the capped product, and the cap's slope at
+    /// each pair is kept for dSᵀ. Needs only Sᵀ, so it can run while dPᵀ is still being
+    /// computed.
     #[inline(always)]
     pub fn probabilities<const TILES: usize, const MASK: bool>(
         &self,
         scores: &[[f32; 4]; TILES],
         logsumexp: impl Fn(u32) -> f32,
-    ) -> [[f32; 4]; TILES] {
+    ) -> Probabilities<TILES> {
         let lane = arch::lane_idx();
         let visible_cols = self.visible_cols();
         let mut p = [[0.0f32; 4]; TILES];
+        let mut cap_slope = [[1.0f32; 4]; TILES];
         for t in 0..TILES {
             for e in 0..4 {
                 // Element e: key row l/4 (+8 for e ≥ 2), query column 2·(l%4) (+1 for odd e).
@@ -395,28 +402,33 @@ impl TransposedScores {
                         row < self.seqlen_q && key < self.seqlen_k && self.mask.visible(row, key)
                     };
                 let base = recomputation_base(logsumexp(local_row));
-                let probability = arch::exp2(arch::fma(scores[t][e], self.score_scale, -base));
+                let (score, slope) = self.softcap.apply_with_slope(scores[t][e], arch::tanh);
+                let probability = arch::exp2(arch::fma(score, self.score_scale, -base));
                 p[t][e] = if visible { probability } else { 0.0 };
+                cap_slope[t][e] = slope;
             }
         }
-        p
+        Probabilities { p, cap_slope }
     }
 
-    /// dSᵀ = Pᵀ ∘ (dPᵀ − D) from [`Self::probabilities`]' Pᵀ; `delta(r)` gives D of the block's
-    /// query r. Returns Pᵀ and dSᵀ packed to 16 bits as the A fragments of Pᵀ·dO_i and dSᵀ·Q_i:
-    /// the accumulator layout of a 16 × 16 pair of tiles is the A layout ([`pack_row`]).
+    /// dSᵀ = Pᵀ ∘ (dPᵀ − D) from [`Self::probabilities`]' Pᵀ, times the cap's slope 1 − tanh²
+    /// with soft-capping (the gradient with respect to the raw product, which dQ and dK take);
+    /// `delta(r)` gives D of the block's query r. Returns Pᵀ and dSᵀ packed to 16 bits as the A
+    /// fragments of Pᵀ·dO_i and dSᵀ·Q_i: the accumulator layout of a 16 × 16 pair of tiles is
+    /// the A layout ([`pack_row`]).
     #[inline(always)]
     pub fn score_gradients<T: TensorCoreElement, const TILES: usize, const CHUNKS: usize>(
-        p: &[[f32; 4]; TILES],
+        probabilities: &Probabilities<TILES>,
         d_probs: &[[f32; 4]; TILES],
         delta: impl Fn(u32) -> f32,
     ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
         let lane = arch::lane_idx();
+        let Probabilities { p, cap_slope } = probabilities;
         let mut ds = [[0.0f32; 4]; TILES];
         for t in 0..TILES {
             for e in 0..4 {
                 let local_row = t as u32 * MMA_N + e as u32 % 2 + accumulator_col(lane);
-                ds[t][e] = p[t][e] * (d_probs[t][e] - delta(local_row));
+                ds[t][e] = p[t][e] * (d_probs[t][e] - delta(local_row)) * cap_slope[t][e];
             }
         }
         let mut p_fragments = [[0u32; 4]; CHUNKS];
@@ -427,6 +439,15 @@ impl TransposedScores {
         }
         (p_fragments, ds_fragments)
     }
+}
+
+/// One warp's Pᵀ ([`TransposedScores::probabilities`]) and, per pair, the slope of the
+/// soft-cap (1 − tanh² of the scaled product over softcap; 1 without capping, a constant the
+/// multiply folds away).
+#[derive(Clone, Copy)]
+pub struct Probabilities<const TILES: usize> {
+    pub p: [[f32; 4]; TILES],
+    pub cap_slope: [[f32; 4]; TILES],
 }
 
 /// Calls `store(row, col, packed)` for each 4-byte register of A fragments packed by

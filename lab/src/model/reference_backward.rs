@@ -1,15 +1,18 @@
 //! Exact attention gradients on the CPU, in f64: the reference the backward pass is checked
 //! against.
 //!
-//! For O = P·V, P = softmax(S), S = scale·Q·Kᵀ (causal mask bottom-right aligned, as in
-//! [`attention_reference`](crate::model::reference::attention_reference)) and the gradient dO of
-//! a loss with respect to O, per head (FlashAttention-2's backward, issue #15):
+//! For O = P·V, P = softmax(S), S = scale·Q·Kᵀ (the mask, causal or a window, bottom-right
+//! aligned, as in [`attention_reference`](crate::model::reference::attention_reference)) and the
+//! gradient dO of a loss with respect to O, per head (FlashAttention-2's backward, issue #15):
 //!
 //! - dV = Pᵀ·dO;
 //! - dP = dO·Vᵀ;
 //! - D_i = rowsum(dO_i ∘ O_i), which equals Σ_j P_ij·dP_ij (softmax's Jacobian needs it);
 //! - dS = P ∘ (dP − D) (D broadcast along each row);
 //! - dQ = scale·dS·K and dK = scale·dSᵀ·Q.
+//!
+//! With soft-capping, S_ij = c·tanh(s_ij / c) of the scaled product s_ij, and the chain rule
+//! multiplies dS_ij by dS_ij/ds_ij = 1 − tanh²(s_ij / c) before dQ and dK.
 //!
 //! A row with no visible key has P = 0, so its dQ and D are 0 and it adds nothing to dK, dV.
 //!
@@ -30,6 +33,7 @@ use rayon::prelude::*;
 
 use flash_attn::attention::backward::Gradients;
 use flash_attn::dtype::Element;
+use flash_attn::scoring::Scoring;
 
 /// dQ, dK, dV, and D = rowsum(dO ∘ O).
 pub struct ReferenceBackward {
@@ -39,8 +43,9 @@ pub struct ReferenceBackward {
     pub delta: Array3<f64>,
 }
 
-/// The exact gradients of softmax(scale·Q·Kᵀ \[causal\])·V with respect to Q, K and V, given dO
-/// (same shape as Q). K and V may have fewer heads than Q (a divisor of Q's: GQA/MQA).
+/// The exact gradients of softmax(scale·Q·Kᵀ, capped and masked by `scoring`)·V with respect to
+/// Q, K and V, given dO (same shape as Q); a `bool` is the causal mask or none. K and V may have
+/// fewer heads than Q (a divisor of Q's: GQA/MQA).
 ///
 /// # Panics
 /// If K's heads do not divide Q's ([`flash_attn::Problem::new`] refuses such shapes first).
@@ -49,10 +54,10 @@ pub fn attention_backward_reference(
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
     d_o: ArrayView4<f64>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
 ) -> ReferenceBackward {
-    backward_with_rounding(q, k, v, d_o, causal, scale, |x| x)
+    backward_with_rounding(q, k, v, d_o, scoring.into(), scale, |x| x)
 }
 
 /// The backward pass as a kernel working in `T` would round it: O rounded to `T` before D (the
@@ -69,10 +74,10 @@ pub fn attention_backward_in_dtype<T: Element>(
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
     d_o: ArrayView4<f64>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
 ) -> ReferenceBackward {
-    backward_with_rounding(q, k, v, d_o, causal, scale, T::round)
+    backward_with_rounding(q, k, v, d_o, scoring.into(), scale, T::round)
 }
 
 fn backward_with_rounding(
@@ -80,7 +85,7 @@ fn backward_with_rounding(
     k: ArrayView4<f64>,
     v: ArrayView4<f64>,
     d_o: ArrayView4<f64>,
-    causal: bool,
+    scoring: Scoring,
     scale: f64,
     round: impl Fn(f64) -> f64 + Sync,
 ) -> ReferenceBackward {
@@ -100,7 +105,7 @@ fn backward_with_rounding(
                 k: k.slice(s![b, h / group, .., ..]),
                 v: v.slice(s![b, h / group, .., ..]),
                 d_o: d_o.slice(s![b, h, .., ..]),
-                causal,
+                scoring,
                 scale,
             };
             head.gradients(&round)
@@ -137,7 +142,7 @@ struct Head<'a> {
     k: ArrayView2<'a, f64>,
     v: ArrayView2<'a, f64>,
     d_o: ArrayView2<'a, f64>,
-    causal: bool,
+    scoring: Scoring,
     scale: f64,
 }
 
@@ -156,31 +161,41 @@ struct HeadGradients {
 }
 
 impl Head<'_> {
-    /// seqlen_k − seqlen_q: query i sees key j iff j ≤ i + offset (bottom-right aligned).
-    fn diagonal_offset(&self) -> i64 {
-        self.k.nrows() as i64 - self.q.nrows() as i64
-    }
-
-    /// The keys query `i` sees.
+    /// The keys query `i` sees (flash-attn's rule, `Scoring::visible_keys`).
     fn visible_keys(&self, i: usize) -> Range<usize> {
-        let seqlen_k = self.k.nrows();
-        if !self.causal {
-            return 0..seqlen_k;
-        }
-        0..(i as i64 + self.diagonal_offset() + 1).clamp(0, seqlen_k as i64) as usize
+        self.scoring.visible_keys(i, self.q.nrows(), self.k.nrows())
     }
 
-    /// The queries that see key `j`.
+    /// The queries that see key `j`: a range, since both edges of a query's window move right
+    /// with the query; found from the rule itself, query by query.
     fn queries_seeing(&self, j: usize) -> Range<usize> {
         let seqlen_q = self.q.nrows();
-        if !self.causal {
-            return 0..seqlen_q;
-        }
-        (j as i64 - self.diagonal_offset()).clamp(0, seqlen_q as i64) as usize..seqlen_q
+        let sees = |i: &usize| self.visible_keys(*i).contains(&j);
+        let Some(first) = (0..seqlen_q).find(sees) else {
+            return 0..0;
+        };
+        let end = (first..seqlen_q).find(|i| !sees(i)).unwrap_or(seqlen_q);
+        first..end
     }
 
-    fn score(&self, i: usize, j: usize) -> f64 {
+    /// The scaled product s_ij = scale·q_i·k_j.
+    fn scaled_product(&self, i: usize, j: usize) -> f64 {
         self.scale * self.q.row(i).dot(&self.k.row(j))
+    }
+
+    /// S_ij: the scaled product, soft-capped where the call caps it.
+    fn score(&self, i: usize, j: usize) -> f64 {
+        self.scoring.cap(self.scaled_product(i, j))
+    }
+
+    /// dS_ij/ds_ij: 1 − tanh²(s_ij / c) with soft-capping, else 1.
+    fn cap_slope(&self, i: usize, j: usize) -> f64 {
+        let softcap = self.scoring.softcap;
+        if softcap > 0.0 {
+            1.0 - (self.scaled_product(i, j) / softcap).tanh().powi(2)
+        } else {
+            1.0
+        }
     }
 
     /// L_i and D_i = dO_i·O_i, with O_i = Σ_j P_ij·V_j computed here (rounded by `round`, as a
@@ -211,8 +226,9 @@ impl Head<'_> {
         RowTerms { logsumexp, delta }
     }
 
-    /// P_ij = e^(S_ij − L_i) and dS_ij = P_ij·(dP_ij − D_i), dP_ij = dO_i·V_j, each rounded by
-    /// `round` where a kernel would round it (dS from the unrounded P).
+    /// P_ij = e^(S_ij − L_i) and dS_ij = P_ij·(dP_ij − D_i), dP_ij = dO_i·V_j (times the cap's
+    /// slope with soft-capping: the gradient with respect to the scaled product), each rounded
+    /// by `round` where a kernel would round it (dS from the unrounded P).
     fn probability_and_score_gradient(
         &self,
         i: usize,
@@ -222,7 +238,10 @@ impl Head<'_> {
     ) -> (f64, f64) {
         let p = (self.score(i, j) - row.logsumexp).exp();
         let d_p = self.d_o.row(i).dot(&self.v.row(j));
-        (round(p), round(p * (d_p - row.delta)))
+        (
+            round(p),
+            round(p * (d_p - row.delta) * self.cap_slope(i, j)),
+        )
     }
 
     fn gradients(&self, round: &(impl Fn(f64) -> f64 + Sync)) -> HeadGradients {

@@ -351,7 +351,7 @@ pub fn describe(r: &CheckResult) -> String {
 }
 
 /// " window=(l,r)" and " softcap=x" where the problem has them.
-fn scoring_words(p: &CheckProblem) -> String {
+pub fn scoring_words(p: &CheckProblem) -> String {
     let mut words = String::new();
     if let Some((left, right)) = p.window {
         words.push_str(&format!(" window=({left},{right})"));

@@ -25,13 +25,14 @@ use flash_attn::attention::{
 use flash_attn::device::Gpu;
 use flash_attn::dtype::{DType, Element};
 use flash_attn::error::Result;
+use flash_attn::scoring::Scoring;
 use flash_attn::tensor::{DeviceTensor, Layout};
 use flash_attn::with_element;
 
 use crate::model::reference_backward::{attention_backward_in_dtype, attention_backward_reference};
 use crate::safetensors_io::GRADIENT_NAMES;
 use crate::tools::bench::backward::BackwardVariant;
-use crate::tools::check::{CheckProblem, random_tensor, to_f64};
+use crate::tools::check::{CheckProblem, random_tensor, scoring_words, to_f64};
 
 /// The f32 bound, relative to the reference gradient's largest magnitude (at least 1).
 pub const F32_GRADIENT_TOLERANCE: f64 = 1e-4;
@@ -67,11 +68,11 @@ pub struct BackwardInputs<'a, T> {
 /// `inputs`, each with its bound (this module's rule).
 pub fn check_gradients<T: Element>(
     inputs: &BackwardInputs<T>,
-    causal: bool,
+    scoring: impl Into<Scoring>,
     scale: f64,
     got: &Gradients<Array4<f64>>,
 ) -> [GradientCheck; 3] {
-    BackwardReference::new(inputs, causal, scale).check(got)
+    BackwardReference::new(inputs, scoring, scale).check(got)
 }
 
 /// The reference gradients of one set of inputs and the bound of each (this module's rule),
@@ -82,12 +83,17 @@ pub struct BackwardReference {
 }
 
 impl BackwardReference {
-    /// The f64 gradients of `inputs` and, for f16/bf16, the bounds from the same computation
-    /// rounded as a kernel in `T` rounds it.
-    pub fn new<T: Element>(inputs: &BackwardInputs<T>, causal: bool, scale: f64) -> Self {
+    /// The f64 gradients of `inputs` under `scoring` (a `bool`: the causal mask or none) and,
+    /// for f16/bf16, the bounds from the same computation rounded as a kernel in `T` rounds it.
+    pub fn new<T: Element>(
+        inputs: &BackwardInputs<T>,
+        scoring: impl Into<Scoring>,
+        scale: f64,
+    ) -> Self {
+        let scoring = scoring.into();
         let [q, k, v, d_o] = [inputs.q, inputs.k, inputs.v, inputs.d_o].map(to_f64);
         let exact =
-            attention_backward_reference(q.view(), k.view(), v.view(), d_o.view(), causal, scale)
+            attention_backward_reference(q.view(), k.view(), v.view(), d_o.view(), scoring, scale)
                 .gradients;
         let in_dtype = (T::DTYPE != DType::F32).then(|| {
             attention_backward_in_dtype::<T>(
@@ -95,7 +101,7 @@ impl BackwardReference {
                 k.view(),
                 v.view(),
                 d_o.view(),
-                causal,
+                scoring,
                 scale,
             )
             .gradients
@@ -177,11 +183,14 @@ fn check_backward_typed<T: Element>(
     let [q, k, v, d_o] = random_backward_tensors::<T>(q_dims, kv_dims, rng);
     let options = AttentionOptions {
         causal: p.causal,
+        window: p.window,
+        softcap: p.softcap,
         backward_algorithm: backward.algorithm,
         deterministic: backward.deterministic,
         ..Default::default()
     };
-    let scale = f64::from(Problem::new(q_dims, kv_dims, kv_dims, &options)?.softmax_scale);
+    let checked = Problem::new(q_dims, kv_dims, kv_dims, &options)?;
+    let scale = f64::from(checked.softmax_scale);
     let layout = Layout::BatchHeadSeqDim;
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), layout);
     let (q_gpu, k_gpu, v_gpu, d_o_gpu) = (upload(&q)?, upload(&k)?, upload(&v)?, upload(&d_o)?);
@@ -199,7 +208,7 @@ fn check_backward_typed<T: Element>(
         v: &v,
         d_o: &d_o,
     };
-    let checks = check_gradients(&inputs, p.causal, scale, &got);
+    let checks = check_gradients(&inputs, checked.scoring(), scale, &got);
     Ok(BackwardCheckResult {
         problem: p,
         options: BackwardOptionsRecord {
@@ -221,7 +230,8 @@ pub fn random_backward_tensors<T: Element>(
     [q_dims, kv_dims, kv_dims, q_dims].map(|dims| random_tensor::<T>(dims, rng))
 }
 
-/// The FA2 forward on device Q, K, V, then the backward `options` ask for
+/// The forward (FA2, or with a window or soft-capping the algorithm `options` ask for, which
+/// FA2 does not take) on device Q, K, V, then the backward `options` ask for
 /// (`backward_algorithm`, `deterministic`) with dO, into gradients poisoned with NaN in `layout`
 /// (an element the kernels forget stays NaN); the gradients and the backward's plan.
 pub fn run_backward_poisoned<T: Element>(
@@ -230,8 +240,13 @@ pub fn run_backward_poisoned<T: Element>(
     options: &AttentionOptions,
     layout: Layout,
 ) -> Result<(Gradients<DeviceTensor<T>>, Plan)> {
+    let forward_algorithm = if options.window.is_some() || options.softcap != 0.0 {
+        options.algorithm
+    } else {
+        Algorithm::Fa2
+    };
     let call = Attention::new(q, k, v).options(AttentionOptions {
-        algorithm: Algorithm::Fa2,
+        algorithm: forward_algorithm,
         ..*options
     });
     let forward = call.forward(gpu)?;
@@ -275,7 +290,7 @@ pub fn describe_backward(r: &BackwardCheckResult) -> String {
         })
         .collect();
     format!(
-        "backward {:<6}{} {:<4} b={} h={} h_kv={} sq={:<5} sk={:<5} d={:<3} causal={:<5} {} [{}] {}",
+        "backward {:<6}{} {:<4} b={} h={} h_kv={} sq={:<5} sk={:<5} d={:<3} causal={:<5}{} {} [{}] {}",
         r.options.algorithm,
         if r.options.deterministic { " det" } else { "" },
         p.dtype.name(),
@@ -286,6 +301,7 @@ pub fn describe_backward(r: &BackwardCheckResult) -> String {
         p.seqlen_k,
         p.head_dim,
         p.causal,
+        scoring_words(p),
         gradients.join(" "),
         r.kernels,
         if r.passed { "ok" } else { "FAIL" }

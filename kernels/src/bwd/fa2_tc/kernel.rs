@@ -6,8 +6,9 @@
 //!
 //! Grid (⌈seqlen_k / B_c⌉, batch·heads): one block per key block j, K_j and V_j in shared
 //! memory for the whole loop, dK_j and dV_j in registers; the inner loop walks the row blocks i
-//! that see K_j (causal: from the first whose rows reach the keys, the element-wise mask only
-//! where a tile crosses the diagonal or the sequences' ends), with Q_i, dO_i, L_i, D_i copied by
+//! that see K_j (causal or a window: from the first whose rows reach the keys to the last, the
+//! element-wise mask only where a tile crosses an edge of the window or the sequences' ends), with
+//! Q_i, dO_i, L_i, D_i copied by
 //! `cp.async` into the other of two stages while row block i − 1 is computed. Per step, each
 //! warp, for its 16 keys (the m16 tile it owns; `config`):
 //!
@@ -15,7 +16,7 @@
 //!  Sᵀ  = K_j·Q_iᵀ            16 × B_r, f32 accumulators   (A: K rows, B: Q rows; ldmatrix)
 //!  dPᵀ = V_j·dO_iᵀ           16 × B_r                      (A: V rows, B: dO rows)
 //!  Pᵀ  = exp2(Sᵀ·scale·log2 e − L_i·log2 e)               (the article's P = exp(S − L))
-//!  dSᵀ = Pᵀ ∘ (dPᵀ − D_i)
+//!  dSᵀ = Pᵀ ∘ (dPᵀ − D_i)     (with soft-capping, times its slope 1 − tanh²)
 //!  dV_j += Pᵀ·dO_i           Pᵀ from registers (the Sᵀ accumulators repacked to 16 bits are
 //!  dK_j += dSᵀ·Q_i           the A fragments, as the forward's P̃), dO_i, Q_i by ldmatrix.trans
 //!  dSᵀ → shared memory (16-bit), barrier
@@ -26,7 +27,9 @@
 //!
 //! The scale multiplies dK_j at the end and dQ in the post-pass, as in the scalar kernel.
 //! Deterministic mode (`dq_semaphore` ≠ 0) orders the adds of dQ_i by key block
-//! (`tile::global::RowBlockFlags`), which makes them the same bits on every run.
+//! (`tile::global::RowBlockFlags`), which makes them the same bits on every run. The `local`
+//! kernels (`C::LOCAL`) read the window and soft-capping from the parameters, as the forward's
+//! `local` form; the others take the causal mask or none as constants.
 
 use super::config::{Fa2TcBackwardConfig, ds_row_stride, shared_row_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
@@ -34,6 +37,7 @@ use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2TcBackwardParams;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::LOG2_E;
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::copy::copy_rows_async_padded;
@@ -122,6 +126,7 @@ struct BackwardTcBlock {
     flags: Option<RowBlockFlags>,
     sram: BackwardTcSram,
     mask: AttentionMask,
+    softcap: Softcap,
     key_block: u32,
     key_start: u32,
     head_dim: u32,
@@ -142,7 +147,7 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
     let () = C::CHECKED;
     let p = &params.base;
     let shape = &p.shape;
-    let info = BlockInfo::causal_only(shape, arch::block_idx_y());
+    let info = BlockInfo::of_form(shape, arch::block_idx_y(), C::LOCAL);
     let (block_rows, block_cols) = (C::BLOCK_ROWS, C::BLOCK_COLS);
     let capacity = C::HEAD_DIM_CAPACITY;
     let threads = C::WARPS * WARP_SIZE;
@@ -166,6 +171,7 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
             .then(|| RowBlockFlags::new(params.dq_semaphore, info.batch_head, row_blocks_total)),
         sram: BackwardTcSram::carve::<C>(),
         mask: info.mask(),
+        softcap: Softcap::of_form(shape, C::LOCAL),
         key_block,
         key_start,
         head_dim: shape.head_dim,
@@ -346,6 +352,7 @@ impl BackwardTcBlock {
             seqlen_k: self.info.seqlen_k,
             mask: self.mask,
             score_scale: self.score_scale,
+            softcap: self.softcap,
             mask_by_key_ends: false,
         };
         block.gradients::<T, _, _, MASK>(
@@ -396,7 +403,13 @@ impl BackwardTcBlock {
             }
         }
         if let Some(flags) = &self.flags {
-            flags.wait_for_turn(i, self.key_block);
+            // The key blocks that see row block i add in ascending order from the first of them
+            // (block 0, unless a window's left side hides the earlier ones from all its rows).
+            let first = self
+                .info
+                .key_blocks(i * C::BLOCK_ROWS, C::BLOCK_ROWS, C::BLOCK_COLS)
+                .first();
+            flags.wait_for_turn(i, self.key_block - first);
         }
         let row = i * C::BLOCK_ROWS + tile_row + accumulator_row(lane);
         for (t, tile) in acc.iter().enumerate() {

@@ -139,6 +139,10 @@ pub trait Fa3BackwardConfig {
     /// the address: the flag's wait and completion inside the row loop made ptxas spill at
     /// d = 128 (176 bytes) in every call.
     const DETERMINISTIC: bool;
+    /// Compiled for a sliding window and soft-capping read from the parameters (the forward's
+    /// `local` form, `fwd::form::ForwardForm`); else the causal mask or none and no capping, as
+    /// constants.
+    const LOCAL: bool;
     /// The dQ_i reductions issued by a writer warp of the producer warpgroup (`dq_writer`)
     /// rather than by the owner warpgroup's first thread: in deterministic mode (the turn and the
     /// completion wait off the consumers: 1.3–1.45× faster on an H100) and at d ≤ 64 (2–6%
@@ -197,11 +201,12 @@ pub trait Fa3BackwardConfig {
     };
 }
 
-/// `fa3_backward_config!(Name, d, grouped)`: a type implementing [`Fa3BackwardConfig`] at head
-/// dim d with [`Fa3BackwardTiling::for_head_dim`]'s tiling; `grouped` a `bool`.
+/// `fa3_backward_config!(Name, d, grouped, deterministic, local)`: a type implementing
+/// [`Fa3BackwardConfig`] at head dim d with [`Fa3BackwardTiling::for_head_dim`]'s tiling; the
+/// others `bool`s.
 #[macro_export]
 macro_rules! fa3_backward_config {
-    ($name:ident, $d:literal, $grouped:expr, $deterministic:expr) => {
+    ($name:ident, $d:literal, $grouped:expr, $deterministic:expr, $local:expr) => {
         struct $name;
         impl $crate::bwd::fa3::config::Fa3BackwardConfig for $name {
             const HEAD_DIM: u32 = $d;
@@ -209,6 +214,7 @@ macro_rules! fa3_backward_config {
                 $crate::bwd::fa3::config::Fa3BackwardTiling::for_head_dim($d);
             const GROUPED: bool = $grouped;
             const DETERMINISTIC: bool = $deterministic;
+            const LOCAL: bool = $local;
             type const D_TILES: usize = const { $d / 8 };
             type const ROW_TILES: usize =
                 const { $crate::bwd::fa3::config::BLOCK_ROWS as usize / 8 };

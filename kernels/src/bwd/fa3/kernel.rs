@@ -11,7 +11,8 @@
 //!   for i: wait rows_empty[s];                     Sᵀ  = K_j·Q_iᵀ    (wgmma SS, 64 keys × 64 queries)
 //!          Q_i, dO_i ──rows_full[s]──▶             dPᵀ = V_j·dO_iᵀ   (wgmma SS)
 //!   s = (i − first) % 2 (the ring)                 Pᵀ = exp2(Sᵀ·scale·log2 e − L·log2 e),
-//!                                                  dSᵀ = Pᵀ ∘ (dPᵀ − D)   (lines 13–17)
+//!                                                  dSᵀ = Pᵀ ∘ (dPᵀ − D)   (lines 13–17;
+//!                                                    `local`: × the soft-cap's slope)
 //!                                                  dSᵀ → shared memory (16-bit, swizzled)
 //!                                                  dV_j += Pᵀ·dO_i   (wgmma RS, Pᵀ from registers)
 //!                                                  dK_j += dSᵀ·Q_i   (wgmma RS)
@@ -54,6 +55,7 @@ use crate::arch::{self, L2Priority};
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3BackwardParams;
+use crate::common::softcap::Softcap;
 use crate::common::softmax::LOG2_E;
 use crate::fwd::fa3::config::{KV_STAGES, PANEL_COLS, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K};
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
@@ -362,6 +364,7 @@ impl Consumer<'_> {
             seqlen_k: self.info.seqlen_k,
             mask: self.info.mask(),
             score_scale: self.score_scale,
+            softcap: Softcap::of_form(&self.params.base.shape, C::LOCAL),
             mask_by_key_ends: true,
         };
         let (logsumexp, delta) = (

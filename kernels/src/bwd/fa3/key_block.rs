@@ -21,7 +21,7 @@ impl KeyBlock {
     /// down ([`Self::dq_turn`]), and a block may only wait for blocks started before it.
     #[inline(always)]
     pub(super) fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams) -> Self {
-        let info = BlockInfo::causal_only(&p.base.shape, arch::block_idx_y());
+        let info = BlockInfo::of_form(&p.base.shape, arch::block_idx_y(), C::LOCAL);
         let x = arch::block_idx_x();
         let key_block = if C::DETERMINISTIC && info.mask().is_bounded() {
             arch::grid_dim_x() - 1 - x

@@ -78,16 +78,23 @@ pub struct CheckArgs {
     packed: bool,
 }
 
-/// The backward options `check --backward` runs for one dtype and head dim: every algorithm
-/// asked for, and fa2-tc and fa3 deterministic where the tensor cores take the problem
-/// (elsewhere the plan refuses deterministic mode, by design; fa3 runs fa2-tc where it cannot
-/// run).
-fn backward_cases(algorithms: &[Algorithm], dtype: DType, head_dim: usize) -> Vec<BackwardVariant> {
+/// The backward options `check --backward` runs for one problem: every algorithm asked for,
+/// and fa2-tc and fa3 deterministic where the tensor cores take the problem (elsewhere the plan
+/// refuses deterministic mode, by design; fa3 runs fa2-tc where it cannot run); with a window
+/// or soft-capping, the tensor-core ones only (the scalar and standard backwards refuse them).
+fn backward_cases(algorithms: &[Algorithm], problem: &CheckProblem) -> Vec<BackwardVariant> {
+    let tensor_cores = problem.dtype != DType::F32 && problem.head_dim.is_multiple_of(8);
+    // With a window or soft-capping only the tensor-core backwards run (the others refuse it).
+    let local = problem.has_window_or_softcap();
+    if local && !tensor_cores {
+        return Vec::new();
+    }
     let mut cases: Vec<BackwardVariant> = algorithms
         .iter()
+        .filter(|a| !local || matches!(a, Algorithm::Auto | Algorithm::Fa2Tc | Algorithm::Fa3))
         .map(|&algorithm| BackwardVariant::new(algorithm, false))
         .collect();
-    if dtype != DType::F32 && head_dim.is_multiple_of(8) {
+    if tensor_cores {
         for ordered in [Algorithm::Fa2Tc, Algorithm::Fa3] {
             if algorithms.contains(&ordered) {
                 cases.push(BackwardVariant::new(ordered, true));
@@ -439,11 +446,11 @@ pub fn main(device: usize, args: &CheckArgs) -> flash_attn::Result<ExitCode> {
                         failed += 1;
                     }
                 }
-                // The backward takes no window or soft-capping yet.
-                if !args.backward || problem.has_window_or_softcap() {
+                if !args.backward {
                     continue;
                 }
-                for backward in backward_cases(&backward_algorithms, dtype, head_dim) {
+                let cases = backward_cases(&backward_algorithms, &problem);
+                for backward in cases {
                     let result = check_backward_problem(&gpu, problem, &backward, &mut rng)?;
                     println!("{}", describe_backward(&result));
                     if result.passed {
