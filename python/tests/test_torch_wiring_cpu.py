@@ -52,7 +52,9 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
     grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale, window, softcap)
     _launch.plans["backward"] = "fake deterministic backward" if deterministic else \
         "fake backward"
-    return [to_sdpa(g, layout).to(t.dtype) for g, t in zip(grads, (q, k, v))]
+    # Into tensors allocated as the launch allocates them (`empty_like` its input), so the
+    # strides are the real operator's.
+    return [torch.empty_like(t).copy_(to_sdpa(g, layout)) for g, t in zip(grads, (q, k, v))]
 
 
 def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,

@@ -235,6 +235,28 @@ fn clip_index(index: i32, end: u32) -> u32 {
 mod tests {
     use super::*;
 
+    /// No mask, causal, one-sided, the diagonal alone, two-sided, causal with a left bound.
+    const WINDOWS: [KeyWindow; 6] = [
+        KeyWindow::FULL,
+        KeyWindow::CAUSAL,
+        KeyWindow {
+            left: Some(3),
+            right: None,
+        },
+        KeyWindow {
+            left: Some(0),
+            right: Some(0),
+        },
+        KeyWindow {
+            left: Some(5),
+            right: Some(2),
+        },
+        KeyWindow {
+            left: Some(2),
+            right: Some(0),
+        },
+    ];
+
     /// Against a brute-force search over every (query, key) pair, for seqlen_q below, equal to
     /// and above seqlen_k, with tail blocks.
     #[test]
@@ -263,25 +285,7 @@ mod tests {
     /// with a visible pair and ends right after the last of them.
     #[test]
     fn a_key_blocks_row_range_holds_every_row_block_that_sees_it() {
-        let windows = [
-            KeyWindow::CAUSAL,
-            KeyWindow {
-                left: Some(3),
-                right: None,
-            },
-            KeyWindow {
-                left: Some(0),
-                right: Some(0),
-            },
-            KeyWindow {
-                left: Some(5),
-                right: Some(2),
-            },
-            KeyWindow {
-                left: Some(2),
-                right: Some(0),
-            },
-        ];
+        let windows = WINDOWS;
         for window in windows {
             for (seqlen_q, seqlen_k) in [(12, 12), (7, 13), (13, 7), (1, 9), (9, 1)] {
                 let mask = AttentionMask::new(window, seqlen_q, seqlen_k);
@@ -359,22 +363,7 @@ mod tests {
     /// The tile test against every pair of the tile: masked iff some pair is hidden.
     #[test]
     fn a_tile_needs_the_mask_iff_it_hides_a_pair() {
-        let windows = [
-            KeyWindow::FULL,
-            KeyWindow::CAUSAL,
-            KeyWindow {
-                left: Some(3),
-                right: None,
-            },
-            KeyWindow {
-                left: Some(0),
-                right: Some(0),
-            },
-            KeyWindow {
-                left: Some(5),
-                right: Some(2),
-            },
-        ];
+        let windows = WINDOWS;
         for window in windows {
             for (seqlen_q, seqlen_k) in [(12, 12), (7, 13), (13, 7)] {
                 let mask = AttentionMask::new(window, seqlen_q, seqlen_k);
