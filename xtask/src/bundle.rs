@@ -116,8 +116,9 @@ const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
 # shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 192, 256; 2 x 40 heads at seqlen 300 where
 # FA3's persistent grid takes several tiles a block; causal off and on; every dtype and algorithm;
-# then every compiled FA3 tiling, not only the defaults, under each tool; then memcheck and
-# synccheck over the backward's and decode's GPU tests.
+# then every compiled FA3 tiling, not only the defaults, under each tool; then the backward's
+# window and soft-capping kernels under each tool; then memcheck and synccheck over the
+# backward's and decode's GPU tests.
 # Usage: bundle/run-sanitizer.sh [log-dir]
 # racecheck is the slow tool: it instruments every shared-memory access. On the H200, FA1's 90
 # cases took about 400 s (one process per dtype); all 432 cases take longer than one 10-minute
@@ -159,6 +160,21 @@ if [ "${SANITIZER_FA3_TILINGS:-1}" != 0 ]; then
         failed=$((failed + 1)); echo "fa3 d=$d $tiling $tool: FAIL"; tail -30 "$log"
       fi
     done
+  done
+fi
+# The backward's `local` kernels (a window, soft-capping) at the window shapes up to 300 rows,
+# fa3's and fa2-tc's, deterministic too, under each tool (SANITIZER_WINDOWS=0 skips them).
+if [ "${SANITIZER_WINDOWS:-1}" != 0 ]; then
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    log=$logs/backward-window-$tool.log
+    if timeout "${SANITIZER_TIMEOUT:-0}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        --print-limit 20 bin/flash-attn check --require-gpu --backward --shapes window \
+        --seqlens 113,129,203,257,300 --dtypes bf16 --algorithms fa3 \
+        --backward-algorithms fa3,fa2-tc > "$log" 2>&1; then
+      passed=$((passed + 1)); echo "backward window $tool: pass ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1))"
+    else
+      failed=$((failed + 1)); echo "backward window $tool: FAIL"; tail -30 "$log"
+    fi
   done
 fi
 # The backward and decode kernels, which `check` does not run: their GPU tests under memcheck and
