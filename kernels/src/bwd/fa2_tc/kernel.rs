@@ -204,12 +204,10 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
             blk.copy_row_block::<C>(i + 1, 1 - stage);
             arch::copy_async_commit();
         }
-        // Soft-capped steps are compiled apart (see `bwd::fa3::kernel`'s).
-        match (row_blocks.needs_mask(i * block_rows), blk.softcap.is_on()) {
-            (true, true) => blk.step::<T, C, true, true>(i, stage, &mut dk, &mut dv),
-            (true, false) => blk.step::<T, C, true, false>(i, stage, &mut dk, &mut dv),
-            (false, true) => blk.step::<T, C, false, true>(i, stage, &mut dk, &mut dv),
-            (false, false) => blk.step::<T, C, false, false>(i, stage, &mut dk, &mut dv),
+        if row_blocks.needs_mask(i * block_rows) {
+            blk.step::<T, C, true>(i, stage, &mut dk, &mut dv);
+        } else {
+            blk.step::<T, C, false>(i, stage, &mut dk, &mut dv);
         }
     }
     arch::copy_async_wait_all(); // Nothing may be in flight when the block exits.
@@ -251,11 +249,10 @@ impl BackwardTcBlock {
     }
 
     /// One step of the inner loop, row block `i` (in `stage`) against K_j, for this warp (see
-    /// the module's docs). `MASK`: the tile crosses an edge of the window (the causal diagonal
-    /// among them) or runs past seqlen_q or seqlen_k, so P is 0 at every pair the mask hides.
-    /// `CAPPED`: the scores are soft-capped (only in the `local` kernels).
+    /// the module's docs). `MASK`: the tile crosses the causal diagonal or runs past seqlen_q
+    /// or seqlen_k, so P is 0 at every pair the mask hides.
     #[inline(always)]
-    fn step<T: TensorCoreElement, C: Fa2TcBackwardConfig, const MASK: bool, const CAPPED: bool>(
+    fn step<T: TensorCoreElement, C: Fa2TcBackwardConfig, const MASK: bool>(
         &self,
         i: u32,
         stage: usize,
@@ -268,7 +265,7 @@ impl BackwardTcBlock {
         if C::COL_SPLIT == 2 {
             self.exchange_halves::<C>(&mut scores, &mut d_probs);
         }
-        let (p, ds) = self.score_gradients::<T, C, MASK, CAPPED>(i, rows, &scores, &d_probs);
+        let (p, ds) = self.score_gradients::<T, C, MASK>(i, rows, &scores, &d_probs);
         accumulate_from_registers::<T, C>(&p, rows.d_o, self.warp_col, dv);
         accumulate_from_registers::<T, C>(&ds, rows.q, self.warp_col, dk);
         self.store_ds::<C>(&ds);
@@ -341,12 +338,7 @@ impl BackwardTcBlock {
     /// Pᵀ and dSᵀ for the warp's 16 keys × B_r queries ([`TransposedScores::gradients`]),
     /// with L_i and D_i from the stage.
     #[inline(always)]
-    fn score_gradients<
-        T: TensorCoreElement,
-        C: Fa2TcBackwardConfig,
-        const MASK: bool,
-        const CAPPED: bool,
-    >(
+    fn score_gradients<T: TensorCoreElement, C: Fa2TcBackwardConfig, const MASK: bool>(
         &self,
         i: u32,
         rows: &RowStage,
@@ -360,7 +352,7 @@ impl BackwardTcBlock {
             seqlen_k: self.info.seqlen_k,
             mask: self.mask,
             score_scale: self.score_scale,
-            softcap: if CAPPED { self.softcap } else { Softcap::OFF },
+            softcap: self.softcap,
             mask_by_key_ends: false,
         };
         block.gradients::<T, _, _, MASK>(

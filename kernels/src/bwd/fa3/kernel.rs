@@ -174,10 +174,6 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
     let mut dk = [[0.0f32; 4]; C::D_TILES];
     let mut dv = [[0.0f32; 4]; C::D_TILES];
     let rows = block.row_blocks;
-    // Soft-capping (the `local` kernels, where the call asks for it): its steps are compiled
-    // apart, so the uncapped ones carry no tanh (LLVM speculated a per-pair test of the cap into
-    // a tanh per pair: 12–16% of the backward on an H100, twenty-first session).
-    let capped = Softcap::of_form(shape, C::LOCAL).is_on();
     if block.has_rows() {
         sram.kv_full().wait(0);
         let (first, end) = (rows.first(), rows.end());
@@ -187,11 +183,10 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
                 n: i - first,
                 count: end - first,
             };
-            match (rows.needs_mask(i * C::BLOCK_ROWS), capped) {
-                (true, true) => warpgroup.step::<T, C, true, true>(step, &mut dk, &mut dv),
-                (true, false) => warpgroup.step::<T, C, true, false>(step, &mut dk, &mut dv),
-                (false, true) => warpgroup.step::<T, C, false, true>(step, &mut dk, &mut dv),
-                (false, false) => warpgroup.step::<T, C, false, false>(step, &mut dk, &mut dv),
+            if rows.needs_mask(i * C::BLOCK_ROWS) {
+                warpgroup.step::<T, C, true>(step, &mut dk, &mut dv);
+            } else {
+                warpgroup.step::<T, C, false>(step, &mut dk, &mut dv);
             }
         }
         // Without the writer: the last dQ_i reductions have read the staging tile (the block's
@@ -323,11 +318,10 @@ impl Consumer<'_> {
     }
 
     /// One step: row block `step.i` against this warpgroup's keys, and dQ_i at the steps it
-    /// owns (see the module's docs). `MASK`: the tile crosses an edge of the window (the causal
-    /// diagonal among them) or runs past seqlen_q or seqlen_k, so P is 0 at every pair the mask
-    /// hides. `CAPPED`: the scores are soft-capped (only in the `local` kernels).
+    /// owns (see the module's docs). `MASK`: the tile crosses the causal diagonal or runs past
+    /// seqlen_q or seqlen_k, so P is 0 at every pair the mask hides.
     #[inline(always)]
-    fn step<T: TensorCoreElement, C: Fa3BackwardConfig, const MASK: bool, const CAPPED: bool>(
+    fn step<T: TensorCoreElement, C: Fa3BackwardConfig, const MASK: bool>(
         &self,
         step: Step,
         dk: &mut [[f32; 4]; C::D_TILES],
@@ -370,7 +364,7 @@ impl Consumer<'_> {
             seqlen_k: self.info.seqlen_k,
             mask: self.info.mask(),
             score_scale: self.score_scale,
-            softcap: Softcap::of_form(&self.params.base.shape, CAPPED),
+            softcap: Softcap::of_form(&self.params.base.shape, C::LOCAL),
             mask_by_key_ends: true,
         };
         let (logsumexp, delta) = (
