@@ -180,6 +180,15 @@ impl BackwardPlan {
         views: Option<&BackwardViews>,
     ) -> Result<Self> {
         if options.algorithm == BackwardAlgorithm::Standard {
+            if let Some((name, value)) = problem.window_or_softcap() {
+                // Its dS kernel has no soft-cap slope, and its window was never checked.
+                return Err(Error::invalid(
+                    name,
+                    value,
+                    "the standard backward takes neither a window nor soft-capping; fa3 and \
+                     fa2-tc do (f16/bf16, head dims that are multiples of 8 up to 256)",
+                ));
+            }
             return Self::standard(limits, dtype, problem, options);
         }
         let element = ElementType::from(dtype);

@@ -463,6 +463,16 @@ fn a_window_or_softcap_backward_runs_the_local_kernels_and_f32_is_refused_by_nam
     assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc);
     assert!(local_main(&plan));
     assert!(plan.fallback.as_deref().unwrap().contains("deterministic"));
+    // The standard backward has no soft-cap slope: refused by name, as the scalar fa2 is.
+    for algorithm in [Algorithm::Standard, Algorithm::Fa2] {
+        let mut call = Backward::<bf16>::new();
+        call.forward.options.softcap = 5.0;
+        call.forward.options.backward_algorithm = algorithm;
+        assert_eq!(named(call.check()), "softcap", "{algorithm}");
+        call.forward.options.softcap = 0.0;
+        call.forward.options.window = Some((2, 2));
+        assert_eq!(named(call.check()), "window", "{algorithm}");
+    }
     // f32 has no tensor-core kernel: refused, naming the window or the softcap.
     let mut call = Backward::<f32>::new();
     call.forward.options.window = Some((4, 0));

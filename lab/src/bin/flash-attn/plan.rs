@@ -100,9 +100,14 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
                 backward_algorithm,
                 ..options
             };
-            let plan =
-                with_element!(args.dtype, T => plan_shapes::<T>(limits, [q, kv], options, true))?;
-            println!("{plan}");
+            match with_element!(args.dtype, T => plan_shapes::<T>(limits, [q, kv], options, true)) {
+                Ok(plan) => println!("{plan}"),
+                // A window or soft-capping that the scalar and standard backwards refuse: say so.
+                Err(e) if problem.window_or_softcap().is_some() => {
+                    println!("{backward_algorithm} backward: {e}")
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
