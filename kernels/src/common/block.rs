@@ -93,10 +93,11 @@ impl BlockInfo {
         if grouped { self.head } else { self.kv_head }
     }
 
-    /// The block of a kernel that takes the causal mask or none, not a window (`fa1`, `fa2`, the
-    /// backward pass, and the dense and packed forms of `fa2-tc` and `fa3`: the host sends windows
-    /// to the `local` form only): its mask's left side is unbounded at compile time, so its
-    /// masked tiles cost what they did before windows existed.
+    /// The block of a kernel that takes the causal mask or none, not a window (`fa1`, `fa2`
+    /// forward and backward, and the dense and packed forms of `fa2-tc` and `fa3`, forward and
+    /// backward: the host sends windows to the `local` forms only): its mask's left side is
+    /// unbounded at compile time, so its masked tiles cost what they did before windows
+    /// existed.
     #[inline(always)]
     pub fn causal_only(shape: &AttentionShape, batch_head: u32) -> Self {
         Self {
@@ -105,8 +106,8 @@ impl BlockInfo {
         }
     }
 
-    /// The block of a tensor-core forward kernel (`fwd::form::ForwardForm`): its window as the
-    /// parameters give it in the `local` form, else [`BlockInfo::causal_only`].
+    /// The block of a tensor-core kernel, forward (`fwd::form::ForwardForm`) or backward: its
+    /// window as the parameters give it in the `local` form, else [`BlockInfo::causal_only`].
     #[inline(always)]
     pub fn of_form(shape: &AttentionShape, batch_head: u32, local: bool) -> Self {
         if local {

@@ -47,9 +47,9 @@ impl Softcap {
         }
     }
 
-    /// The multipliers of a tensor-core forward kernel (`fwd::form::ForwardForm`): the parameter
-    /// block's in the `local` form, else [`Softcap::OFF`] as a constant, so the capping compiles
-    /// away.
+    /// The multipliers of a tensor-core kernel, forward (`fwd::form::ForwardForm`) or backward:
+    /// the parameter block's in the `local` form, else [`Softcap::OFF`] as a constant, so the
+    /// capping compiles away.
     #[inline(always)]
     pub fn of_form(shape: &AttentionShape, local: bool) -> Self {
         if local { Self::of(shape) } else { Self::OFF }

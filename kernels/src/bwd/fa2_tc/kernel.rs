@@ -7,10 +7,9 @@
 //! Grid (⌈seqlen_k / B_c⌉, batch·heads): one block per key block j, K_j and V_j in shared
 //! memory for the whole loop, dK_j and dV_j in registers; the inner loop walks the row blocks i
 //! that see K_j (causal or a window: from the first whose rows reach the keys to the last, the
-//! element-wise mask only where a tile crosses an edge of the window or the sequences' ends), with
-//! Q_i, dO_i, L_i, D_i copied by
-//! `cp.async` into the other of two stages while row block i − 1 is computed. Per step, each
-//! warp, for its 16 keys (the m16 tile it owns; `config`):
+//! element-wise mask only where a tile crosses an edge of the window or the sequences' ends),
+//! with Q_i, dO_i, L_i, D_i copied by `cp.async` into the other of two stages while row block
+//! i − 1 is computed. Per step, each warp, for its 16 keys (the m16 tile it owns; `config`):
 //!
 //! ```text
 //!  Sᵀ  = K_j·Q_iᵀ            16 × B_r, f32 accumulators   (A: K rows, B: Q rows; ldmatrix)
