@@ -15,6 +15,7 @@
 
 pub mod backward;
 pub mod backward_gpu;
+pub mod backward_kernels;
 pub mod backward_plan;
 pub mod call;
 pub mod call_plan;
