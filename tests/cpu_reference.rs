@@ -6,7 +6,7 @@ mod common;
 use flash_attn::attention::{AttentionOptions, Problem, fa1_blocks, fa2_blocks};
 use flash_attn::{Algorithm, DType, Error};
 use flash_attn_lab::model::reference::{attention_in_dtype, attention_reference};
-use flash_kernels::registry::ForwardForm;
+use flash_kernels::registry::KernelForm;
 use ndarray::{Array4, Axis, array, s};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -426,23 +426,20 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
         (96, Fa2TcTiling::new(4, 2, 1, 64)),
         (128, Fa2TcTiling::new(4, 2, 1, 64)),
     ] {
-        assert_eq!(
-            fa2_tc_tiling(d, None, ForwardForm::Dense).unwrap(),
-            expected
-        );
+        assert_eq!(fa2_tc_tiling(d, None, KernelForm::Dense).unwrap(), expected);
         for tiling in flash_attn::attention::fa2_tc_tilings(d as u32) {
             assert_eq!(
-                fa2_tc_tiling(d, Some(tiling), ForwardForm::Dense).unwrap(),
+                fa2_tc_tiling(d, Some(tiling), KernelForm::Dense).unwrap(),
                 tiling
             );
         }
     }
     // d = 256: one row tile per warp only (two would need 512 accumulator registers per lane).
     assert_eq!(
-        fa2_tc_tiling(256, None, ForwardForm::Dense).unwrap(),
+        fa2_tc_tiling(256, None, KernelForm::Dense).unwrap(),
         Fa2TcTiling::new(4, 1, 1, 64)
     );
-    let err = fa2_tc_tiling(256, Some(default), ForwardForm::Dense)
+    let err = fa2_tc_tiling(256, Some(default), KernelForm::Dense)
         .unwrap_err()
         .to_string();
     assert!(
@@ -451,7 +448,7 @@ fn fa2_tc_tilings_are_parsed_and_checked_per_head_dim() {
             && err.contains("allowed at head_dim 256: 4x1s2c64, 8x1s2c64, 4x1s1c64, 8x1s1c64"),
         "{err}"
     );
-    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)), ForwardForm::Dense)
+    let err = fa2_tc_tiling(64, Some(Fa2TcTiling::new(2, 4, 2, 64)), KernelForm::Dense)
         .unwrap_err()
         .to_string();
     assert!(

@@ -9,7 +9,7 @@ use flash_attn::attention::{BackwardAlgorithm, BackwardPlan};
 use flash_attn::{DType, Error};
 use flash_kernels::fwd::fa2_tc::config::Fa2TcTiling;
 use flash_kernels::fwd::fa3::config::Fa3Tiling;
-use flash_kernels::registry::{ElementType, Family, ForwardForm, KERNELS, KernelId, Module};
+use flash_kernels::registry::{ElementType, Family, KERNELS, KernelForm, KernelId, Module};
 
 #[test]
 fn each_kernel_list_is_exactly_its_modules_entry_points() {
@@ -44,7 +44,7 @@ fn kernel_names_read_back_as_their_ids() {
         Family::Fa2Tc {
             head_dim: 128,
             tiling: Fa2TcTiling::new(4, 2, 1, 64),
-            form: ForwardForm::Dense,
+            form: KernelForm::Dense,
         },
         ElementType::Bf16,
     );
@@ -54,7 +54,7 @@ fn kernel_names_read_back_as_their_ids() {
         Family::Fa2Tc {
             head_dim: 128,
             tiling: Fa2TcTiling::new(4, 2, 1, 64),
-            form: ForwardForm::Packed,
+            form: KernelForm::Packed,
         },
         ElementType::F16,
     );
@@ -63,7 +63,7 @@ fn kernel_names_read_back_as_their_ids() {
         "fa2tc_forward_f16_d128_w4r2s1c64_varlen"
     );
     // Every form's name reads back as its id, in both families.
-    for form in ForwardForm::ALL {
+    for form in KernelForm::ALL {
         let fa2_tc = KernelId::new(
             Family::Fa2Tc {
                 head_dim: 64,
@@ -490,11 +490,29 @@ fn backward_kernel_names_read_back() {
         "fa2tc_backward_f16_d256",
         "fa2_backward_main_f32_d64_grouped",
         "fa2tc_backward_bf16_d128_grouped",
+        "fa2tc_backward_bf16_d128_grouped_varlen_local",
+        "fa2tc_backward_f16_d64_varlen",
         "backward_group_sum_f16",
     ] {
         let id: KernelId = name.parse().unwrap();
         assert_eq!(id.to_string(), name);
         assert!(KERNELS.contains(&id), "{name}");
+    }
+    // FA3's packed and local forms (Hopper module), in the atomic order only.
+    for (name, compiled) in [
+        ("fa3_backward_bf16_d128_grouped_varlen", true),
+        ("fa3_backward_f16_d64_varlen_local", true),
+        ("fa3_backward_f16_d96_local", true),
+        ("fa3_backward_f16_d96_local_deterministic", false),
+        ("fa3_backward_bf16_d64_varlen_deterministic", false),
+    ] {
+        let id: KernelId = name.parse().unwrap();
+        assert_eq!(id.to_string(), name);
+        assert_eq!(
+            flash_kernels::registry::HOPPER_KERNELS.contains(&id),
+            compiled,
+            "{name}"
+        );
     }
     for bad in [
         "fa2_backward_main_f32",
@@ -690,9 +708,9 @@ fn the_tensor_core_backward_plan_and_its_fallbacks() {
 #[test]
 fn every_head_dim_has_packed_and_local_kernels_at_its_default_tiling() {
     for form in [
-        ForwardForm::Packed,
-        ForwardForm::Local,
-        ForwardForm::PackedLocal,
+        KernelForm::Packed,
+        KernelForm::Local,
+        KernelForm::PackedLocal,
     ] {
         let of_form = |list: &[KernelId]| -> Vec<KernelId> {
             list.iter()
@@ -794,7 +812,7 @@ fn the_fa3_backward_plan_and_its_fallbacks() {
                         head_dim: compiled,
                         grouped: kv_heads != 4,
                         deterministic: false,
-                        local: false,
+                        form: KernelForm::Dense,
                     },
                     "d {d}"
                 );

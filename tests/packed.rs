@@ -5,7 +5,7 @@
 
 mod common;
 
-use flash_attn::attention::{CompiledLimits, ForwardPlan, PackedBatch};
+use flash_attn::attention::{CompiledLimits, ForwardPlan, PackedBatch, PackedRows};
 use flash_attn::scoring::Scoring;
 use flash_attn::{Algorithm, AttentionOptions, DType, Error};
 use flash_attn_lab::model::reference::{attention_reference, packed_attention_reference};
@@ -107,7 +107,21 @@ fn the_offsets_must_end_at_the_tensors_rows() {
             problem.seqlen_k,
             problem.packed
         ),
-        (3, 300, 300, true)
+        (
+            3,
+            300,
+            300,
+            Some(PackedRows {
+                total_q: 322,
+                total_k: 322
+            })
+        )
+    );
+    // The tensors' rows, for the passes that walk them: one sequence of all 322.
+    let whole = problem.whole();
+    assert_eq!(
+        (whole.batch, whole.seqlen_q, whole.seqlen_k, whole.packed),
+        (1, 322, 322, None)
     );
 }
 

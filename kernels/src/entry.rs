@@ -78,10 +78,10 @@ macro_rules! paged {
     };
 }
 
-/// The parameter block a forward entry point takes for its list entry's form (its last word): a
-/// packed form's ([`PackedParams`], the launch's sequences after the family's block), or the
-/// family's own.
-macro_rules! forward_params {
+/// The parameter block an entry point of the tensor-core families takes for its list entry's
+/// form (its last word): a packed form's ([`PackedParams`], the launch's sequences after the
+/// family's block), or the family's own.
+macro_rules! form_params {
     ($family:ident, varlen) => {
         PackedParams<$family>
     };
@@ -93,8 +93,8 @@ macro_rules! forward_params {
     };
 }
 
-/// A forward kernel's parameter block as its entry point receives it ([`forward_params!`]).
-trait ForwardParams {
+/// A tensor-core kernel's parameter block as its entry point receives it ([`form_params!`]).
+trait FormParams {
     type Family;
     /// The family's block.
     fn family(&self) -> &Self::Family;
@@ -106,7 +106,7 @@ trait ForwardParams {
 /// A dense or window form's block, the family's own.
 macro_rules! family_params {
     ($($family:ty),*) => {
-        $(impl ForwardParams for $family {
+        $(impl FormParams for $family {
             type Family = Self;
             #[inline(always)]
             fn family(&self) -> &Self {
@@ -120,11 +120,11 @@ macro_rules! family_params {
     };
 }
 #[cfg(not(feature = "hopper"))]
-family_params!(Fa2Params);
+family_params!(Fa2Params, Fa2TcBackwardParams);
 #[cfg(feature = "hopper")]
-family_params!(Fa3Params);
+family_params!(Fa3Params, Fa3BackwardParams);
 
-impl<P> ForwardParams for PackedParams<P> {
+impl<P> FormParams for PackedParams<P> {
     type Family = P;
     #[inline(always)]
     fn family(&self) -> &P {
@@ -149,27 +149,33 @@ macro_rules! entry_point {
                 };
             }
             #[unsafe(export_name = name!())]
-            unsafe extern "ptx-kernel" fn kernel(params: forward_params!(Fa3Params $(, $grid)?)) {
+            unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa3Params $(, $grid)?)) {
                 let packed = params.packed($crate::kernel_parameters_address!(name!()));
                 fa3::kernel::forward::<element!($dtype), Config>(params.family(), packed)
             }
         };
     };
-    (fa3_backward $dtype:ident $d:literal $order:ident $scores:ident $($grouped:ident)?) => {
+    (fa3_backward $dtype:ident $d:literal $order:ident $form:ident $($grouped:ident)?) => {
         const _: () = {
             fa3_backward_config!(
                 Config,
                 $d,
                 $crate::backward_grouped!($($grouped)?),
                 $crate::backward_deterministic!($order),
-                $crate::backward_local!($scores)
+                $crate::kernel_form!($form)
             );
-            #[unsafe(export_name = concat!("fa3_backward_", stringify!($dtype), "_d", $d,
-                $crate::backward_grouped_suffix!($($grouped)?),
-                $crate::backward_local_suffix!($scores),
-                $crate::backward_deterministic_suffix!($order)))]
-            unsafe extern "ptx-kernel" fn kernel(params: Fa3BackwardParams) {
-                fa3_backward::kernel::backward::<element!($dtype), Config>(&params)
+            macro_rules! name {
+                () => {
+                    concat!("fa3_backward_", stringify!($dtype), "_d", $d,
+                        $crate::backward_grouped_suffix!($($grouped)?),
+                        $crate::kernel_form_suffix!($form),
+                        $crate::backward_deterministic_suffix!($order))
+                };
+            }
+            #[unsafe(export_name = name!())]
+            unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa3BackwardParams, $form)) {
+                let packed = params.packed($crate::kernel_parameters_address!(name!()));
+                fa3_backward::kernel::backward::<element!($dtype), Config>(params.family(), packed)
             }
         };
     };
@@ -259,15 +265,24 @@ macro_rules! entry_point {
         };
     };
     (fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
-     $rows:literal $scores:ident $($grouped:ident)?) => {
+     $rows:literal $form:ident $($grouped:ident)?) => {
         const _: () = {
             fa2_tc_backward_config!(Config, $capacity, $warps, $split, $rows,
-                $crate::backward_grouped!($($grouped)?), $crate::backward_local!($scores));
-            #[unsafe(export_name = concat!("fa2tc_backward_", stringify!($dtype), "_d",
-                $capacity, $crate::backward_grouped_suffix!($($grouped)?),
-                $crate::backward_local_suffix!($scores)))]
-            unsafe extern "ptx-kernel" fn kernel(params: Fa2TcBackwardParams) {
-                fa2_tc_backward::kernel::backward::<element!($dtype), Config>(&params)
+                $crate::backward_grouped!($($grouped)?), $crate::kernel_form!($form));
+            macro_rules! name {
+                () => {
+                    concat!("fa2tc_backward_", stringify!($dtype), "_d", $capacity,
+                        $crate::backward_grouped_suffix!($($grouped)?),
+                        $crate::kernel_form_suffix!($form))
+                };
+            }
+            #[unsafe(export_name = name!())]
+            unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa2TcBackwardParams, $form)) {
+                let packed = params.packed($crate::kernel_parameters_address!(name!()));
+                fa2_tc_backward::kernel::backward::<element!($dtype), Config>(
+                    params.family(),
+                    packed,
+                )
             }
         };
     };
@@ -284,16 +299,16 @@ macro_rules! entry_point {
      $($form:ident)?) => {
         const _: () = {
             fa2_tc_config!(Config, $d, $warps, $rows, $stages, $cols);
-            type const PACKED: bool = const { $crate::forward_form!($($form)?).is_packed() };
-            type const LOCAL: bool = const { $crate::forward_form!($($form)?).is_local() };
+            type const PACKED: bool = const { $crate::kernel_form!($($form)?).is_packed() };
+            type const LOCAL: bool = const { $crate::kernel_form!($($form)?).is_local() };
             macro_rules! name {
                 () => {
                     concat!("fa2tc_forward_", stringify!($dtype), "_d", $d, "_w", $warps, "r",
-                        $rows, "s", $stages, "c", $cols, $crate::forward_form_suffix!($($form)?))
+                        $rows, "s", $stages, "c", $cols, $crate::kernel_form_suffix!($($form)?))
                 };
             }
             #[unsafe(export_name = name!())]
-            unsafe extern "ptx-kernel" fn kernel(params: forward_params!(Fa2Params $(, $form)?)) {
+            unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa2Params $(, $form)?)) {
                 let packed = params.packed($crate::kernel_parameters_address!(name!()));
                 fa2_tc::kernel::forward::<element!($dtype), Config, PACKED, LOCAL>(
                     params.family(),

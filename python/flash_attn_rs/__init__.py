@@ -17,7 +17,7 @@ first two functions are differentiable: the forward saves Q, K, V, O and L, and
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` and ``flash_attn_varlen_func`` also take flash-attn's ``window_size`` and
 ``softcap``, forward and backward. ``flash_attn_varlen_func`` is differentiable too: its backward
-is the dense backward on each sequence in turn, until the library has a packed backward kernel.
+is the packed backward kernels' (one launch for up to 255 sequences).
 ``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention
 here.
 
@@ -346,8 +346,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     None) as flash-attn's, with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
     float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key.
     Differentiable in q, k and v, windows and soft-capping included: ``loss.backward()`` runs the
-    dense GPU backward on each sequence's rows in turn (one launch of its kernels per sequence
-    with queries and keys; the library has no packed backward kernel yet, issue #32), into one
+    packed GPU backward (FA3's on Hopper, fa2-tc's elsewhere or in deterministic mode; each
+    sequence against its own keys, one launch of its main kernel per 255 sequences) into one
     packed dQ, dK, dV.
     Raises TypeError or ValueError naming the argument before anything is launched (the offsets'
     values are checked once read), RuntimeError inside a CUDA graph capture (before the offsets

@@ -2,7 +2,7 @@
 as the custom operators of ``_ops``): the forward saves Q, K, V, O and L; ``loss.backward()``
 runs the GPU backward ("auto": FA3's on Hopper, FA2-TC's elsewhere, recomputing P from L) into
 gradients PyTorch allocates; the packed forward's backward is ``_launch.varlen_backward`` (the
-dense one per sequence, until the library has a packed backward kernel). Built on first use, so
+packed backward kernels, each sequence against its own keys). Built on first use, so
 importing flash_attn_rs needs no PyTorch."""
 
 from . import _launch

@@ -138,33 +138,46 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
     return dq, dk, dv
 
 
+def varlen_backward_arguments(q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                              dtype, softmax_scale, causal, window, softcap, deterministic):
+    """The native backward's keywords for a packed batch but the device and the stream: Q, K, V,
+    O, dO, dQ, dK, dV (total, heads, head_dim) as (address, dims, strides) of (1, heads, total,
+    head_dim) views, L (heads, total_q, contiguous) as (1, heads, total_q), the options, and the
+    offsets read on the host (``tolist``) with the longest sequences taken from them."""
+    offsets = [c.tolist() for c in (cu_seqlens_q, cu_seqlens_k)]
+    longest = [max((end - start for start, end in zip(c, c[1:])), default=0) for c in offsets]
+    rows = lse[None]  # flash-attn's (heads, total_q) -> (1, heads, total_q)
+    return dict(
+        dtype=dtype,
+        **operands(PACKED, q=q, k=k, v=v, o=o, d_o=d_o, dq=dq, dk=dk, dv=dv),
+        lse=(rows.data_ptr(), list(rows.shape), list(rows.stride())),
+        **scores(softmax_scale, causal, window, softcap),
+        deterministic=deterministic,
+        cu_seqlens_q=offsets[0], cu_seqlens_k=offsets[1],
+        max_seqlen_q=longest[0], max_seqlen_k=longest[1],
+    )
+
+
 def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
                     causal, window=None, softcap=0.0, deterministic=False):
-    """The packed batch's dQ, dK, dV, until the library has a packed backward kernel (issue #32):
-    the dense backward on each sequence in turn, a dense batch of one in flash-attn's layout
-    (views of q, k, v, O, dO; its rows of L), with its own mask corner as the packed forward
-    computed it, written into one packed dQ, dK, dV. A sequence without queries adds nothing to
-    dK, dV and one without keys has O = 0, so dQ = 0: both stay zeros. The offsets are read on
-    the host (``tolist``)."""
+    """The packed batch's dQ, dK, dV (flash-attn's varlen backward): one packed backward on the
+    current stream of Q's device, over q, k, v, O, dO (total, heads, head_dim) and L
+    (heads, total_q) as the packed forward wrote them, each sequence with its own mask corner
+    (``varlen_backward_arguments``)."""
     import torch
 
-    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-    bounds = zip(*(c.tolist() for c in (cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k,
-                                        cu_seqlens_k[1:])))
-    plan, launched = None, 0
-    for q0, q1, k0, k1 in bounds:
-        if q1 == q0 or k1 == k0:
-            continue
-        rows, keys = slice(q0, q1), slice(k0, k1)
-        grads = backward(
-            q[rows][None], k[keys][None], v[keys][None], o[rows][None],
-            lse[:, rows][None].contiguous(), d_o[rows][None], FLASH_ATTN, dtype, softmax_scale,
-            causal, window=window, softcap=softcap, deterministic=deterministic,
+    if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
+        d_o = d_o.to(dtype=o.dtype).contiguous()
+    with torch.cuda.device(q.device):
+        # Before the offsets' copy: waiting for a capturing stream would invalidate its capture.
+        _refuse_graph_capture(torch)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        plans["backward"] = _native.backward(
+            **varlen_backward_arguments(q, k, v, o, lse.contiguous(), d_o, dq, dk, dv,
+                                        cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
+                                        causal, window, softcap, deterministic),
+            **_on_stream(torch, q.device),
         )
-        for whole, part, span in zip((dq, dk, dv), grads, (rows, keys, keys)):
-            whole[span] = part[0]
-        plan, launched = plans["backward"], launched + 1
-    plans["backward"] = f"packed, sequence by sequence ({launched}): {plan}"
     return dq, dk, dv
 
 

@@ -10,8 +10,8 @@ launches for less host time (with the launches stubbed, on a 2-core machine: a f
 backward 199–226 µs through the operators, 112–130 µs through the Functions). The forward's
 autograd formula is the backward operator on the saved Q, K, V, O and L (the GPU backward
 recomputing P from L); L is not differentiable. The packed forward's formula
-is ``flash_attn_rs::varlen_backward`` (``_launch.varlen_backward``: the dense backward on each
-sequence in turn, until the library has a packed backward kernel). Defined on first use, so
+is ``flash_attn_rs::varlen_backward`` (``_launch.varlen_backward``: the packed backward
+kernels). Defined on first use, so
 importing flash_attn_rs needs no PyTorch; the wheel links no libtorch (the registration is
 Python)."""
 

@@ -539,12 +539,15 @@ pub struct BackwardCall {
     pub d_o: TensorArgument,
     /// dQ, dK, dV to write.
     pub gradients: Gradients<TensorArgument>,
+    /// Dense, or a packed batch (its offsets and flash-attn's bounds, as the forward's).
+    pub batch: Batch,
     /// The forward's scores; the backward's algorithm and determinism.
     pub options: AttentionOptions,
 }
 
 impl BackwardCall {
-    /// Parses the arguments of `backward` (the dtype, the algorithm); the rest is
+    /// Parses the arguments of `backward` (the dtype, the algorithm, the packed form's
+    /// keywords, as the forward's: `form` holds no KV-cache keyword); the rest is
     /// [`BackwardCall::check`]'s.
     #[allow(clippy::too_many_arguments)]
     pub fn parse(
@@ -556,8 +559,10 @@ impl BackwardCall {
         scores: Scores,
         algorithm_name: Option<&str>,
         deterministic: bool,
+        form: &FormArguments,
     ) -> flash_attn::Result<Self> {
         let dtype = dtype.parse()?;
+        let batch = form.batch()?;
         let options = AttentionOptions {
             backward_algorithm: algorithm(algorithm_name)?,
             deterministic,
@@ -569,14 +574,20 @@ impl BackwardCall {
             lse,
             d_o,
             gradients: Gradients { dq, dk, dv },
+            batch,
             options,
         })
     }
 
-    /// Every check the run makes, without a device (planned for an H200); returns that plan.
+    /// Every check the run makes, without a device (planned for an H200), a packed batch's
+    /// bounds among them; returns that plan.
     pub fn check(&self) -> flash_attn::Result<Plan> {
         // SAFETY: as `ForwardCall::check`.
-        flash_attn::with_element!(self.dtype, T => unsafe { self.run::<T>(None) })
+        let plan = flash_attn::with_element!(self.dtype, T => unsafe { self.run::<T>(None) })?;
+        if let Batch::Packed { batch, max_seqlens } = &self.batch {
+            check_max_seqlens(batch, *max_seqlens)?;
+        }
+        Ok(plan)
     }
 
     /// Runs the backward on `gpu`'s stream, writing dQ, dK, dV; returns the plan.
@@ -608,7 +619,10 @@ impl BackwardCall {
             d_o,
             gradients: Gradients { dq, dk, dv },
         };
-        let call = Attention::new(q, k, v).options(self.options);
+        let mut call = Attention::new(q, k, v).options(self.options);
+        if let Batch::Packed { batch, .. } = &self.batch {
+            call = call.packed(batch);
+        }
         match gpu {
             Some(gpu) => call.backward_into(gpu, tensors),
             None => call.check_backward(tensors),
@@ -695,12 +709,15 @@ fn forward(
 /// one line; without `device`, only checks. `lse` is the forward's L (address, dims, strides).
 /// `algorithm` is the backward's (None: "auto", fa3 falling back to fa2-tc, then fa2; or fa3,
 /// fa2-tc, fa2, standard), `deterministic` makes dQ bitwise reproducible; `window` and `softcap`
-/// are the forward's, which the backward refuses with an error naming them (it has neither
-/// yet). Dense batches only. Private, like `forward`.
+/// are the forward's. A packed batch takes the forward's four keywords (`cu_seqlens_q`,
+/// `cu_seqlens_k` as lists, `max_seqlen_q`, `max_seqlen_k`), with every tensor the packed
+/// (total, heads, d) one viewed as (1, heads, total, d) and L (1, heads, total_q). Private,
+/// like `forward`.
 #[pyfunction]
 #[pyo3(signature = (
     *, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, window=None,
-    softcap=0.0, algorithm=None, deterministic=false, device=None, stream=0,
+    softcap=0.0, algorithm=None, deterministic=false, cu_seqlens_q=None, cu_seqlens_k=None,
+    max_seqlen_q=None, max_seqlen_k=None, device=None, stream=0,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
@@ -721,9 +738,20 @@ fn backward(
     softcap: f64,
     algorithm: Option<&str>,
     deterministic: bool,
+    cu_seqlens_q: Option<Vec<i64>>,
+    cu_seqlens_k: Option<Vec<i64>>,
+    max_seqlen_q: Option<usize>,
+    max_seqlen_k: Option<usize>,
     device: Option<usize>,
     stream: usize,
 ) -> PyResult<Option<String>> {
+    let form = FormArguments {
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        ..FormArguments::default()
+    };
     let call = BackwardCall::parse(
         dtype,
         [q, k, v, o],
@@ -733,6 +761,7 @@ fn backward(
         Scores::of(softmax_scale, causal, window, softcap),
         algorithm,
         deterministic,
+        &form,
     )
     .map_err(to_py)?;
     call.check().map_err(to_py)?;
@@ -1076,6 +1105,7 @@ mod tests {
             scores,
             algorithm,
             algorithm == Some("fa2-tc"),
+            &FormArguments::default(),
         )?;
         let plan = call.check()?;
         Ok((call, plan))
@@ -1198,6 +1228,51 @@ mod tests {
         fn check(&self) -> flash_attn::Result<(ForwardCall, Plan)> {
             self.check_with(self.tensors())
         }
+    }
+
+    impl PackedCase {
+        /// The backward of this packed call: dO, dQ, dK, dV in gibibytes 5 to 8.
+        fn backward(&self) -> flash_attn::Result<(BackwardCall, Plan)> {
+            let [q, k, v, o] = self.tensors();
+            let at = |i: u64, t: TensorArgument| (BASE + (i << 30), t.1, t.2);
+            let call = BackwardCall::parse(
+                self.dtype,
+                [q, k, v, o],
+                (self.lse, [1, 4, 16], [64, 16, 1]),
+                at(5, q),
+                [at(6, q), at(7, k), at(8, v)],
+                self.scores,
+                self.algorithm,
+                false,
+                &self.form,
+            )?;
+            let plan = call.check()?;
+            Ok((call, plan))
+        }
+    }
+
+    #[test]
+    fn packed_backward_runs_the_varlen_kernels_and_checks_the_bounds() {
+        let (call, plan) = PackedCase::default().backward().expect("valid");
+        assert!(matches!(call.batch, Batch::Packed { .. }));
+        let line = plan.to_string();
+        assert!(
+            line.starts_with("fa3 backward:") && line.contains("_varlen"),
+            "{line}"
+        );
+        // A bound below the longest sequence is named, as in the forward.
+        let mut short = PackedCase::default();
+        short.form.max_seqlen_k = Some(8);
+        assert_eq!(
+            rejected(short.backward()),
+            ("max_seqlen_k", ExceptionKind::Value)
+        );
+        // The scalar backward takes no packed batch.
+        let scalar = PackedCase {
+            algorithm: Some("fa2"),
+            ..Default::default()
+        };
+        assert_eq!(rejected(scalar.backward()), ("form", ExceptionKind::Value));
     }
 
     #[test]

@@ -3,8 +3,8 @@ reference built sequence by sequence (``reference.packed_attention64``), with th
 of test_gpu_numerics.py: auto (the default: fa3, fa2-tc off compute capability 9.0) and fa2-tc,
 float16 and bfloat16, causal and not, grouped K/V heads, a window and soft-capping, uneven
 lengths with empty sequences, more sequences than one launch's table, sliced inputs, and L.
-The backward: the dense one on each sequence in turn (no packed backward kernel yet), checked
-against each sequence's float64 gradients.
+The backward: the packed backward kernels (fa3's; fa2-tc's in deterministic mode and at head
+dims past 128), checked against each sequence's float64 gradients.
 
 FLASH_ATTN_PY_RESULTS=path appends one line per checked tensor, as test_gpu_numerics.py does."""
 
@@ -167,27 +167,58 @@ BACKWARD_SCORES = [((-1, -1), 0.0), ((24, 8), 30.0)]
 @pytest.mark.parametrize("lengths", ["self", "cross"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("scores", BACKWARD_SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
-def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal, scores):
-    """The packed backward (the dense one on each sequence in turn): dQ, dK, dV of every sequence
-    against the float64 reference of that sequence alone (its window at its own bottom-right
-    corner, and its capping), with the project's bound; rows of sequences without keys, and keys
-    of sequences without queries, get zero gradients."""
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_varlen_backward(dtype, lengths, causal, scores, deterministic):
+    """The packed backward: dQ, dK, dV of every sequence against the float64 reference of that
+    sequence alone (its window at its own bottom-right corner, and its capping), with the
+    project's bound; rows of sequences without keys, and keys of sequences without queries, get
+    zero gradients."""
+    check_varlen_backward(f"varlen backward {dtype} {lengths} causal={causal} {scores} "
+                          f"deterministic={deterministic}", DTYPES[dtype], LENGTHS[lengths],
+                          causal, scores, deterministic=deterministic)
+
+
+@pytest.mark.parametrize("d", [96, 128, 256])
+@pytest.mark.parametrize("scores", BACKWARD_SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
+def test_varlen_backward_head_dims_and_grouped_heads(d, scores):
+    """The packed backward at the other head dims (fa3 to 128, fa2-tc past it), 8 query heads on
+    2 K/V heads (dK and dV summed over each group)."""
+    check_varlen_backward(f"varlen backward d={d} {scores}", torch.bfloat16, CROSS, True,
+                          scores, d=d, heads=8)
+
+
+def test_varlen_backward_of_more_sequences_than_one_launch_takes():
+    """300 sequences (one launch takes 255): each sequence's gradients, in both launches."""
+    rng = random.Random(300)
+    lengths = [(n, n) for n in (rng.randrange(0, 40) for _ in range(300))]
+    check_varlen_backward("varlen backward 300 sequences", torch.bfloat16, lengths, True,
+                          ((-1, -1), 0.0))
+    check_varlen_backward("varlen backward 300 sequences deterministic", torch.float16, lengths,
+                          False, ((-1, -1), 0.0), deterministic=True)
+
+
+def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, heads=4,
+                          deterministic=False):
     window, softcap = scores
-    test = f"varlen backward {dtype} {lengths} causal={causal} {scores}"
-    torch_dtype = DTYPES[dtype]
-    q, k, v, cu_q, cu_k = packed_inputs(test, LENGTHS[lengths], 4, 2, 64, torch_dtype)
+    q, k, v, cu_q, cu_k = packed_inputs(test, lengths, heads, 2, d, torch_dtype)
     for t in (q, k, v):
         t.requires_grad_(True)
-    o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap)
+    o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
+               deterministic=deterministic)
     win = None if window == (-1, -1) else window
     d_o = randn(o.shape, torch_dtype, generator(seed_of(test) + 1))
     o.backward(d_o)
     plan = flash_attn_rs.last_backward_plan()
-    assert plan.startswith("packed, sequence by sequence"), plan
+    assert "_varlen" in plan, plan
+    if deterministic or d > 128:
+        assert plan.startswith("fa2-tc backward"), plan
+    elif torch.cuda.get_device_capability(DEVICE) == (9, 0):
+        assert plan.startswith("fa3 backward"), plan
 
     def sdpa(t):
         return t.detach().to(torch.float64).transpose(0, 1)[None]
 
+    scale = d**-0.5
     for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
         if q1 == q0 or k1 == k0:
             assert torch.count_nonzero(q.grad[q0:q1]) == 0
@@ -195,13 +226,23 @@ def test_varlen_backward_sequence_by_sequence(dtype, lengths, causal, scores):
             continue
         parts = [sdpa(t[a:b]) for t, (a, b) in zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1),
                                                                       (q0, q1)))]
-        exact = ref.gradients64(*parts, causal, 64**-0.5, win, softcap)
-        in_dtype = ref.backward_in_dtype(*parts, causal, 64**-0.5, torch_dtype, win, softcap)
+        exact = ref.gradients64(*parts, causal, scale, win, softcap)
+        in_dtype = ref.backward_in_dtype(*parts, causal, scale, torch_dtype, win, softcap)
         for name, grad, span, want, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
                                                 ((q0, q1), (k0, k1), (k0, k1)), exact, in_dtype):
             got = grad[span[0]:span[1]].to(torch.float64).transpose(0, 1)[None]
             assert_within(f"{test} [{q0}:{q1}]", name, got, want,
                           ref.backward_bound(want, base, torch_dtype), plan)
+    if deterministic:
+        # The same bits on a second run.
+        first = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
+                   deterministic=True)
+        o.backward(d_o)
+        for before, t in zip(first, (q, k, v)):
+            assert torch.equal(before, t.grad)
 
 
 @pytest.mark.parametrize("cu_q, max_q, name", [

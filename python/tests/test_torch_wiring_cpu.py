@@ -79,11 +79,40 @@ def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
     return o64.to(q.dtype), lse64.float()
 
 
+def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
+                         causal, window=None, softcap=0.0, deterministic=False):
+    """The packed backward launch's contract: the native backward's real checks on what the real
+    launch passes it (without a device nothing launches), then float64 gradients by formula
+    sequence by sequence into tensors allocated as the launch allocates them; zeros for a
+    sequence without queries or keys."""
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    arguments = _launch.varlen_backward_arguments(
+        q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
+        causal, window, softcap, deterministic)
+    assert _native.backward(**arguments) is None
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    for grad in (dq, dk, dv):
+        grad.zero_()
+    cu_q, cu_k = arguments["cu_seqlens_q"], arguments["cu_seqlens_k"]
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        if q1 == q0 or k1 == k0:
+            continue
+        parts = [t.detach()[a:b].double().transpose(0, 1)[None] for t, (a, b) in
+                 zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1), (q0, q1)))]
+        grads = ref.gradients64_by_formula(*parts, causal, scale, window, softcap)
+        for whole, part, (a, b) in zip((dq, dk, dv), grads, ((q0, q1), (k0, k1), (k0, k1))):
+            whole[a:b] = part[0].transpose(0, 1).to(whole.dtype)
+    _launch.plans["backward"] = "fake packed deterministic backward" if deterministic else \
+        "fake packed backward"
+    return dq, dk, dv
+
+
 @pytest.fixture
 def cpu_launches(monkeypatch):
     monkeypatch.setattr(_checks, "DEVICE_TYPES", ("cuda", "cpu"))
     monkeypatch.setattr(_launch, "forward", fake_forward)
     monkeypatch.setattr(_launch, "backward", fake_backward)
+    monkeypatch.setattr(_launch, "varlen_backward", fake_varlen_backward)
 
 
 @pytest.mark.parametrize("layout", ["flash", "sdpa"])
@@ -289,7 +318,7 @@ def test_varlen_is_flash_attn_func_on_each_sequence(cpu_launches, causal, scores
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_varlen_backward_is_the_dense_backward_per_sequence(cpu_launches, causal):
+def test_varlen_backward_is_each_sequences_own(cpu_launches, causal):
     """dQ, dK, dV of a packed batch are each sequence's own gradients (grouped K/V heads summed,
     zeros for a sequence without keys or without queries); under no_grad there is no graph."""
     q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
@@ -299,8 +328,7 @@ def test_varlen_backward_is_the_dense_backward_per_sequence(cpu_launches, causal
                                              deterministic=True)
     d_o = torch.randn_like(o)
     o.backward(d_o)
-    assert flash_attn_rs.last_backward_plan() == \
-        "packed, sequence by sequence (3): fake deterministic backward"
+    assert flash_attn_rs.last_backward_plan() == "fake packed deterministic backward"
     cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
     for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
         if q1 == q0 or k1 == k0:

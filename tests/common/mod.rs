@@ -68,7 +68,7 @@ pub fn fa3_tilings() -> Vec<(u32, flash_kernels::fwd::fa3::config::Fa3Tiling)> {
             Family::Fa3 {
                 head_dim,
                 tiling,
-                form: flash_kernels::registry::ForwardForm::Dense,
+                form: flash_kernels::registry::KernelForm::Dense,
             } => Some((head_dim, tiling)),
             _ => None,
         })

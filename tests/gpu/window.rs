@@ -157,7 +157,7 @@ fn the_standard_forward_takes_windows() {
 }
 
 /// Every `_local` kernel (windows and soft-capping are their own kernel form, compiled at each
-/// head dim's default tiling, FA3 on the one-tile grid: `registry::ForwardForm`) on one windowed,
+/// head dim's default tiling, FA3 on the one-tile grid: `registry::KernelForm`) on one windowed,
 /// capped case and one causal-window case: FA2-TC at every compiled head dim, FA3 at each of its
 /// compiled head dims. Other tilings refuse a window by name (CPU test in `window_reference`).
 #[test]

@@ -19,17 +19,21 @@ use flash_kernels::registry::{ElementType, Family, StandardBackwardStage};
 
 use super::backward::Gradients;
 use super::backward_plan::{BackwardAlgorithm, BackwardPlan};
+use super::packed::{PackedBatch, launch_sequences};
+use super::plan::PlannedLaunch;
 use super::problem::Problem;
-use crate::device::Gpu;
 use crate::device::tensor_map::{self, MapOperand, TENSOR_MAP_WORDS};
+use crate::device::{Gpu, ParamBlock};
 use crate::error::Result;
 
-/// Where one backward call's tensors are on the device: Q, K, V, O, dO, dQ, dK, dV and L.
-pub(crate) struct BackwardCall {
+/// Where one backward call's tensors are on the device: Q, K, V, O, dO, dQ, dK, dV and L; and
+/// a packed batch's sequences.
+pub(crate) struct BackwardCall<'a> {
     pub operands: Operands,
     pub d_o: TensorView,
     pub gradients: Gradients<TensorView>,
     pub logsumexp: u64,
+    pub packed: Option<&'a PackedBatch>,
 }
 
 /// Launches a backward plan on `gpu`'s stream for a checked call at `call`'s addresses: its
@@ -37,7 +41,9 @@ pub(crate) struct BackwardCall {
 /// and dV; freed in stream order after the kernels), the pre-pass, the main kernel, the
 /// post-pass, and the group sum.
 pub(crate) fn launch_backward(gpu: &Gpu, plan: &BackwardPlan, call: BackwardCall) -> Result<()> {
-    let problem = &plan.problem;
+    // The passes, the group sum and the workspaces cover the tensors' rows: a packed batch's
+    // all at once.
+    let problem = &plan.problem.whole();
     // Grouped K/V heads: the main kernels store dK and dV per query head into the expanded
     // workspace, which the group sum adds into the caller's dK and dV at the end.
     // Dropped at the end of this call: freed in stream order, after the kernels that use it.
@@ -113,6 +119,7 @@ fn launch_fa2_backward(
     stored: &Gradients<TensorView>,
 ) -> Result<()> {
     // Dropped at the end of this call: freed in stream order, after the kernels that use them.
+    let problem = &plan.problem;
     let delta = gpu.alloc::<f32>(plan.delta, "the backward's D")?;
     let dq_accumulator = gpu.alloc::<f32>(plan.dq_accumulator, "the backward's dQ accumulator")?;
     // The flags are u32 words; +0.0 is their zero.
@@ -120,9 +127,11 @@ fn launch_fa2_backward(
     if plan.deterministic {
         gpu.fill(&mut dq_flags, 0.0)?;
     }
+    // The passes walk the tensors' rows (a packed batch's all at once); the main kernel
+    // attends, each packed sequence to its own keys.
     let params = Fa2BackwardParams {
         operands: call.operands,
-        shape: plan.problem.shape(),
+        shape: problem.whole().shape(),
         d_o: call.d_o,
         dq: stored.dq,
         dk: stored.dk,
@@ -140,28 +149,58 @@ fn launch_fa2_backward(
     let [pre, main, post, ..] = plan.launches[..] else {
         unreachable!("an FA2 backward plan starts with three launches")
     };
+    let base = Fa2BackwardParams {
+        shape: problem.shape(),
+        ..params
+    };
     gpu.launch(pre.kernel, pre.launch, params)?;
     match plan.algorithm {
-        BackwardAlgorithm::Fa2 => gpu.launch(main.kernel, main.launch, params)?,
+        BackwardAlgorithm::Fa2 => gpu.launch(main.kernel, main.launch, base)?,
         BackwardAlgorithm::Standard => unreachable!("the standard backward launched above"),
         BackwardAlgorithm::Fa3 => {
             let main_params = Fa3BackwardParams {
-                base: params,
+                base,
                 tensor_maps: fa3_tensor_maps(gpu, call, plan, params.dq_accumulator)?,
                 dq_semaphore,
             };
-            gpu.launch(main.kernel, main.launch, main_params)?
+            launch_main(gpu, plan, main, call.packed, main_params, |p| {
+                (&mut p.base.shape, &mut p.dq_semaphore)
+            })?
         }
         BackwardAlgorithm::Fa2Tc => {
-            let main_params = Fa2TcBackwardParams {
-                base: params,
-                dq_semaphore,
-            };
-            gpu.launch(main.kernel, main.launch, main_params)?
+            let main_params = Fa2TcBackwardParams { base, dq_semaphore };
+            launch_main(gpu, plan, main, call.packed, main_params, |p| {
+                (&mut p.base.shape, &mut p.dq_semaphore)
+            })?
         }
     }
     gpu.launch(post.kernel, post.launch, params)?;
     Ok(())
+}
+
+/// The tensor-core main kernel's launch: once, or for a packed batch once per table of its
+/// sequences, each launch's shape counting its own sequences and its deterministic flags
+/// (`fields` reaches the shape and the flags' address) starting at its first sequence's.
+fn launch_main<P: ParamBlock>(
+    gpu: &Gpu,
+    plan: &BackwardPlan,
+    main: PlannedLaunch,
+    packed: Option<&PackedBatch>,
+    family: P,
+    fields: impl Fn(&mut P) -> (&mut AttentionShape, &mut u64),
+) -> Result<()> {
+    let Some(batch) = packed else {
+        return gpu.launch(main.kernel, main.launch, family);
+    };
+    let problem = &plan.problem;
+    let flags_per_sequence = problem.heads * problem.seqlen_q.div_ceil(plan.block_rows as usize);
+    launch_sequences(gpu, &[main], problem.heads, batch, family, |p, first, n| {
+        let (shape, flags) = fields(p);
+        shape.batch = n;
+        if *flags != 0 {
+            *flags += (first as usize * flags_per_sequence * std::mem::size_of::<u32>()) as u64;
+        }
+    })
 }
 
 /// The FA3 backward's tensor maps (`device::tensor_map`) in the device ring: Q, K, V, dO, boxes
@@ -173,7 +212,9 @@ fn fa3_tensor_maps(
     plan: &BackwardPlan,
     dq_accumulator: u64,
 ) -> Result<u64> {
-    let (q_dims, kv_dims) = (plan.problem.q_dims(), plan.problem.kv_dims());
+    // A packed batch's maps span its whole tensors.
+    let whole = plan.problem.whole();
+    let (q_dims, kv_dims) = (whole.q_dims(), whole.kv_dims());
     let (rows, keys) = (plan.block_rows, plan.block_cols);
     let mut maps = tensor_map::encode_call(
         &[

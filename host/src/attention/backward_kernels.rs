@@ -6,7 +6,7 @@
 use flash_kernels::bwd::fa2::config as fa2_backward;
 use flash_kernels::bwd::fa3::config as fa3_backward;
 use flash_kernels::registry::{
-    BackwardStage, ElementType, Family, HOPPER_KERNELS, KERNELS, KernelId,
+    BackwardStage, ElementType, Family, HOPPER_KERNELS, KERNELS, KernelForm, KernelId,
 };
 
 use super::backward_plan::{BackwardOptions, BackwardViews};
@@ -38,18 +38,18 @@ pub(super) fn smallest_capacity(
         .copied()
 }
 
-/// FA3's backward main kernel for this call (for grouped K/V heads or not, with a window or
-/// soft-capping or not, deterministic or not), or why there is none: the device is not compute
-/// capability 9.0, f32, or what keeps the tensor-core kernel from running (a head dim that is
-/// not a multiple of 8, rows that are not 16-byte aligned: TMA reads them, `check_views`), a
-/// head dim past the largest compiled one, or deterministic mode with a window or soft-capping
-/// (compiled in fa2-tc's form only).
+/// FA3's backward main kernel for this call (for grouped K/V heads or not, in the call's
+/// `form`: packed or not, with a window or soft-capping or not; deterministic or not), or why
+/// there is none: the device is not compute capability 9.0, f32, or what keeps the tensor-core
+/// kernel from running (a head dim that is not a multiple of 8, rows that are not 16-byte
+/// aligned: TMA reads them, `check_views`), a head dim past the largest compiled one, or
+/// deterministic mode in any form but the dense one (compiled in fa2-tc's forms only).
 pub(super) fn fa3_main_kernel(
     limits: &dyn LaunchLimits,
     dtype: DType,
     d: u32,
     grouped: bool,
-    local: bool,
+    form: KernelForm,
     options: &BackwardOptions,
     views: Option<&BackwardViews>,
 ) -> std::result::Result<KernelId, String> {
@@ -60,9 +60,11 @@ pub(super) fn fa3_main_kernel(
         return Err("f32 has no FA3 kernel (f16 and bf16 do)".into());
     }
     let deterministic = options.deterministic;
-    if deterministic && local {
+    if deterministic && form != KernelForm::Dense {
         return Err(
-            "deterministic mode with a window or soft-capping is compiled for fa2-tc only".into(),
+            "deterministic mode with a window, soft-capping or a packed batch is compiled for \
+             fa2-tc only"
+                .into(),
         );
     }
     check_views(d, grouped, views)?;
@@ -73,8 +75,8 @@ pub(super) fn fa3_main_kernel(
         .filter(|k| {
             matches!(
                 k.family,
-                Family::Fa3Backward { grouped: g, deterministic: o, local: l, .. }
-                    if g == grouped && o == deterministic && l == local
+                Family::Fa3Backward { grouped: g, deterministic: o, form: f, .. }
+                    if g == grouped && o == deterministic && f == form
             )
         })
         .filter(|k| k.head_dim_capacity().is_some_and(|capacity| capacity >= d))
@@ -141,8 +143,8 @@ pub(super) fn wide_passes_refused(
     Ok(())
 }
 
-/// The tensor-core main kernel for this call (for grouped K/V heads or not, with a window or
-/// soft-capping or not), or why there is none: f32, a head dim that is not a multiple of 8
+/// The tensor-core main kernel for this call (for grouped K/V heads or not, in the call's
+/// `form`), or why there is none: f32, a head dim that is not a multiple of 8
 /// (rows are copied in 16-byte chunks), or a tensor whose rows are not 16-byte aligned
 /// (grouped, the kernel stores into the expanded workspace, not into dK and dV, which the group
 /// sum writes element by element).
@@ -150,7 +152,7 @@ pub(super) fn tensor_core_main_kernel(
     dtype: DType,
     d: u32,
     grouped: bool,
-    local: bool,
+    form: KernelForm,
     views: Option<&BackwardViews>,
 ) -> std::result::Result<KernelId, String> {
     if dtype == DType::F32 {
@@ -158,8 +160,8 @@ pub(super) fn tensor_core_main_kernel(
     }
     check_views(d, grouped, views)?;
     smallest_capacity(ElementType::from(dtype), d, |family| {
-        matches!(family, Family::Fa2TcBackward { grouped: g, local: l, .. }
-                if g == grouped && l == local)
+        matches!(family, Family::Fa2TcBackward { grouped: g, form: f, .. }
+                if g == grouped && f == form)
     })
     .ok_or_else(|| format!("head_dim {d} is past the tensor-core kernels' largest capacity"))
 }

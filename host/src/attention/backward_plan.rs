@@ -183,6 +183,9 @@ impl BackwardPlan {
         views: Option<&BackwardViews>,
     ) -> Result<Self> {
         if options.algorithm == BackwardAlgorithm::Standard {
+            if problem.is_packed() {
+                return Err(packed_refused("the standard backward was asked for"));
+            }
             if let Some((name, value)) = problem.window_or_softcap() {
                 // Its dS kernel has no soft-cap slope, and its window was never checked.
                 return Err(Error::invalid(
@@ -197,15 +200,15 @@ impl BackwardPlan {
         let element = ElementType::from(dtype);
         let d = problem.head_dim as u32;
         let grouped = problem.is_grouped();
-        // A window or soft-capping runs the tensor-core kernels' `local` form.
-        let local = problem.window_or_softcap().is_some();
+        // A packed batch, a window or soft-capping runs the tensor-core kernels' form for them.
+        let form = problem.kernel_form();
         // The chain fa3 → fa2-tc → fa2, from the algorithm asked for, each step with its reason.
         // (Standard was planned above.)
         let mut fallbacks = Vec::new();
         let mut asked = options.algorithm;
         let mut hopper = None;
         if asked == BackwardAlgorithm::Fa3 {
-            let kernel = fa3_main_kernel(limits, dtype, d, grouped, local, options, views);
+            let kernel = fa3_main_kernel(limits, dtype, d, grouped, form, options, views);
             match kernel {
                 Ok(kernel) => hopper = Some(kernel),
                 Err(reason) => {
@@ -220,7 +223,7 @@ impl BackwardPlan {
         }
         let mut tensor_core = None;
         if asked == BackwardAlgorithm::Fa2Tc {
-            match tensor_core_main_kernel(dtype, d, grouped, local, views) {
+            match tensor_core_main_kernel(dtype, d, grouped, form, views) {
                 Ok(kernel) => tensor_core = Some(kernel),
                 Err(reason) => fallbacks.push(format!(
                     "{} falls back to {}: {reason}",
@@ -261,6 +264,13 @@ impl BackwardPlan {
                     )
                 }
                 (None, None) => {
+                    if problem.is_packed() {
+                        return Err(packed_refused(
+                            fallback
+                                .as_deref()
+                                .unwrap_or("the scalar fa2 was asked for"),
+                        ));
+                    }
                     if let Some((name, value)) = problem.window_or_softcap() {
                         return Err(Error::invalid(
                             name,
@@ -310,7 +320,8 @@ impl BackwardPlan {
         }
         check_shared(limits, shared_bytes, "head_dim", tiling, problem.head_dim)?;
         check_threads(limits, main, threads, "head_dim")?;
-        let heads = problem.batch_heads() as u32;
+        // The passes walk the tensors' rows: a packed batch's all at once.
+        let whole = problem.whole();
         // The pre- and post-pass: wide (16-byte loads and stores) where the dtype, head dim and
         // views allow, else element-wise, with the reason.
         let element_wise_passes = wide_passes_refused(dtype, d, views).err();
@@ -331,8 +342,8 @@ impl BackwardPlan {
             kernel: KernelId::new(Family::Fa2Backward(stage), element),
             launch: Launch {
                 grid: (
-                    problem.seqlen_q.div_ceil(pass_rows as usize) as u32,
-                    heads,
+                    whole.seqlen_q.div_ceil(pass_rows as usize) as u32,
+                    whole.batch_heads() as u32,
                     1,
                 ),
                 threads: fa2_backward::PASS_THREADS,
@@ -342,18 +353,20 @@ impl BackwardPlan {
         for planned in [pre, post] {
             check_threads(limits, planned.kernel, planned.launch.threads, "head_dim")?;
         }
+        // A packed batch: the longest sequence's key blocks, and each launch's sequences' heads
+        // (`packed::launch_sequences`).
         let key_blocks = problem.seqlen_k.div_ceil(block_cols as usize) as u32;
         let main = PlannedLaunch {
             kernel: main,
             launch: Launch {
-                grid: (key_blocks, heads, 1),
+                grid: (key_blocks, problem.batch_heads() as u32, 1),
                 threads,
                 shared_bytes,
             },
         };
         let row_blocks = problem.seqlen_q.div_ceil(block_rows as usize);
         let mut launches = vec![pre, main, post];
-        launches.extend(group_sum_launch(limits, element, problem)?);
+        launches.extend(group_sum_launch(limits, element, &whole)?);
         Ok(Self {
             problem: *problem,
             dtype,
@@ -363,8 +376,9 @@ impl BackwardPlan {
             block_rows,
             block_cols,
             launches,
-            dq_accumulator: problem.rows() * problem.head_dim,
-            delta: problem.rows(),
+            dq_accumulator: whole.rows() * problem.head_dim,
+            delta: whole.rows(),
+            // A packed batch's: (sequences·heads, the longest sequence's row blocks).
             dq_flags: if options.deterministic {
                 problem.batch_heads() * row_blocks
             } else {
@@ -372,7 +386,7 @@ impl BackwardPlan {
             },
             scores: 0,
             probs: 0,
-            expanded_kv_gradients: expanded_kv_gradients(problem),
+            expanded_kv_gradients: expanded_kv_gradients(&whole),
             element_wise_passes,
         })
     }
@@ -516,6 +530,19 @@ impl fmt::Display for BackwardPlan {
         }
         Ok(())
     }
+}
+
+/// The refusal of a packed batch's backward where no tensor-core kernel runs it (`why`: the
+/// fallback chain's reasons, or the algorithm asked for).
+fn packed_refused(why: &str) -> Error {
+    Error::invalid(
+        "form",
+        "a packed batch",
+        format!(
+            "the packed backward runs on the tensor-core kernels only (fa3, fa2-tc: f16/bf16, \
+             head dims that are multiples of 8 up to 256, 16-byte-aligned rows); here {why}"
+        ),
+    )
 }
 
 /// Elements of each of the expanded dK and dV of a grouped problem, (batch·heads_q, seqlen_k,

@@ -38,23 +38,22 @@ impl Plan {
         }
     }
 
-    /// The statistics' dims: (batch, heads, seqlen_q); a packed batch's (1, heads, total_q); a
-    /// decode's (batch, heads, q_tokens).
+    /// The statistics' dims: (batch, heads, seqlen_q); a packed batch's (1, heads, total_q),
+    /// forward and backward; a decode's (batch, heads, q_tokens).
     pub fn statistics_dims(&self) -> [usize; 3] {
         match &self.pass {
             PassPlan::Forward(plan) => {
                 let [_, heads, rows, _] = self.key.q_dims();
-                if plan.problem.packed {
+                if plan.problem.is_packed() {
                     [1, heads, rows]
                 } else {
                     [plan.problem.batch, heads, plan.problem.seqlen_q]
                 }
             }
-            PassPlan::Backward(plan) => [
-                plan.problem.batch,
-                plan.problem.heads,
-                plan.problem.seqlen_q,
-            ],
+            PassPlan::Backward(plan) => {
+                let whole = plan.problem.whole();
+                [whole.batch, whole.heads, whole.seqlen_q]
+            }
             PassPlan::Decode(plan) => [
                 plan.problem.batch,
                 plan.problem.heads_q,

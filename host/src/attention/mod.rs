@@ -44,8 +44,8 @@ pub use plan::{
     tensor_core_fallback,
 };
 pub use problem::{
-    Algorithm, AttentionOptions, MAX_HEAD_DIM, Problem, parse_fa2_tc_tiling, parse_fa3_tiling,
-    parse_optional_fa2_tc_tiling,
+    Algorithm, AttentionOptions, MAX_HEAD_DIM, PackedRows, Problem, parse_fa2_tc_tiling,
+    parse_fa3_tiling, parse_optional_fa2_tc_tiling,
 };
 pub use tensors::{
     AttentionOutput, BackwardOutput, BackwardTensors, ForwardTensors, Pass, RowStatistics,

@@ -15,7 +15,7 @@
 //! the other algorithms refuse a packed batch.
 
 use flash_kernels::common::params::{
-    AttentionShape, MAX_SEQUENCES_PER_LAUNCH, Operands, PackedParams, PackedSequences,
+    MAX_SEQUENCES_PER_LAUNCH, Operands, PackedParams, PackedSequences,
 };
 
 use super::plan::{Blocks, ForwardPlan, Launch, PlannedLaunch};
@@ -184,27 +184,32 @@ impl PackedBatch {
     }
 }
 
-/// The plan's kernels over `batch`: one launch per table of at most MAX_SEQUENCES_PER_LAUNCH
-/// sequences, each over its own sequences' heads (`family`'s shape, reached by `shape`, gets the
-/// launch's sequence count); the grid's row blocks stay the longest sequence's of the whole batch.
-fn launch_sequences<P: ParamBlock>(
+/// `launches` over `batch`: each once per table of at most MAX_SEQUENCES_PER_LAUNCH sequences,
+/// over its own sequences' heads (`heads` per sequence), with `family` as `per_launch` sets it
+/// for the table's first sequence and count (its shape's batch at least); the grid's x and z
+/// stay the longest sequence's of the whole batch.
+pub(super) fn launch_sequences<P: ParamBlock>(
     gpu: &Gpu,
-    plan: &ForwardPlan,
-    problem: &Problem,
+    launches: &[PlannedLaunch],
+    heads: usize,
     batch: &PackedBatch,
     family: P,
-    shape: impl Fn(&mut P) -> &mut AttentionShape,
+    per_launch: impl Fn(&mut P, u32, u32),
 ) -> Result<()> {
-    for (sequences, table) in batch.launch_tables() {
+    for (index, (sequences, table)) in batch.launch_tables().into_iter().enumerate() {
         let mut family = family;
-        shape(&mut family).batch = sequences;
+        per_launch(
+            &mut family,
+            (index * MAX_SEQUENCES_PER_LAUNCH) as u32,
+            sequences,
+        );
         let params = PackedParams {
             family,
             sequences: table,
         };
-        for PlannedLaunch { kernel, launch } in &plan.launches {
+        for PlannedLaunch { kernel, launch } in launches {
             let (x, _, z) = launch.grid;
-            let grid = (x, sequences * problem.heads as u32, z);
+            let grid = (x, sequences * heads as u32, z);
             gpu.launch(*kernel, Launch { grid, ..*launch }, params)?;
         }
     }
@@ -235,16 +240,21 @@ pub(crate) fn launch_packed<T: Element>(
     batch: &PackedBatch,
 ) -> Result<()> {
     let problem = &plan.problem;
+    let (launches, heads) = (&plan.launches, problem.heads);
     match plan.blocks {
         Blocks::Fa2Tc(tiling) => {
             let family = fa2_params(operands, problem, logsumexp, tiling.block_rows());
-            launch_sequences(gpu, plan, problem, batch, family, |p| &mut p.shape)?
+            launch_sequences(gpu, launches, heads, batch, family, |p, _, n| {
+                p.shape.batch = n
+            })?
         }
         Blocks::Fa3 { tiling, .. } => {
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
             let shape = problem.shape();
             let family = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
-            launch_sequences(gpu, plan, problem, batch, family, |p| &mut p.shape)?
+            launch_sequences(gpu, launches, heads, batch, family, |p, _, n| {
+                p.shape.batch = n
+            })?
         }
         _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),
     }

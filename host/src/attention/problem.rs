@@ -6,7 +6,7 @@ use flash_kernels::common::softcap::Softcap;
 use flash_kernels::fwd::fa2_tc::config::{DEFAULT_BLOCK_COLS, Fa2TcTiling};
 use flash_kernels::fwd::fa3::config::Fa3Tiling;
 use flash_kernels::fwd::standard::config::MATMUL_TILE;
-use flash_kernels::registry::ForwardForm;
+use flash_kernels::registry::KernelForm;
 
 use crate::error::{Error, Result};
 use crate::scoring::Scoring;
@@ -166,8 +166,15 @@ pub struct Problem {
     pub softcap: f32,
     /// A packed batch of sequences of different lengths (`attention::packed`): `batch` counts
     /// the sequences and the seqlens are the longest ones; each sequence's own lengths reach
-    /// the kernels through `PackedSequences`.
-    pub packed: bool,
+    /// the kernels through `PackedSequences`. The tensors' rows in all.
+    pub packed: Option<PackedRows>,
+}
+
+/// A packed batch's rows in all: Q's, O's and L's (`total_q`) and K's and V's (`total_k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedRows {
+    pub total_q: usize,
+    pub total_k: usize,
 }
 
 impl Problem {
@@ -246,7 +253,7 @@ impl Problem {
             causal: options.causal,
             window,
             softcap,
-            packed: false,
+            packed: None,
         };
         problem.check_index_ranges()?;
         Ok(problem)
@@ -276,7 +283,10 @@ impl Problem {
             batch: sequences,
             seqlen_q: max_seqlen_q,
             seqlen_k: max_seqlen_k,
-            packed: true,
+            packed: Some(PackedRows {
+                total_q: q[2],
+                total_k: k[2],
+            }),
             ..whole
         };
         problem.check_index_ranges()?;
@@ -321,6 +331,28 @@ impl Problem {
 
     pub fn batch_heads(&self) -> usize {
         self.batch * self.heads
+    }
+
+    /// Whether this is a packed batch's problem.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// The problem as the tensors hold it: a packed batch's as one sequence of all its rows
+    /// (batch 1, seqlens total_q and total_k), which the kernels that walk rows without
+    /// attending (the backward's pre- and post-pass, the group sum) and the workspaces cover;
+    /// any other problem itself.
+    pub fn whole(&self) -> Problem {
+        match self.packed {
+            Some(rows) => Problem {
+                batch: 1,
+                seqlen_q: rows.total_q,
+                seqlen_k: rows.total_k,
+                packed: None,
+                ..*self
+            },
+            None => *self,
+        }
     }
 
     /// Query heads per K/V head (1 without GQA).
@@ -396,8 +428,8 @@ impl Problem {
 
     /// Which form of the tensor-core forward kernels serves this call: a packed batch's, a
     /// window's or soft-capping's (`local`), both, or the dense one, which has none compiled in.
-    pub fn forward_form(&self) -> ForwardForm {
-        ForwardForm::of(self.packed, self.window_or_softcap().is_some())
+    pub fn kernel_form(&self) -> KernelForm {
+        KernelForm::of(self.is_packed(), self.window_or_softcap().is_some())
     }
 
     pub(crate) fn shape(&self) -> AttentionShape {

@@ -199,16 +199,12 @@ impl<'a, T: Element> Attention<'a, T> {
     ) -> Result<Plan> {
         let checked = self.check()?;
         let problem = match (&checked, self.form) {
-            (Checked::Attention(problem), Form::Dense) => *problem,
-            (_, form) => {
-                let form = match form {
-                    Form::Packed(_) => "a packed batch",
-                    _ => "a KV-cache call",
-                };
+            (Checked::Attention(problem), Form::Dense | Form::Packed(_)) => *problem,
+            _ => {
                 return Err(Error::invalid(
                     "form",
-                    form,
-                    "the backward takes dense batches (packed and KV-cache calls: forward only)",
+                    "a KV-cache call",
+                    "the backward takes dense and packed batches (KV-cache calls: forward only)",
                 ));
             }
         };
@@ -259,6 +255,8 @@ impl<'a, T: Element> Attention<'a, T> {
     }
 
     /// The backward's own checks (with tensors: O, dO, L and the gradients' dims and dtypes).
+    /// A packed batch's tensors are checked as the one sequence of all its rows they are (L
+    /// (1, heads, total_q), flash-attn's varlen layout), and its problem kept.
     fn backward_problem(
         &self,
         problem: &Problem,
@@ -270,6 +268,17 @@ impl<'a, T: Element> Attention<'a, T> {
             strides: t.strides().map(|s| s as isize),
             dtype: T::DTYPE,
         };
+        let whole = problem.whole();
+        if let Some(forward) = forward
+            && problem.is_packed()
+            && forward != *problem
+        {
+            return Err(Error::invalid(
+                "logsumexp",
+                format!("the statistics of another problem ({forward:?})"),
+                format!("the forward's statistics for this packed batch ({problem:?})"),
+            ));
+        }
         let q = spec(&self.q);
         let arguments = BackwardArguments {
             q,
@@ -277,10 +286,10 @@ impl<'a, T: Element> Attention<'a, T> {
             v: spec(&self.v),
             o: tensors.map_or(q, |t| spec(&t.o)),
             d_o: tensors.map_or(q, |t| spec(&t.d_o)),
-            logsumexp: tensors.map_or([problem.batch, problem.heads, problem.seqlen_q], |t| {
+            logsumexp: tensors.map_or([whole.batch, whole.heads, whole.seqlen_q], |t| {
                 t.logsumexp.dims()
             }),
-            forward,
+            forward: forward.map(|f| f.whole()),
         };
         let checked = BackwardProblem::new(&arguments, &self.options)?;
         if let Some(t) = tensors {
@@ -291,7 +300,10 @@ impl<'a, T: Element> Attention<'a, T> {
                 dv: spec(dv),
             })?;
         }
-        Ok(checked)
+        Ok(BackwardProblem {
+            problem: *problem,
+            ..checked
+        })
     }
 }
 
@@ -474,8 +486,12 @@ impl Plan {
         check_output("dv", &t.gradients.dv, call.v.dims(), "v")?;
         check_memory("o", &t.o)?;
         check_memory("d_o", &t.d_o)?;
-        let rows = [problem.batch, problem.heads, problem.seqlen_q];
-        check_rows("logsumexp", &t.logsumexp, rows)?;
+        let whole = problem.whole();
+        check_rows(
+            "logsumexp",
+            &t.logsumexp,
+            [whole.batch, whole.heads, whole.seqlen_q],
+        )?;
         let Gradients { dq, dk, dv } = &t.gradients;
         let backward_call = BackwardCall {
             operands: call.operands(&t.o),
@@ -486,6 +502,10 @@ impl Plan {
                 dv: dv.view(),
             },
             logsumexp: t.logsumexp.address(),
+            packed: match call.form {
+                Form::Packed(batch) => Some(batch),
+                _ => None,
+            },
         };
         match gpu {
             Some(gpu) => launch_backward(gpu, plan, backward_call),

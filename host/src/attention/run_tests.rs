@@ -8,7 +8,7 @@ use crate::attention::packed::PackedBatch;
 use crate::attention::problem::AttentionOptions;
 use crate::error::Error;
 use crate::tensor::RowsRef;
-use flash_kernels::registry::Family;
+use flash_kernels::registry::{Family, KernelForm};
 
 const GIB: u64 = 1 << 30;
 const BASE: u64 = 0x7f00_0000_0000;
@@ -441,10 +441,7 @@ fn backward_plan<T: Element>(call: &Backward<T>) -> BackwardPlan {
 
 #[test]
 fn a_window_or_softcap_backward_runs_the_local_kernels_and_f32_is_refused_by_name() {
-    let local_main = |plan: &BackwardPlan| match plan.launches[1].kernel.family {
-        Family::Fa3Backward { local, .. } | Family::Fa2TcBackward { local, .. } => local,
-        other => panic!("{other:?}"),
-    };
+    let local_main = |plan: &BackwardPlan| main_form(plan) == KernelForm::Local;
     let mut call = Backward::<bf16>::new();
     call.forward.options.window = Some((4, 0));
     let plan = backward_plan(&call);
@@ -482,14 +479,85 @@ fn a_window_or_softcap_backward_runs_the_local_kernels_and_f32_is_refused_by_nam
     assert_eq!(named(call.check()), "softcap");
 }
 
+/// The form of a backward plan's main kernel.
+fn main_form(plan: &BackwardPlan) -> KernelForm {
+    match plan.launches[1].kernel.family {
+        Family::Fa3Backward { form, .. } | Family::Fa2TcBackward { form, .. } => form,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The backward of `packed_call`'s batch (dims: Q (1, 4, 16, 64), K, V (1, 2, 19, 64)).
+fn packed_backward(call: &Forward<bf16>, batch: &PackedBatch) -> Result<Plan> {
+    let gradients = Gradients {
+        dq: bshd(6, call.q.dims()),
+        dk: bshd(7, call.k.dims()),
+        dv: bshd(8, call.k.dims()),
+    };
+    Attention::new(call.q, call.k, call.v)
+        .options(call.options)
+        .packed(batch)
+        .check_backward(BackwardTensors {
+            o: call.o,
+            logsumexp: call.lse,
+            d_o: bshd(5, call.q.dims()),
+            gradients,
+        })
+}
+
 #[test]
-fn the_backward_refuses_packed_batches_by_name() {
+fn a_packed_backward_runs_the_varlen_kernels_over_the_whole_tensors() {
     let (call, batch) = packed_call();
-    let attention = Attention::new(call.q, call.k, call.v).packed(&batch);
-    assert_eq!(
-        named(attention.plan_backward(&CompiledLimits::H200)),
-        "form"
+    let plan = packed_backward(&call, &batch).expect("valid");
+    assert_eq!(plan.statistics_dims(), [1, 4, 16], "{plan}");
+    let PassPlan::Backward(backward) = &plan.pass else {
+        panic!("a backward plan")
+    };
+    assert_eq!(backward.algorithm, BackwardAlgorithm::Fa3);
+    assert_eq!(main_form(backward), KernelForm::Packed);
+    // The main kernel's grid: the longest sequence's key blocks (11 keys), three sequences of
+    // 4 heads; the passes walk all 16 rows of the 4 heads; the workspaces cover the tensors'
+    // rows, and the grouped sum (2 K/V heads) all 19 keys.
+    assert_eq!(backward.launches[1].launch.grid, (1, 12, 1));
+    assert_eq!(backward.launches[0].launch.grid.1, 4);
+    assert_eq!(backward.delta, 4 * 16);
+    assert_eq!(backward.dq_accumulator, 4 * 16 * 64);
+    assert_eq!(backward.expanded_kv_gradients, 4 * 19 * 64);
+    // A window with a packed batch: both compiled in; deterministic: fa2-tc's, with the reason.
+    let (mut windowed, _) = packed_call();
+    windowed.options.window = Some((3, 0));
+    let plan = backward_plan_of(packed_backward(&windowed, &batch));
+    assert_eq!(main_form(&plan), KernelForm::PackedLocal);
+    windowed.options.deterministic = true;
+    let plan = backward_plan_of(packed_backward(&windowed, &batch));
+    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc);
+    assert_eq!(main_form(&plan), KernelForm::PackedLocal);
+    assert!(
+        plan.fallback.as_deref().unwrap().contains("packed"),
+        "{plan}"
     );
+    // L must be the packed batch's (1, heads, total_q), as the forward writes it.
+    let (mut bad, _) = packed_call();
+    bad.lse = rows(4, [3, 4, 6]);
+    assert_eq!(named(packed_backward(&bad, &batch)), "logsumexp");
+    // The scalar and standard backwards take no packed batch: refused by name.
+    for algorithm in [Algorithm::Standard, Algorithm::Fa2] {
+        let (mut asked, _) = packed_call();
+        asked.options.backward_algorithm = algorithm;
+        assert_eq!(
+            named(packed_backward(&asked, &batch)),
+            "form",
+            "{algorithm}"
+        );
+    }
+}
+
+/// The backward plan of a checked call.
+fn backward_plan_of(plan: Result<Plan>) -> BackwardPlan {
+    let PassPlan::Backward(backward) = plan.expect("valid").pass else {
+        panic!("a backward plan")
+    };
+    backward
 }
 
 #[test]

@@ -106,7 +106,7 @@ impl BlockInfo {
         }
     }
 
-    /// The block of a tensor-core kernel, forward (`fwd::form::ForwardForm`) or backward: its
+    /// The block of a tensor-core kernel, forward (`common::form::KernelForm`) or backward: its
     /// window as the parameters give it in the `local` form, else [`BlockInfo::causal_only`].
     #[inline(always)]
     pub fn of_form(shape: &AttentionShape, batch_head: u32, local: bool) -> Self {

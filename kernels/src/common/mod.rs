@@ -5,6 +5,7 @@
 
 pub mod block;
 pub mod decode_block;
+pub mod form;
 pub mod limits;
 pub mod mask;
 pub mod params;

@@ -47,7 +47,7 @@ impl Softcap {
         }
     }
 
-    /// The multipliers of a tensor-core kernel, forward (`fwd::form::ForwardForm`) or backward:
+    /// The multipliers of a tensor-core kernel, forward (`common::form::KernelForm`) or backward:
     /// the parameter block's in the `local` form, else [`Softcap::OFF`] as a constant, so the
     /// capping compiles away.
     #[inline(always)]

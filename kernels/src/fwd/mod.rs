@@ -15,5 +15,4 @@ pub mod fa1;
 pub mod fa2;
 pub mod fa2_tc;
 pub mod fa3;
-pub mod form;
 pub mod standard;

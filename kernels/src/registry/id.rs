@@ -5,11 +5,11 @@ use crate::bwd::fa2::config as fa2_backward;
 use crate::bwd::fa2_tc::config::Fa2TcBackwardTiling;
 use crate::bwd::fa3::config::Fa3BackwardTiling;
 use crate::bwd::group_sum::config as group_sum;
+use crate::common::form::KernelForm;
 use crate::decode::config as decode;
 use crate::fwd::fa2::config as fa2;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
-use crate::fwd::form::ForwardForm;
 use crate::fwd::{fa1, standard};
 
 /// The element type of Q, K, V and O a kernel is compiled for.
@@ -232,41 +232,42 @@ pub enum Family {
         head_dim_capacity: u32,
         block_cols: u32,
     },
-    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`, in one [`ForwardForm`].
+    /// FlashAttention-2 forward on tensor cores, for exactly `head_dim`, in one [`KernelForm`].
     Fa2Tc {
         head_dim: u32,
         tiling: Fa2TcTiling,
-        form: ForwardForm,
+        form: KernelForm,
     },
-    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`, in one [`ForwardForm`].
+    /// FlashAttention-3 forward (Hopper): head dims up to `head_dim`, in one [`KernelForm`].
     Fa3 {
         head_dim: u32,
         tiling: Fa3Tiling,
-        form: ForwardForm,
+        form: KernelForm,
     },
     /// FlashAttention-2 backward, scalar FP32: one of its three kernels.
     Fa2Backward(BackwardStage),
     /// FlashAttention-2 backward's main kernel on tensor cores, for head dims up to
     /// `head_dim_capacity` (its tiling: `Fa2TcBackwardTiling::for_capacity`); the pre- and
     /// post-pass are [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
-    /// [`BackwardStage::Main`]'s. `local`: for a sliding window and soft-capping (the forward's
-    /// [`ForwardForm::Local`]); else the causal mask or none.
+    /// [`BackwardStage::Main`]'s. `form`: for a packed batch ([`KernelForm::Packed`]), a
+    /// sliding window and soft-capping ([`KernelForm::Local`]), both, or the causal mask or
+    /// none ([`KernelForm::Dense`]), as the forward's forms.
     Fa2TcBackward {
         head_dim_capacity: u32,
         grouped: bool,
-        local: bool,
+        form: KernelForm,
     },
     /// FlashAttention-3's backward main kernel (Hopper), for head dims up to `head_dim` (its
     /// tiling: `Fa3BackwardTiling::for_head_dim`); the pre- and post-pass are
     /// [`Family::Fa2Backward`]'s. `grouped`: for grouped K/V heads, as
     /// [`BackwardStage::Main`]'s. `deterministic`: compiled for deterministic mode (dQ's
-    /// reductions in a fixed order, `Fa3BackwardParams::dq_semaphore`). `local` as
+    /// reductions in a fixed order, `Fa3BackwardParams::dq_semaphore`). `form` as
     /// [`Family::Fa2TcBackward`]'s.
     Fa3Backward {
         head_dim: u32,
         grouped: bool,
         deterministic: bool,
-        local: bool,
+        form: KernelForm,
     },
     /// Split-KV decoding for exactly `head_dim`, on a contiguous or a paged cache. `one_launch`:
     /// the last block of each group merges the splits (no [`Family::DecodeCombine`] launch).
@@ -489,28 +490,28 @@ impl KernelId {
                 Family::Fa2TcBackward {
                     head_dim_capacity: a,
                     grouped: s,
-                    local: x,
+                    form: x,
                 },
                 Family::Fa2TcBackward {
                     head_dim_capacity: b,
                     grouped: t,
-                    local: y,
+                    form: y,
                 },
-            ) => a == b && s == t && x == y,
+            ) => a == b && s == t && x as u8 == y as u8,
             (
                 Family::Fa3Backward {
                     head_dim: a,
                     grouped: s,
                     deterministic: u,
-                    local: x,
+                    form: x,
                 },
                 Family::Fa3Backward {
                     head_dim: b,
                     grouped: t,
                     deterministic: v,
-                    local: y,
+                    form: y,
                 },
-            ) => a == b && s == t && u == v && x == y,
+            ) => a == b && s == t && u == v && x as u8 == y as u8,
             (Family::GroupSum, Family::GroupSum) => true,
             (
                 Family::Decode {

@@ -17,7 +17,7 @@ pub use id::{
 pub use name::ParseKernelIdError;
 // Defined beside the forward families (whose configs need it); re-exported here with the rest of
 // a kernel id's parts, where the host names it.
-pub use crate::fwd::form::ForwardForm;
+pub use crate::common::form::KernelForm;
 
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 
@@ -36,16 +36,16 @@ use crate::fwd::fa2_tc::config::Fa2TcTiling;
 ///   pre- and post-pass with 16-byte loads and stores (f16/bf16, head dims that are multiples of
 ///   8, 16-byte-aligned rows), which every FA2-family backward runs where it can;
 /// - `fa2_tc_backward <dtype> <head-dim capacity> <warps> <warps per key tile> <B_r>
-///   <dense | local> [grouped]`: the backward's main kernel on tensor cores (the tiling is
-///   `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out for the config;
-///   `local`: for a sliding window and soft-capping, as the forward's `local` form, `dense`: the
-///   causal mask or none).
+///   <dense | local | varlen | varlen_local> [grouped]`: the backward's main kernel on tensor
+///   cores (the tiling is `bwd::fa2_tc::config::Fa2TcBackwardTiling::for_capacity`, written out
+///   for the config; the form as the forward's, `KernelForm`: `dense` the causal mask or none,
+///   `local` a sliding window and soft-capping, `varlen` a packed batch, `varlen_local` both).
 /// - `standard_backward <stage> <dtype>`: the standard backward's own four kernels (dp, ds, dq,
 ///   dkdv);
 /// - `group_sum <dtype>`: the grouped backward's sum of each K/V head's group of dK and dV;
 /// - `fa2_tc ... varlen`: FA2 on tensor cores for a packed batch of sequences of different
 ///   lengths (`common::params::PackedSequences`), `fa2_tc ... local`, for a sliding window
-///   and soft-capping, and `fa2_tc ... varlen_local`, for both (`ForwardForm`), each at each
+///   and soft-capping, and `fa2_tc ... varlen_local`, for both (`KernelForm`), each at each
 ///   head dim's default tiling
 ///   (`Fa2TcTiling::default_for`; a CPU test holds the two together);
 /// - `decode <dtype> <head dim> <cache> [onelaunch]`, `decode_combine <dtype> <head dim>`,
@@ -106,14 +106,16 @@ macro_rules! for_each_kernel {
         $crate::for_each_kernel!(@fa2_tc_backward_mains $emit $dtype grouped);
     )*};
     (@fa2_tc_backward_mains $emit:ident $dtype:ident $($grouped:ident)?) => {
-        $crate::for_each_kernel!(@fa2_tc_backward_scores $emit $dtype dense $($grouped)?);
-        $crate::for_each_kernel!(@fa2_tc_backward_scores $emit $dtype local $($grouped)?);
+        $crate::for_each_kernel!(@fa2_tc_backward_form $emit $dtype dense $($grouped)?);
+        $crate::for_each_kernel!(@fa2_tc_backward_form $emit $dtype local $($grouped)?);
+        $crate::for_each_kernel!(@fa2_tc_backward_form $emit $dtype varlen $($grouped)?);
+        $crate::for_each_kernel!(@fa2_tc_backward_form $emit $dtype varlen_local $($grouped)?);
     };
-    (@fa2_tc_backward_scores $emit:ident $dtype:ident $scores:ident $($grouped:ident)?) => {
-        $emit!(fa2_tc_backward $dtype 64 8 1 64 $scores $($grouped)?);
-        $emit!(fa2_tc_backward $dtype 128 8 1 32 $scores $($grouped)?);
-        $emit!(fa2_tc_backward $dtype 192 8 2 32 $scores $($grouped)?);
-        $emit!(fa2_tc_backward $dtype 256 8 2 16 $scores $($grouped)?);
+    (@fa2_tc_backward_form $emit:ident $dtype:ident $form:ident $($grouped:ident)?) => {
+        $emit!(fa2_tc_backward $dtype 64 8 1 64 $form $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 128 8 1 32 $form $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 192 8 2 32 $form $($grouped)?);
+        $emit!(fa2_tc_backward $dtype 256 8 2 16 $form $($grouped)?);
     };
     (@fa2_backward $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa2_backward preprocess $dtype);
@@ -183,11 +185,12 @@ macro_rules! for_each_kernel {
 /// every head dim's default split on the persistent grid (`Fa3Tiling::persistent`), which the
 /// defaults pick where it measured faster (short sequences).
 ///
-/// And `fa3_backward <dtype> <head dim> <atomic | deterministic> <dense | local> [grouped]`:
-/// FlashAttention-3's backward main kernel (`bwd::fa3`, tiling `Fa3BackwardTiling::for_head_dim`;
-/// `local` and `grouped` as `fa2_tc_backward`'s), at the head dims of
-/// `bwd::fa3::config::HEAD_DIMS`; `local` in the atomic order only (a deterministic call with
-/// a window or soft-capping runs fa2-tc's, whose order is a parameter).
+/// And `fa3_backward <dtype> <head dim> <atomic | deterministic> <dense | local | varlen |
+/// varlen_local> [grouped]`: FlashAttention-3's backward main kernel (`bwd::fa3`, tiling
+/// `Fa3BackwardTiling::for_head_dim`; the form and `grouped` as `fa2_tc_backward`'s), at the
+/// head dims of `bwd::fa3::config::HEAD_DIMS`; every form but `dense` in the atomic order only
+/// (a deterministic call with a window, soft-capping or a packed batch runs fa2-tc's, whose
+/// order is a parameter).
 #[macro_export]
 macro_rules! for_each_hopper_kernel {
     ($emit:ident) => {
@@ -205,9 +208,14 @@ macro_rules! for_each_hopper_kernel {
         $emit!(fa3_backward $dtype 64 deterministic dense $($grouped)?);
         $emit!(fa3_backward $dtype 96 deterministic dense $($grouped)?);
         $emit!(fa3_backward $dtype 128 deterministic dense $($grouped)?);
-        $emit!(fa3_backward $dtype 64 atomic local $($grouped)?);
-        $emit!(fa3_backward $dtype 96 atomic local $($grouped)?);
-        $emit!(fa3_backward $dtype 128 atomic local $($grouped)?);
+        $crate::for_each_hopper_kernel!(@fa3_backward_form $emit $dtype local $($grouped)?);
+        $crate::for_each_hopper_kernel!(@fa3_backward_form $emit $dtype varlen $($grouped)?);
+        $crate::for_each_hopper_kernel!(@fa3_backward_form $emit $dtype varlen_local $($grouped)?);
+    };
+    (@fa3_backward_form $emit:ident $dtype:ident $form:ident $($grouped:ident)?) => {
+        $emit!(fa3_backward $dtype 64 atomic $form $($grouped)?);
+        $emit!(fa3_backward $dtype 96 atomic $form $($grouped)?);
+        $emit!(fa3_backward $dtype 128 atomic $form $($grouped)?);
     };
     (@fa3 $emit:ident [$($dtype:ident)*]) => {$(
         $emit!(fa3 $dtype 64 2 128);
@@ -261,29 +269,6 @@ macro_rules! backward_deterministic_suffix {
     };
 }
 
-/// `true` for a backward list entry marked `local` (a sliding window and soft-capping read from
-/// the parameters), `false` for one marked `dense` (the causal mask or none, no capping).
-#[macro_export]
-macro_rules! backward_local {
-    (dense) => {
-        false
-    };
-    (local) => {
-        true
-    };
-}
-
-/// The kernel-name suffix of a backward list entry's scores: `_local`.
-#[macro_export]
-macro_rules! backward_local_suffix {
-    (dense) => {
-        ""
-    };
-    (local) => {
-        "_local"
-    };
-}
-
 /// `true` for a list entry marked `grouped` (a backward main kernel for grouped K/V heads).
 #[macro_export]
 macro_rules! backward_grouped {
@@ -330,7 +315,7 @@ macro_rules! decode_one_launch_suffix {
 }
 
 /// The most kernels [`KERNELS`] can hold (a fixed capacity, so the list is a `const`).
-type const CAPACITY: usize = 256;
+type const CAPACITY: usize = 384;
 
 /// A fixed-capacity list of kernel ids, filled at compile time.
 #[derive(Clone, Copy)]
@@ -418,12 +403,12 @@ macro_rules! push_kernel {
         ));
     };
     ($list:ident; fa2_tc_backward $dtype:ident $capacity:literal $warps:literal $split:literal
-     $block_rows:literal $scores:ident $($grouped:ident)?) => {
+     $block_rows:literal $form:ident $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa2TcBackward {
                 head_dim_capacity: $capacity,
                 grouped: $crate::backward_grouped!($($grouped)?),
-                local: $crate::backward_local!($scores),
+                form: $crate::kernel_form!($form),
             },
             ElementType::$dtype(),
         ));
@@ -443,19 +428,19 @@ macro_rules! push_kernel {
             Family::Fa3 {
                 head_dim: $head_dim,
                 tiling: $crate::fa3_tiling!($consumers, $cols $(, $grid)?),
-                form: $crate::forward_form!($($grid)?),
+                form: $crate::kernel_form!($($grid)?),
             },
             ElementType::$dtype(),
         ));
     };
-    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $order:ident $scores:ident
+    ($list:ident; fa3_backward $dtype:ident $head_dim:literal $order:ident $form:ident
      $($grouped:ident)?) => {
         $list = $list.with(KernelId::new(
             Family::Fa3Backward {
                 head_dim: $head_dim,
                 grouped: $crate::backward_grouped!($($grouped)?),
                 deterministic: $crate::backward_deterministic!($order),
-                local: $crate::backward_local!($scores),
+                form: $crate::kernel_form!($form),
             },
             ElementType::$dtype(),
         ));
@@ -492,7 +477,7 @@ macro_rules! push_kernel {
             Family::Fa2Tc {
                 head_dim: $head_dim,
                 tiling: Fa2TcTiling::new($warps, $rows, $stages, $cols),
-                form: $crate::forward_form!($($form)?),
+                form: $crate::kernel_form!($($form)?),
             },
             ElementType::$dtype(),
         ));

@@ -7,9 +7,9 @@ use core::str::FromStr;
 use super::id::{
     BackwardStage, CacheLayout, ElementType, Family, KernelId, StandardBackwardStage, StandardStage,
 };
+use crate::common::form::KernelForm;
 use crate::fwd::fa2_tc::config::Fa2TcTiling;
 use crate::fwd::fa3::config::Fa3Tiling;
-use crate::fwd::form::ForwardForm;
 
 impl fmt::Display for KernelId {
     /// The PTX entry name: `standard_<stage>_<dtype>`, `standard_backward_<stage>_<dtype>`,
@@ -69,23 +69,23 @@ impl fmt::Display for KernelId {
             Family::Fa2TcBackward {
                 head_dim_capacity,
                 grouped,
-                local,
+                form,
             } => write!(
                 f,
                 "fa2tc_backward_{dtype}_d{head_dim_capacity}{}{}",
                 grouped_suffix(grouped),
-                local_suffix(local)
+                form.suffix()
             ),
             Family::Fa3Backward {
                 head_dim,
                 grouped,
                 deterministic,
-                local,
+                form,
             } => write!(
                 f,
                 "fa3_backward_{dtype}_d{head_dim}{}{}{}",
                 grouped_suffix(grouped),
-                local_suffix(local),
+                form.suffix(),
                 if deterministic { "_deterministic" } else { "" }
             ),
             Family::GroupSum => write!(f, "backward_group_sum_{dtype}"),
@@ -105,15 +105,15 @@ impl fmt::Display for KernelId {
     }
 }
 
-/// `name` without its [`ForwardForm`]'s suffix, and that form (dense when it has none).
-fn strip_form(name: &str) -> (&str, ForwardForm) {
+/// `name` without its [`KernelForm`]'s suffix, and that form (dense when it has none).
+fn strip_form(name: &str) -> (&str, KernelForm) {
     // The longest suffix that matches: `_varlen_local` ends in `_local` too.
-    ForwardForm::ALL
+    KernelForm::ALL
         .into_iter()
         .filter(|form| !form.suffix().is_empty())
         .filter_map(|form| name.strip_suffix(form.suffix()).map(|rest| (rest, form)))
         .min_by_key(|(rest, _)| rest.len())
-        .unwrap_or((name, ForwardForm::Dense))
+        .unwrap_or((name, KernelForm::Dense))
 }
 
 /// The suffix of the one-launch split-KV kernel (`registry::decode_one_launch_suffix!`).
@@ -125,14 +125,6 @@ const GROUPED_SUFFIX: &str = "_grouped";
 
 fn grouped_suffix(grouped: bool) -> &'static str {
     if grouped { GROUPED_SUFFIX } else { "" }
-}
-
-/// The suffix of a backward main kernel for a window and soft-capping
-/// (`registry::backward_local_suffix!`).
-const LOCAL_SUFFIX: &str = "_local";
-
-fn local_suffix(local: bool) -> &'static str {
-    if local { LOCAL_SUFFIX } else { "" }
 }
 
 /// `name` without `suffix`, and whether it had it.
@@ -238,23 +230,23 @@ impl FromStr for KernelId {
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2tc_backward_") {
-            let (rest, local) = strip_flag(rest, LOCAL_SUFFIX);
+            let (rest, form) = strip_form(rest);
             let (dtype, head_dim_capacity, grouped) = backward_main(rest)?;
             let family = Family::Fa2TcBackward {
                 head_dim_capacity,
                 grouped,
-                local,
+                form,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa3_backward_") {
             let (rest, deterministic) = strip_flag(rest, "_deterministic");
-            let (rest, local) = strip_flag(rest, LOCAL_SUFFIX);
+            let (rest, form) = strip_form(rest);
             let (dtype, head_dim, grouped) = backward_main(rest)?;
             let family = Family::Fa3Backward {
                 head_dim,
                 grouped,
                 deterministic,
-                local,
+                form,
             };
             (family, dtype)
         } else if let Some(rest) = name.strip_prefix("fa2_backward_main_") {

@@ -2,6 +2,7 @@
 //! checks and conversions, and per-row statistics vectors.
 
 use crate::arch;
+use crate::common::block::BlockInfo;
 use crate::common::element::Element;
 use crate::common::params::{SEQUENCE_TABLE_LEN, TensorView};
 
@@ -102,6 +103,18 @@ impl HeadVector {
         }
     }
 
+    /// The vector of the block `info`'s head and sequence: [`HeadVector::packed`] in a kernel
+    /// compiled for packed batches (`packed`, a constant there; Q's rows in all `total_q`), else
+    /// [`HeadVector::new`].
+    #[inline(always)]
+    pub fn of_block(addr: u64, info: &BlockInfo, packed: bool, total_q: u32) -> Self {
+        if packed {
+            Self::packed(addr, info.head, total_q, info.q_start)
+        } else {
+            Self::new(addr, info.batch_head, info.seqlen_q)
+        }
+    }
+
     #[inline(always)]
     pub fn read(&self, row: u32) -> f32 {
         // SAFETY: kernels pass rows < seqlen_q; the host allocated batch·heads·seqlen_q floats.
@@ -196,6 +209,25 @@ impl HeadAccumulator {
     pub fn new(addr: u64, batch_head: u32, rows: u32, row_len: u32) -> Self {
         Self {
             rows: HeadRows::contiguous(addr, batch_head, rows, row_len),
+        }
+    }
+
+    /// The rows of the block `info`'s head and sequence: in a kernel compiled for packed
+    /// batches (`packed`, a constant there; the accumulator (heads, total_q, row_len), as the
+    /// packed Q) its sequence's seqlen_q rows from its first, so no add reaches another
+    /// sequence's; else [`HeadAccumulator::new`]'s.
+    #[inline(always)]
+    pub fn of_block(addr: u64, info: &BlockInfo, packed: bool, total_q: u32, row_len: u32) -> Self {
+        if packed {
+            let head = HeadRows::contiguous(addr, info.head, total_q, row_len);
+            Self {
+                rows: HeadRows {
+                    rows: info.seqlen_q,
+                    ..head.starting_at(info.q_start)
+                },
+            }
+        } else {
+            Self::new(addr, info.batch_head, info.seqlen_q, row_len)
         }
     }
 

@@ -5,9 +5,7 @@ use flash_kernels::common::params::{Operands, TensorView};
 use flash_kernels::fwd::fa1::config::Fa1Blocks;
 use flash_kernels::fwd::fa2_tc::config::{COPY_ELEMENTS, Fa2TcTiling};
 use flash_kernels::fwd::fa3::config::{self as fa3, Fa3Tiling};
-use flash_kernels::registry::{
-    ElementType, Family, ForwardForm, HOPPER_KERNELS, KERNELS, KernelId,
-};
+use flash_kernels::registry::{ElementType, Family, HOPPER_KERNELS, KERNELS, KernelForm, KernelId};
 
 use super::{Blocks, CompiledLimits, ForwardPlan, LaunchLimits};
 use crate::attention::problem::{Algorithm, AttentionOptions, Problem};
@@ -114,7 +112,7 @@ pub fn fa2_blocks(
 pub fn fa2_tc_tiling(
     head_dim: usize,
     tiling: Option<Fa2TcTiling>,
-    form: ForwardForm,
+    form: KernelForm,
 ) -> Result<Fa2TcTiling> {
     let d = head_dim as u32;
     let compiled = |t: Fa2TcTiling| {
@@ -150,11 +148,11 @@ pub fn fa2_tc_tiling(
 
 /// The tilings FA2-TC is compiled with at head dim `d` (empty if none).
 pub fn fa2_tc_tilings(d: u32) -> Vec<Fa2TcTiling> {
-    fa2_tc_tilings_of(d, ForwardForm::Dense)
+    fa2_tc_tilings_of(d, KernelForm::Dense)
 }
 
 /// The tilings of FA2-TC's kernels at head dim `d` in `form`.
-fn fa2_tc_tilings_of(d: u32, form: ForwardForm) -> Vec<Fa2TcTiling> {
+fn fa2_tc_tilings_of(d: u32, form: KernelForm) -> Vec<Fa2TcTiling> {
     KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
@@ -170,12 +168,12 @@ fn fa2_tc_tilings_of(d: u32, form: ForwardForm) -> Vec<Fa2TcTiling> {
 }
 
 /// How an error about a tiling names the kernels' form: they differ by form.
-fn form_note(form: ForwardForm) -> &'static str {
+fn form_note(form: KernelForm) -> &'static str {
     match form {
-        ForwardForm::Dense => "",
-        ForwardForm::Packed => " for a packed batch",
-        ForwardForm::Local => " with a window or soft-capping",
-        ForwardForm::PackedLocal => " for a packed batch with a window or soft-capping",
+        KernelForm::Dense => "",
+        KernelForm::Packed => " for a packed batch",
+        KernelForm::Local => " with a window or soft-capping",
+        KernelForm::PackedLocal => " for a packed batch with a window or soft-capping",
     }
 }
 
@@ -271,7 +269,7 @@ pub fn fa3_fallback(
 /// with it in the problem's form, else the default. A packed batch's and a window's kernels
 /// (and those for both) are the default split on the one-tile grid.
 pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Result<Fa3Tiling> {
-    let form = problem.forward_form();
+    let form = problem.kernel_form();
     let tilings: Vec<Fa3Tiling> = HOPPER_KERNELS
         .iter()
         .filter(|k| k.dtype == ElementType::Bf16)
@@ -285,7 +283,7 @@ pub fn fa3_tiling(d: u32, tiling: Option<Fa3Tiling>, problem: &Problem) -> Resul
         })
         .collect();
     match tiling {
-        None if form != ForwardForm::Dense => Ok(Fa3Tiling {
+        None if form != KernelForm::Dense => Ok(Fa3Tiling {
             persistent: false,
             ..Fa3Tiling::default_for(d, problem.causal, problem.seqlen_k as u32)
         }),

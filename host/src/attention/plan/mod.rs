@@ -159,7 +159,7 @@ impl ForwardPlan {
             workspace: WorkspaceSize::of(algorithm, problem),
             statistics: StatisticsKind::of(algorithm),
         };
-        if problem.packed
+        if problem.is_packed()
             && !matches!(
                 algorithm,
                 Algorithm::Auto | Algorithm::Fa2Tc | Algorithm::Fa3
@@ -212,7 +212,7 @@ impl ForwardPlan {
     ) -> Result<()> {
         let problem = self.problem;
         if let Some(reason) = tensor_core_fallback(self.dtype, problem.head_dim, operands) {
-            if problem.packed {
+            if problem.is_packed() {
                 // The scalar FA2 takes no packed batch: nothing to fall back to. The error names
                 // what stops the tensor cores: the dtype, or the tensor whose rows are misaligned.
                 let name = if self.dtype == DType::F32 {
@@ -237,7 +237,7 @@ impl ForwardPlan {
             self.add_fallback(Algorithm::Fa2Tc, Algorithm::Fa2, reason);
             return self.plan_fa2(limits, element, options);
         }
-        let form = problem.forward_form();
+        let form = problem.kernel_form();
         let tiling = fa2_tc_tiling(problem.head_dim, options.fa2_tc_tiling, form)?;
         let kernel = KernelId::new(
             Family::Fa2Tc {
@@ -281,7 +281,7 @@ impl ForwardPlan {
             Family::Fa3 {
                 head_dim,
                 tiling,
-                form: problem.forward_form(),
+                form: problem.kernel_form(),
             },
             element,
         );

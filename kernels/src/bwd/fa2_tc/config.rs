@@ -11,6 +11,7 @@
 //! its half of d, they add the halves through shared memory, and each accumulates its half of
 //! the columns of dK_j, dV_j.
 
+use crate::common::form::KernelForm;
 use crate::common::limits::{
     MAX_REGISTERS_PER_THREAD, MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK,
 };
@@ -123,9 +124,12 @@ pub trait Fa2TcBackwardConfig {
     /// Compiled for grouped K/V heads: dK_j and dV_j stored at the query head's rows of the
     /// expanded workspace (`BlockInfo::kv_gradient_head`), not the K/V head's.
     const GROUPED: bool;
-    /// Compiled for a sliding window and soft-capping read from the parameters (the forward's
-    /// `local` form); else the causal mask or none and no capping, as constants.
-    const LOCAL: bool;
+    /// Which calls the kernel serves, as the forward's forms (`common::form::KernelForm`): a
+    /// packed batch (`PackedParams`), a sliding window and soft-capping read from the
+    /// parameters, both, or the causal mask or none and no capping, as constants.
+    const FORM: KernelForm;
+    const PACKED: bool = Self::FORM.is_packed();
+    const LOCAL: bool = Self::FORM.is_local();
     /// capacity / col_split / MMA_K: the k-steps of a warp's partial S = K_j·Q_iᵀ and dP.
     type const D_CHUNKS: usize;
     /// capacity / col_split / MMA_N: a warp's accumulator tiles of dK_j (and of dV_j).
@@ -176,21 +180,21 @@ pub trait Fa2TcBackwardConfig {
     };
 }
 
-/// `fa2_tc_backward_config!(Name, capacity, warps, col_split, B_r, grouped, local)`: a type
+/// `fa2_tc_backward_config!(Name, capacity, warps, col_split, B_r, grouped, form)`: a type
 /// implementing [`Fa2TcBackwardConfig`]; the tiling must be
-/// [`Fa2TcBackwardTiling::for_capacity`]'s (the host plans with that function); `grouped` and
-/// `local` `bool`s.
+/// [`Fa2TcBackwardTiling::for_capacity`]'s (the host plans with that function); `grouped` a
+/// `bool`, `form` a `KernelForm`.
 #[macro_export]
 macro_rules! fa2_tc_backward_config {
     ($name:ident, $capacity:literal, $warps:literal, $split:literal, $rows:literal,
-     $grouped:expr, $local:expr) => {
+     $grouped:expr, $form:expr) => {
         struct $name;
         impl $crate::bwd::fa2_tc::config::Fa2TcBackwardConfig for $name {
             const HEAD_DIM_CAPACITY: u32 = $capacity;
             const TILING: $crate::bwd::fa2_tc::config::Fa2TcBackwardTiling =
                 $crate::bwd::fa2_tc::config::Fa2TcBackwardTiling::new($warps, $split, $rows);
             const GROUPED: bool = $grouped;
-            const LOCAL: bool = $local;
+            const FORM: $crate::common::form::KernelForm = $form;
             type const D_CHUNKS: usize = const { $capacity / $split / 16 };
             type const D_TILES: usize = const { $capacity / $split / 8 };
             type const ROW_TILES: usize = const { $rows / 8 };

@@ -28,7 +28,8 @@
 //! Deterministic mode (`dq_semaphore` ≠ 0) orders the adds of dQ_i by key block
 //! (`tile::global::RowBlockFlags`), which makes them the same bits on every run. The `local`
 //! kernels (`C::LOCAL`) read the window and soft-capping from the parameters, as the forward's
-//! `local` form; the others take the causal mask or none as constants.
+//! `local` form; the others take the causal mask or none as constants. The packed kernels
+//! (`C::PACKED`) take each sequence's lengths and first rows from the launch's table.
 
 use super::config::{Fa2TcBackwardConfig, ds_row_stride, shared_row_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
@@ -44,7 +45,7 @@ use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, accumulator_col,
     accumulator_row, key_pair_col, key_pair_row,
 };
-use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector, RowBlockFlags};
+use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector, PackedTable, RowBlockFlags};
 use crate::tile::shared::{SharedTile16, SharedVector};
 
 /// One stage of the row-block pipeline: Q_i, dO_i, and the rows' L_i and D_i.
@@ -140,30 +141,51 @@ struct BackwardTcBlock {
 /// The main kernel for head dims up to `C::HEAD_DIM_CAPACITY` (multiples of 8; the host falls
 /// back to the scalar kernel for others). Grid (⌈seqlen_k / B_c⌉, batch·heads),
 /// `C::TILING.threads()` threads, `C::TILING.shared_bytes(capacity)` bytes of dynamic shared
-/// memory. Needs the pre-pass's D and zeroed accumulator.
+/// memory. Needs the pre-pass's D and zeroed accumulator. `packed`: a packed form's sequences
+/// (`C::PACKED`: block row y is head y % heads of the launch's sequence y / heads, the grid's
+/// seqlens the longest sequence's; L, D and the accumulator span the whole packed tensors),
+/// else `PackedTable::NONE`.
 #[inline(always)]
-pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBackwardParams) {
+pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(
+    params: &Fa2TcBackwardParams,
+    packed: PackedTable,
+) {
     let () = C::CHECKED;
     let p = &params.base;
     let shape = &p.shape;
-    let info = BlockInfo::of_form(shape, arch::block_idx_y(), C::LOCAL);
+    let batch_head = arch::block_idx_y();
+    let info = if C::PACKED {
+        let (query_rows, key_rows) = packed.rows(batch_head / shape.heads);
+        BlockInfo::packed(shape, batch_head, query_rows, key_rows, C::LOCAL)
+    } else {
+        BlockInfo::of_form(shape, batch_head, C::LOCAL)
+    };
     let (block_rows, block_cols) = (C::BLOCK_ROWS, C::BLOCK_COLS);
     let capacity = C::HEAD_DIM_CAPACITY;
     let threads = C::WARPS * WARP_SIZE;
     let key_block = arch::block_idx_x();
     let key_start = key_block * block_cols;
+    if C::PACKED && key_start >= info.seqlen_k {
+        // Past the sequence's keys (the grid is the longest sequence's): nothing to store.
+        return;
+    }
     let warp = arch::warp_idx();
-    let row_blocks_total = info.seqlen_q.div_ceil(block_rows);
+    // The flags are (batch·heads, row blocks of the longest sequence) in a packed batch.
+    let row_blocks_total = shape.seqlen_q.div_ceil(block_rows);
+    // Rows from the sequence's first (0 but in a packed batch).
+    let rows = |view, head, count| HeadRows16::new(view, info.batch, head, count);
+    let query_rows = |view| rows(view, info.head, info.seqlen_q).starting_at(info.q_start);
     let blk = BackwardTcBlock {
         info,
-        q: HeadRows16::new(&p.operands.q, info.batch, info.head, info.seqlen_q),
-        d_o: HeadRows16::new(&p.d_o, info.batch, info.head, info.seqlen_q),
-        logsumexp: HeadVector::new(p.logsumexp, info.batch_head, info.seqlen_q),
-        delta: HeadVector::new(p.delta, info.batch_head, info.seqlen_q),
-        dq: HeadAccumulator::new(
+        q: query_rows(&p.operands.q),
+        d_o: query_rows(&p.d_o),
+        logsumexp: HeadVector::of_block(p.logsumexp, &info, C::PACKED, packed.total_q()),
+        delta: HeadVector::of_block(p.delta, &info, C::PACKED, packed.total_q()),
+        dq: HeadAccumulator::of_block(
             p.dq_accumulator,
-            info.batch_head,
-            info.seqlen_q,
+            &info,
+            C::PACKED,
+            packed.total_q(),
             shape.head_dim,
         ),
         flags: (params.dq_semaphore != 0)
@@ -178,8 +200,11 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
         warp_key: warp / C::COL_SPLIT * MMA_M,
         warp_col: warp % C::COL_SPLIT * (capacity / C::COL_SPLIT),
     };
-    let k = HeadRows16::new(&p.operands.k, info.batch, info.kv_head, info.seqlen_k);
-    let v = HeadRows16::new(&p.operands.v, info.batch, info.kv_head, info.seqlen_k);
+    let key_rows = |view, head| rows(view, head, info.seqlen_k).starting_at(info.k_start);
+    let (k, v) = (
+        key_rows(&p.operands.k, info.kv_head),
+        key_rows(&p.operands.v, info.kv_head),
+    );
     let tile = (block_cols, capacity, shape.head_dim);
     copy_rows_async_padded(&k, key_start, tile, threads, blk.sram.k);
     copy_rows_async_padded(&v, key_start, tile, threads, blk.sram.v);
@@ -214,8 +239,10 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(params: &Fa2TcBack
     // dK_j = scale·dK_j and dV_j, each stored once (grouped heads: the query head's own rows of
     // the expanded workspace, summed afterwards by `bwd::group_sum`).
     let gradient_head = info.kv_gradient_head(C::GROUPED);
-    let dk_rows = HeadRows16::new(&p.dk, info.batch, gradient_head, info.seqlen_k);
-    let dv_rows = HeadRows16::new(&p.dv, info.batch, gradient_head, info.seqlen_k);
+    let (dk_rows, dv_rows) = (
+        key_rows(&p.dk, gradient_head),
+        key_rows(&p.dv, gradient_head),
+    );
     blk.store_key_rows::<T, C>(&dk_rows, &dk, shape.softmax_scale);
     blk.store_key_rows::<T, C>(&dv_rows, &dv, 1.0);
 }

@@ -10,6 +10,7 @@
 //! d = 128 that peaks at 64 + 64 + 64 registers per thread, under the 240 `setmaxnreg` gives
 //! two consumers.
 
+use crate::common::form::KernelForm;
 use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
 use crate::fwd::fa3::config::{
     PANEL_COLS, PANEL_ROW_BYTES, TILE_ALIGNMENT, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K,
@@ -139,10 +140,13 @@ pub trait Fa3BackwardConfig {
     /// the address: the flag's wait and completion inside the row loop made ptxas spill at
     /// d = 128 (176 bytes) in every call.
     const DETERMINISTIC: bool;
-    /// Compiled for a sliding window and soft-capping read from the parameters (the forward's
-    /// `local` form, `fwd::form::ForwardForm`); else the causal mask or none and no capping, as
-    /// constants.
-    const LOCAL: bool;
+    /// Which calls the kernel serves (`common::form::KernelForm`, the forward's forms): a packed
+    /// batch (its sequences' offsets in the parameter block, `PackedParams`), a sliding window
+    /// and soft-capping read from the parameters, both, or the causal mask or none and no
+    /// capping, as constants.
+    const FORM: KernelForm;
+    const PACKED: bool = Self::FORM.is_packed();
+    const LOCAL: bool = Self::FORM.is_local();
     /// The dQ_i reductions issued by a writer warp of the producer warpgroup (`dq_writer`)
     /// rather than by the owner warpgroup's first thread: in deterministic mode (the turn and the
     /// completion wait off the consumers: 1.3–1.45× faster on an H100) and at d ≤ 64 (2–6%
@@ -177,6 +181,8 @@ pub trait Fa3BackwardConfig {
         assert!(Self::HEAD_DIM.is_multiple_of(WGMMA_K));
         // Deterministic mode's turns are taken in the writer warp.
         assert!(Self::DQ_WRITER || !Self::DETERMINISTIC);
+        // Deterministic mode's order is compiled for the dense form (`KeyBlock::dq_turn`).
+        assert!(!Self::DETERMINISTIC || matches!(Self::FORM, KernelForm::Dense));
         // dQ_i's ownership alternates between two consumers by step parity.
         assert!(tiling.consumers == DS_BUFFERS);
         // TMA boxes are at most 256 rows.
@@ -201,12 +207,12 @@ pub trait Fa3BackwardConfig {
     };
 }
 
-/// `fa3_backward_config!(Name, d, grouped, deterministic, local)`: a type implementing
-/// [`Fa3BackwardConfig`] at head dim d with [`Fa3BackwardTiling::for_head_dim`]'s tiling; the
-/// others `bool`s.
+/// `fa3_backward_config!(Name, d, grouped, deterministic, form)`: a type implementing
+/// [`Fa3BackwardConfig`] at head dim d with [`Fa3BackwardTiling::for_head_dim`]'s tiling;
+/// `grouped` and `deterministic` `bool`s, `form` a `KernelForm`.
 #[macro_export]
 macro_rules! fa3_backward_config {
-    ($name:ident, $d:literal, $grouped:expr, $deterministic:expr, $local:expr) => {
+    ($name:ident, $d:literal, $grouped:expr, $deterministic:expr, $form:expr) => {
         struct $name;
         impl $crate::bwd::fa3::config::Fa3BackwardConfig for $name {
             const HEAD_DIM: u32 = $d;
@@ -214,7 +220,7 @@ macro_rules! fa3_backward_config {
                 $crate::bwd::fa3::config::Fa3BackwardTiling::for_head_dim($d);
             const GROUPED: bool = $grouped;
             const DETERMINISTIC: bool = $deterministic;
-            const LOCAL: bool = $local;
+            const FORM: $crate::common::form::KernelForm = $form;
             type const D_TILES: usize = const { $d / 8 };
             type const ROW_TILES: usize =
                 const { $crate::bwd::fa3::config::BLOCK_ROWS as usize / 8 };

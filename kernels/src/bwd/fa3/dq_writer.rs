@@ -26,7 +26,7 @@ use crate::common::block::BlockInfo;
 use crate::common::params::Fa3BackwardParams;
 use crate::fwd::fa3::config::{F32_BOX_COLS, WARPGROUP_THREADS};
 use crate::fwd::fa3::roles::TENSOR_MAP_BYTES;
-use crate::tile::global::RowBlockFlags;
+use crate::tile::global::{PackedTable, RowBlockFlags};
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile};
 
 /// This head's rows of dQ's f32 accumulator, as the bulk reductions address them.
@@ -34,6 +34,9 @@ pub(super) struct DqAccumulator {
     map: HeadTensorMap,
     /// The 32-column boxes that hold the head dim's columns.
     boxes: u32,
+    /// The sequence's first row (0 but in a packed batch, whose accumulator spans every
+    /// sequence's rows, as the packed Q).
+    q_start: u32,
 }
 
 impl DqAccumulator {
@@ -42,15 +45,18 @@ impl DqAccumulator {
         Self {
             map: HeadTensorMap::new(p.tensor_maps + 4 * TENSOR_MAP_BYTES, info.head, info.batch),
             boxes: p.base.shape.head_dim.div_ceil(F32_BOX_COLS),
+            q_start: info.q_start,
         }
     }
 
     /// One thread: `staging` added to row block `i`'s rows (line 21's dQ_i += dS_ij·K_j, summed
     /// over the block's keys), one bulk group, committed; the caller waits for its reads before
-    /// the tile is written again.
+    /// the tile is written again. In a packed batch the tile's rows past the sequence's queries
+    /// are the next sequence's: their dS is 0 (masked), so they add zeros there.
     #[inline(always)]
     pub(super) fn add(&self, staging: &SwizzledF32Tile, i: u32) {
-        self.map.reduce_add(staging, self.boxes, i * BLOCK_ROWS);
+        self.map
+            .reduce_add(staging, self.boxes, self.q_start + i * BLOCK_ROWS);
         arch::bulk_commit_group();
     }
 }
@@ -118,8 +124,15 @@ impl DqHandOff {
 /// The writer warp (all 32 lanes; lane 0 issues): for each row block that sees the key block, the
 /// owner's staging tile added to dQ_i's rows of the accumulator.
 #[inline(always)]
-pub(super) fn write_dq<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) {
-    let block = KeyBlock::new::<C>(p);
+pub(super) fn write_dq<C: Fa3BackwardConfig>(
+    p: &Fa3BackwardParams,
+    packed: PackedTable,
+    sram: &Fa3BackwardSram,
+) {
+    let block = KeyBlock::new::<C>(p, packed);
+    if !block.has_rows::<C>() {
+        return;
+    }
     let info = block.info;
     let dq = DqAccumulator::new(p, &info);
     let flags = RowBlockFlags::new(

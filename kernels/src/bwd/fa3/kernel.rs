@@ -61,7 +61,7 @@ use crate::fwd::fa3::config::{KV_STAGES, PANEL_COLS, WARPGROUP_ROWS, WARPGROUP_T
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
-use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::global::{HeadRows16, HeadVector, PackedTable};
 use crate::tile::layout::swizzled_pair_side;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile};
 
@@ -71,28 +71,37 @@ const _: () = assert!(ROW_STAGES == KV_STAGES);
 /// The main kernel for head dims up to `C::HEAD_DIM` (multiples of 8; columns past d arrive as
 /// zeros). Grid (⌈seqlen_k / B_c⌉, batch·heads), `C::TILING.threads()` threads,
 /// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory. Needs the pre-pass's D and zeroed
-/// accumulator.
+/// accumulator. `packed`: a packed form's sequences (`C::PACKED`; the grid's seqlen_k and batch
+/// are the longest sequence's and the launch's sequences; the tensor maps, L, D and the
+/// accumulator span the whole packed tensors), else `PackedTable::NONE`.
 #[inline(always)]
-pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(p: &Fa3BackwardParams) {
+pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(
+    p: &Fa3BackwardParams,
+    packed: PackedTable,
+) {
     let () = C::CHECKED;
     let sram = Fa3BackwardSram::new::<C>();
     split_roles!(
         C,
         sram.init_barriers::<C>(),
-        produce::<C>(p, &sram),
+        produce::<C>(p, packed, &sram),
         if C::DQ_WRITER {
-            write_dq::<C>(p, &sram)
+            write_dq::<C>(p, packed, &sram)
         },
-        |consumer| consume::<T, C>(p, &sram, consumer)
+        |consumer| consume::<T, C>(p, packed, &sram, consumer)
     );
 }
 
 /// The producer's one thread: K_j and V_j once, then Q_i and dO_i into the ring as stages free
 /// up.
 #[inline(always)]
-fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) {
-    let block = KeyBlock::new::<C>(p);
-    if !block.has_rows() {
+fn produce<C: Fa3BackwardConfig>(
+    p: &Fa3BackwardParams,
+    packed: PackedTable,
+    sram: &Fa3BackwardSram,
+) {
+    let block = KeyBlock::new::<C>(p, packed);
+    if !block.has_rows::<C>() {
         return;
     }
     let info = block.info;
@@ -103,22 +112,12 @@ fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) 
     let d_o = HeadTensorMap::new(maps + 3 * TENSOR_MAP_BYTES, info.head, info.batch);
     sram.kv_full().arrive_expect_bytes(2 * C::KV_BYTES);
     // K_j and V_j are this block's alone; Q_i and dO_i are read again by the head's other key
-    // blocks (FlashAttention-3's hints).
+    // blocks (FlashAttention-3's hints). Rows from the sequence's first (0 but in a packed
+    // batch, whose maps span every sequence).
     let kv_full = sram.kv_full();
-    k.load(
-        &sram.k,
-        C::PANELS,
-        block.key_start,
-        kv_full,
-        L2Priority::Normal,
-    );
-    v.load(
-        &sram.v,
-        C::PANELS,
-        block.key_start,
-        kv_full,
-        L2Priority::Normal,
-    );
+    let key_row = info.k_start + block.key_start;
+    k.load(&sram.k, C::PANELS, key_row, kv_full, L2Priority::Normal);
+    v.load(&sram.v, C::PANELS, key_row, kv_full, L2Priority::Normal);
     let first = block.row_blocks.first();
     for i in first..block.row_blocks.end() {
         let (stage, phase) = ring(i - first);
@@ -127,7 +126,7 @@ fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) 
         sram.rows_empty(stage).wait(phase ^ 1);
         let full = sram.rows_full(stage);
         full.arrive_expect_bytes(2 * C::ROW_BYTES);
-        let row_start = i * C::BLOCK_ROWS;
+        let row_start = info.q_start + i * C::BLOCK_ROWS;
         q.load(
             &sram.q(stage),
             C::PANELS,
@@ -150,10 +149,11 @@ fn produce<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, sram: &Fa3BackwardSram) 
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
     p: &Fa3BackwardParams,
+    packed: PackedTable,
     sram: &Fa3BackwardSram,
     consumer: u32,
 ) {
-    let block = KeyBlock::new::<C>(p);
+    let block = KeyBlock::new::<C>(p, packed);
     let info = block.info;
     let shape = &p.base.shape;
     // Warp-uniform as ptxas sees it, so the K_j and V_j descriptors stay in uniform registers.
@@ -167,14 +167,14 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
         key_start: block.key_start,
         info,
         score_scale: shape.softmax_scale * LOG2_E,
-        logsumexp: HeadVector::new(p.base.logsumexp, info.batch_head, info.seqlen_q),
-        delta: HeadVector::new(p.base.delta, info.batch_head, info.seqlen_q),
+        logsumexp: block.statistics::<C>(p.base.logsumexp),
+        delta: block.statistics::<C>(p.base.delta),
         params: p,
     };
     let mut dk = [[0.0f32; 4]; C::D_TILES];
     let mut dv = [[0.0f32; 4]; C::D_TILES];
     let rows = block.row_blocks;
-    if block.has_rows() {
+    if block.has_rows::<C>() {
         sram.kv_full().wait(0);
         let (first, end) = (rows.first(), rows.end());
         for i in first..end {
@@ -198,8 +198,10 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
     // dK_j = scale·dK_j and dV_j, each stored once (grouped heads: the query head's own rows of
     // the expanded workspace, summed afterwards by `bwd::group_sum`).
     let gradient_head = info.kv_gradient_head(C::GROUPED);
-    let dk_rows = HeadRows16::new(&p.base.dk, info.batch, gradient_head, info.seqlen_k);
-    let dv_rows = HeadRows16::new(&p.base.dv, info.batch, gradient_head, info.seqlen_k);
+    let key_rows = |view| {
+        HeadRows16::new(view, info.batch, gradient_head, info.seqlen_k).starting_at(info.k_start)
+    };
+    let (dk_rows, dv_rows) = (key_rows(&p.base.dk), key_rows(&p.base.dv));
     let first_key = block.key_start + warpgroup.warp_key;
     let (seqlen_k, d) = (info.seqlen_k, shape.head_dim);
     store_key_rows::<T, _>(

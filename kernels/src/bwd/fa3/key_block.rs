@@ -5,13 +5,18 @@ use super::config::Fa3BackwardConfig;
 use crate::arch;
 use crate::common::block::{BlockInfo, RowBlocks};
 use crate::common::params::Fa3BackwardParams;
+use crate::tile::global::{HeadVector, PackedTable};
 
 /// The block's key block and the row blocks that see it.
 #[derive(Clone, Copy)]
 pub(super) struct KeyBlock {
+    /// The head, and in a packed batch its sequence's lengths and first rows.
     pub(super) info: BlockInfo,
+    /// The first key, counted from the sequence's first.
     pub(super) key_start: u32,
     pub(super) row_blocks: RowBlocks,
+    /// Q's rows in the whole packed tensors (L's and D's row length; the packed forms').
+    total_q: u32,
 }
 
 impl KeyBlock {
@@ -19,9 +24,19 @@ impl KeyBlock {
     /// last key block (the shortest: fewest row blocks see it) down, FlashAttention-3's order
     /// there, because a row block's dQ_i then takes its key blocks' reductions from the last one
     /// down ([`Self::dq_turn`]), and a block may only wait for blocks started before it.
+    /// In a packed batch (`C::PACKED`) block row y is head y % heads of the launch's sequence
+    /// y / heads (`packed`, its table of offsets), whose own lengths and first rows the block
+    /// takes (`BlockInfo::packed`); the grid's key blocks are the longest sequence's.
     #[inline(always)]
-    pub(super) fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams) -> Self {
-        let info = BlockInfo::of_form(&p.base.shape, arch::block_idx_y(), C::LOCAL);
+    pub(super) fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, packed: PackedTable) -> Self {
+        let shape = &p.base.shape;
+        let batch_head = arch::block_idx_y();
+        let info = if C::PACKED {
+            let (query_rows, key_rows) = packed.rows(batch_head / shape.heads);
+            BlockInfo::packed(shape, batch_head, query_rows, key_rows, C::LOCAL)
+        } else {
+            BlockInfo::of_form(shape, batch_head, C::LOCAL)
+        };
         let x = arch::block_idx_x();
         let key_block = if C::DETERMINISTIC && info.mask().is_bounded() {
             arch::grid_dim_x() - 1 - x
@@ -33,7 +48,15 @@ impl KeyBlock {
             info,
             key_start,
             row_blocks: info.row_blocks(key_start, C::BLOCK_COLS, C::BLOCK_ROWS),
+            total_q: packed.total_q(),
         }
+    }
+
+    /// This head's rows of L or D at `addr`: (batch·heads, seqlen_q), or a packed batch's
+    /// (heads, total_q) from the sequence's first row.
+    #[inline(always)]
+    pub(super) fn statistics<C: Fa3BackwardConfig>(&self, addr: u64) -> HeadVector {
+        HeadVector::of_block(addr, &self.info, C::PACKED, self.total_q)
     }
 
     /// Deterministic mode: how many key blocks add to row block `i`'s dQ before the one
@@ -54,9 +77,11 @@ impl KeyBlock {
         seeing.saturating_sub(1 + key_block)
     }
 
-    /// Whether any row block sees these keys (none: dK_j = dV_j = 0, and nothing is loaded).
+    /// Whether any row block sees these keys (none: dK_j = dV_j = 0, and nothing is loaded). A
+    /// packed sequence's key blocks past its keys (the grid is the longest sequence's) have none.
     #[inline(always)]
-    pub(super) fn has_rows(&self) -> bool {
-        self.row_blocks.first() < self.row_blocks.end()
+    pub(super) fn has_rows<C: Fa3BackwardConfig>(&self) -> bool {
+        (!C::PACKED || self.key_start < self.info.seqlen_k)
+            && self.row_blocks.first() < self.row_blocks.end()
     }
 }

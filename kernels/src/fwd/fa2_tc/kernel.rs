@@ -117,7 +117,7 @@ fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddr
 /// `PACKED`: a packed batch of sequences of different lengths (`PackedSequences`, the launch's
 /// table in `packed`; [`PackedTable::NONE`] otherwise): each block reads its sequence's rows, and the row blocks past its length return at once (the grid is the
 /// longest sequence's). `LOCAL`: a sliding window and soft-capping, read from the parameters
-/// (else the causal mask or none, and no capping, as constants: `fwd::form::ForwardForm`).
+/// (else the causal mask or none, and no capping, as constants: `common::form::KernelForm`).
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const LOCAL: bool>(
     p: &Fa2Params,

@@ -2,9 +2,9 @@
 //! the host sizes launches with, and [`Fa3Config`], one type per compiled kernel with the sizes
 //! of its register arrays, checked at compile time.
 
+use crate::common::form::KernelForm;
 use crate::common::limits::{MAX_SHARED_BYTES_PER_BLOCK, MAX_THREADS_PER_BLOCK, REGISTERS_PER_SM};
 use crate::common::softmax::Exp2Split;
-use crate::fwd::form::ForwardForm;
 
 /// Threads of a warpgroup: the 4 warps that issue one `wgmma` together.
 pub const WARPGROUP_THREADS: u32 = 128;
@@ -237,10 +237,10 @@ pub trait Fa3Config {
     /// Whether the block walks tiles from the counter (the persistent grid) or computes the one
     /// tile its block index names.
     const PERSISTENT: bool = Self::TILING.persistent;
-    /// Which calls the kernel serves ([`ForwardForm`]): a packed batch of sequences of
+    /// Which calls the kernel serves ([`KernelForm`]): a packed batch of sequences of
     /// different lengths (`common::params::PackedSequences`), or a sliding window and
     /// soft-capping; both on the one-tile grid only.
-    const FORM: ForwardForm;
+    const FORM: KernelForm;
     const PACKED: bool = Self::FORM.is_packed();
     const LOCAL: bool = Self::FORM.is_local();
     const BLOCK_COLS: u32 = Self::TILING.block_cols;
@@ -312,7 +312,7 @@ macro_rules! fa3_grid_suffix {
         "p"
     };
     ($($form:ident)?) => {
-        $crate::forward_form_suffix!($($form)?)
+        $crate::kernel_form_suffix!($($form)?)
     };
 }
 
@@ -324,7 +324,7 @@ macro_rules! fa3_config {
         struct $name;
         impl $crate::fwd::fa3::config::Fa3Config for $name {
             const HEAD_DIM: u32 = $d;
-            const FORM: $crate::fwd::form::ForwardForm = $crate::forward_form!($($grid)?);
+            const FORM: $crate::common::form::KernelForm = $crate::kernel_form!($($grid)?);
             const TILING: $crate::fwd::fa3::config::Fa3Tiling =
                 $crate::fa3_tiling!($consumers, $cols $(, $grid)?);
             type const S_TILES: usize = const { $cols / 8 };

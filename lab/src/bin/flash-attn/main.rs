@@ -124,10 +124,10 @@ fn fa3_note() -> String {
             } => format!(
                 "d{head_dim} {tiling}{}",
                 match form {
-                    flash_kernels::registry::ForwardForm::Dense => "",
-                    flash_kernels::registry::ForwardForm::Packed => " (packed)",
-                    flash_kernels::registry::ForwardForm::Local => " (window, soft-capping)",
-                    flash_kernels::registry::ForwardForm::PackedLocal => {
+                    flash_kernels::registry::KernelForm::Dense => "",
+                    flash_kernels::registry::KernelForm::Packed => " (packed)",
+                    flash_kernels::registry::KernelForm::Local => " (window, soft-capping)",
+                    flash_kernels::registry::KernelForm::PackedLocal => {
                         " (packed, window, soft-capping)"
                     }
                 }

@@ -1,14 +1,15 @@
-//! [`ForwardForm`], which calls a tensor-core forward kernel (FA2-TC, FA3) serves, and the
-//! macros that read it from a kernel-list entry. It lives beside the families that compile it
-//! rather than in `registry`, so their configs name it without importing the list, which
-//! imports them.
+//! [`KernelForm`], which calls a tensor-core kernel (FA2-TC, FA3; forward or backward) serves,
+//! and the macros that read it from a kernel-list entry. It lives beside the families that
+//! compile it rather than in `registry`, so their configs name it without importing the list,
+//! which imports them.
 
-/// Which calls a forward kernel of the tensor-core families serves. Each form is its own entry,
+/// Which calls a kernel of the tensor-core families serves, forward or backward. Each form is
+/// its own entry,
 /// compiled from the same kernel body with the form's features as constants, so the dense
 /// kernels carry none of the others' work: the window and soft-capping cost FA2-TC up to 11% and
 /// FA3 up to 8% when they were runtime options of every kernel (call 20, docs/perf).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ForwardForm {
+pub enum KernelForm {
     /// One length per batch, the causal mask or none, no soft-capping.
     Dense,
     /// A packed batch of sequences of different lengths (`common::params::PackedSequences`;
@@ -23,80 +24,83 @@ pub enum ForwardForm {
     PackedLocal,
 }
 
-impl ForwardForm {
-    pub const ALL: [ForwardForm; 4] = [
-        ForwardForm::Dense,
-        ForwardForm::Packed,
-        ForwardForm::Local,
-        ForwardForm::PackedLocal,
+impl KernelForm {
+    pub const ALL: [KernelForm; 4] = [
+        KernelForm::Dense,
+        KernelForm::Packed,
+        KernelForm::Local,
+        KernelForm::PackedLocal,
     ];
 
     /// The entry-name suffix.
     pub const fn suffix(self) -> &'static str {
         match self {
-            ForwardForm::Dense => "",
-            ForwardForm::Packed => "_varlen",
-            ForwardForm::Local => "_local",
-            ForwardForm::PackedLocal => "_varlen_local",
+            KernelForm::Dense => "",
+            KernelForm::Packed => "_varlen",
+            KernelForm::Local => "_local",
+            KernelForm::PackedLocal => "_varlen_local",
         }
     }
 
     /// The form of a call: packed or not, with a window or soft-capping or not.
     pub const fn of(packed: bool, local: bool) -> Self {
         match (packed, local) {
-            (false, false) => ForwardForm::Dense,
-            (true, false) => ForwardForm::Packed,
-            (false, true) => ForwardForm::Local,
-            (true, true) => ForwardForm::PackedLocal,
+            (false, false) => KernelForm::Dense,
+            (true, false) => KernelForm::Packed,
+            (false, true) => KernelForm::Local,
+            (true, true) => KernelForm::PackedLocal,
         }
     }
 
     /// Whether the kernel reads a packed batch's sequence offsets (`PackedSequences`).
     pub const fn is_packed(self) -> bool {
-        matches!(self, ForwardForm::Packed | ForwardForm::PackedLocal)
+        matches!(self, KernelForm::Packed | KernelForm::PackedLocal)
     }
 
     /// Whether the kernel reads the window and soft-capping from its parameters (else it takes
     /// the causal mask or none, and no capping, as constants).
     pub const fn is_local(self) -> bool {
-        matches!(self, ForwardForm::Local | ForwardForm::PackedLocal)
+        matches!(self, KernelForm::Local | KernelForm::PackedLocal)
     }
 
     // Constructors named as the kernel lists spell the forms (`for_each_kernel!`).
     pub const fn dense() -> Self {
-        ForwardForm::Dense
+        KernelForm::Dense
     }
     pub const fn varlen() -> Self {
-        ForwardForm::Packed
+        KernelForm::Packed
     }
     pub const fn local() -> Self {
-        ForwardForm::Local
+        KernelForm::Local
     }
     pub const fn varlen_local() -> Self {
-        ForwardForm::PackedLocal
+        KernelForm::PackedLocal
     }
 }
 
-/// The [`ForwardForm`] of a forward list entry: its last word (`varlen`, `local`,
-/// `varlen_local`), dense without one or on the persistent grid.
+/// The [`KernelForm`] of a list entry: its last word (`varlen`, `local`, `varlen_local`; a
+/// backward entry's `dense`), dense without one or on the persistent grid.
 #[macro_export]
-macro_rules! forward_form {
+macro_rules! kernel_form {
     () => {
-        $crate::fwd::form::ForwardForm::Dense
+        $crate::common::form::KernelForm::Dense
     };
     (persistent) => {
-        $crate::fwd::form::ForwardForm::Dense
+        $crate::common::form::KernelForm::Dense
     };
     ($form:ident) => {
-        $crate::fwd::form::ForwardForm::$form()
+        $crate::common::form::KernelForm::$form()
     };
 }
 
-/// The entry-name suffix of a forward list entry's form (`ForwardForm::suffix`, as a literal
+/// The entry-name suffix of a list entry's form (`KernelForm::suffix`, as a literal
 /// for `concat!`).
 #[macro_export]
-macro_rules! forward_form_suffix {
+macro_rules! kernel_form_suffix {
     () => {
+        ""
+    };
+    (dense) => {
         ""
     };
     (varlen) => {
