@@ -12,7 +12,7 @@ use flash_kernels::bwd::fa2::config as fa2_backward;
 use flash_kernels::bwd::fa2_tc::config::Fa2TcBackwardTiling;
 use flash_kernels::bwd::fa3::config::Fa3BackwardTiling;
 use flash_kernels::bwd::group_sum::config as group_sum;
-use flash_kernels::common::params::TensorView;
+use flash_kernels::common::params::{MAX_SEQUENCES_PER_LAUNCH, TensorView};
 use flash_kernels::fwd::standard::config as standard;
 use flash_kernels::registry::{
     BackwardStage, ElementType, Family, KernelId, StandardBackwardStage,
@@ -519,6 +519,13 @@ impl fmt::Display for BackwardPlan {
                 f,
                 ", grouped: dK, dV summed over {} query heads per K/V head",
                 self.problem.kv_group()
+            )?;
+        }
+        if self.problem.is_packed() {
+            write!(
+                f,
+                ", packed: {} sequences, the main kernel once per {MAX_SEQUENCES_PER_LAUNCH}",
+                self.problem.batch
             )?;
         }
         write!(f, ", workspace {} bytes)", self.workspace_bytes())?;
