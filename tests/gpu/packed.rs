@@ -315,3 +315,202 @@ fn blocks(plan: &Plan) -> Blocks {
         _ => unreachable!("a forward plan"),
     }
 }
+
+/// The packed backward of `case` against the same family's dense backward on each sequence
+/// alone (the forward's O and L from the packed forward, sliced): the same arithmetic on the
+/// same rows, so dK and dV have the same values (a zero may differ in sign: rows past a
+/// sequence add 0·x there, x the next sequence's, where the dense call adds 0·0), and so does dQ
+/// in deterministic mode (the same order of additions); with atomic adds dQ is within a few
+/// roundings of the dense one. Gradients are poisoned first, so a row the kernels forgot fails.
+fn check_backward_typed<T: Element>(
+    gpu: &Gpu,
+    deterministic: bool,
+    case: &PackedCheckCase,
+    rng: &mut impl Rng,
+) -> Result<String, String> {
+    let fail = |e: Error| e.to_string();
+    // The dtype's unit roundoff.
+    let epsilon = if T::DTYPE == flash_attn::DType::Bf16 {
+        2f64.powi(-8)
+    } else {
+        2f64.powi(-11)
+    };
+    let batch = PackedBatch::from_length_pairs(&case.lengths).map_err(fail)?;
+    let [total_q, total_k] = batch.totals();
+    let dims_q = [1, case.heads, total_q, case.head_dim];
+    let dims_k = [1, case.heads_kv, total_k, case.head_dim];
+    let (q, k, v, d_o) = (
+        random_tensor::<T>(dims_q, rng),
+        random_tensor::<T>(dims_k, rng),
+        random_tensor::<T>(dims_k, rng),
+        random_tensor::<T>(dims_q, rng),
+    );
+    let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
+    let [gq, gk, gv, g_o] = [&q, &k, &v, &d_o].map(|a| upload(a).map_err(fail));
+    let (gq, gk, gv, g_o) = (gq?, gk?, gv?, g_o?);
+    let mut options = case.options();
+    options.deterministic = deterministic;
+    if deterministic {
+        // Packed deterministic calls run fa2-tc's; the dense call must run the same kernels.
+        options.backward_algorithm = Algorithm::Fa2Tc;
+    }
+    let call = Attention::new(&gq, &gk, &gv)
+        .options(options)
+        .packed(&batch);
+    let forward = call.forward(gpu).map_err(fail)?;
+    let poisoned = |t: &DeviceTensor<T>| {
+        DeviceTensor::filled(gpu, t.dims(), case.layout, T::poison()).map_err(fail)
+    };
+    let mut grads = flash_attn::attention::Gradients {
+        dq: poisoned(&gq)?,
+        dk: poisoned(&gk)?,
+        dv: poisoned(&gk)?,
+    };
+    let flash_attn::RowStatistics::LogSumExp(l) = &forward.stats else {
+        return Err("the packed forward wrote no L".into());
+    };
+    let plan = call
+        .backward_into(
+            gpu,
+            flash_attn::attention::BackwardTensors {
+                o: (&forward.o).into(),
+                logsumexp: l.into(),
+                d_o: (&g_o).into(),
+                gradients: flash_attn::attention::Gradients {
+                    dq: (&mut grads.dq).into(),
+                    dk: (&mut grads.dk).into(),
+                    dv: (&mut grads.dv).into(),
+                },
+            },
+        )
+        .map_err(fail)?;
+    let PassPlan::Backward(backward) = &plan.pass else {
+        return Err(format!("not a backward plan: {plan}"));
+    };
+    // The dense forward of the same family and tiling (its O and L are the packed forward's,
+    // bit for bit: `packed_batches_match_the_dense_kernel_per_sequence`), then the same
+    // backward.
+    let (dense_algorithm, fa3_tiling) = match blocks(&forward.plan) {
+        Blocks::Fa3 { tiling, .. } => (Algorithm::Fa3, Some(tiling)),
+        _ => (Algorithm::Fa2Tc, None),
+    };
+    let dense_options = AttentionOptions {
+        algorithm: dense_algorithm,
+        fa3_tiling,
+        backward_algorithm: backward.algorithm.into(),
+        ..options
+    };
+    let got = [&grads.dq, &grads.dk, &grads.dv].map(|t| t.to_array(gpu));
+    let [got_q, got_k, got_v] = got;
+    let (got_q, got_k, got_v) = (
+        got_q.map_err(fail)?,
+        got_k.map_err(fail)?,
+        got_v.map_err(fail)?,
+    );
+    for b in 0..batch.sequences() {
+        let (queries, keys) = batch.rows(b);
+        let what = format!("sequence {b} ({} × {})", queries.len(), keys.len());
+        let zero = |a: &Array4<T>, rows: std::ops::Range<usize>| {
+            a.slice(s![.., .., rows, ..])
+                .iter()
+                .all(|x| x.to_f64() == 0.0)
+        };
+        if queries.is_empty() || keys.is_empty() {
+            if !(zero(&got_q, queries.clone()) && zero(&got_k, keys.clone())) || !zero(&got_v, keys)
+            {
+                return Err(format!("{what}: no queries or no keys, but a gradient ≠ 0"));
+            }
+            continue;
+        }
+        let part = |a: &Array4<T>, rows: std::ops::Range<usize>| {
+            upload(&a.slice(s![.., .., rows, ..]).to_owned()).map_err(fail)
+        };
+        let (sq, sk, sv, s_o) = (
+            part(&q, queries.clone())?,
+            part(&k, keys.clone())?,
+            part(&v, keys.clone())?,
+            part(&d_o, queries.clone())?,
+        );
+        let dense = Attention::new(&sq, &sk, &sv).options(dense_options);
+        let dense_forward = dense.forward(gpu).map_err(fail)?;
+        let want = dense
+            .backward(gpu, &dense_forward, &s_o)
+            .map_err(fail)?
+            .gradients;
+        for (name, got, rows, want) in [
+            ("dq", &got_q, queries.clone(), &want.dq),
+            ("dk", &got_k, keys.clone(), &want.dk),
+            ("dv", &got_v, keys.clone(), &want.dv),
+        ] {
+            let want = want.to_array(gpu).map_err(fail)?;
+            let got = got.slice(s![.., .., rows, ..]);
+            let scale = want.iter().fold(0.0f64, |m, x| m.max(x.to_f64().abs()));
+            // dQ by atomic adds: each element a sum in another order, rounded to the dtype.
+            let tolerance = if name == "dq" && !deterministic {
+                scale * 2.0 * epsilon
+            } else {
+                0.0
+            };
+            let worst = got.iter().zip(want.iter()).fold(0.0f64, |m, (a, b)| {
+                let d = (a.to_f64() - b.to_f64()).abs();
+                if d.is_nan() { f64::INFINITY } else { m.max(d) }
+            });
+            if worst > tolerance {
+                return Err(format!(
+                    "{what}: {name} differs from the dense backward's by {worst:e} (allowed \
+                     {tolerance:e}, largest {scale:e})"
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "{} [{}]",
+        backward.launches[1].kernel, backward.launches[1].launch.grid.0
+    ))
+}
+
+/// `check --packed`'s cases at head dims that are multiples of 8, backward: FA3's `_varlen`
+/// kernels (fa2-tc's past 128) against the dense ones per sequence, and fa2-tc's in
+/// deterministic mode.
+#[test]
+fn the_packed_backward_matches_the_dense_backward_per_sequence() {
+    let test = "packed_backward";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    let cases: Vec<PackedCheckCase> = PACKED_DTYPES
+        .into_iter()
+        .flat_map(standard_packed_cases)
+        .filter(|case| case.head_dim.is_multiple_of(8))
+        .collect();
+    for deterministic in [false, true] {
+        for case in &cases {
+            let label = format!(
+                "deterministic={deterministic} {} h {}/{} d {} causal={} window={:?} softcap={} \
+                 {} lengths {:?}",
+                case.dtype,
+                case.heads,
+                case.heads_kv,
+                case.head_dim,
+                case.causal,
+                case.window,
+                case.softcap,
+                case.layout.name(),
+                case.lengths
+            );
+            runs += 1;
+            let result = with_element!(case.dtype, T => {
+                check_backward_typed::<T>(&gpu, deterministic, case, &mut rng)
+            });
+            match result {
+                Ok(kernel) => println!("{label}: pass ({kernel})"),
+                Err(e) => failures.push(format!("{label}: {e}")),
+            }
+        }
+    }
+    println!("{test}: {runs} cases, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
