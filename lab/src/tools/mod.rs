@@ -5,3 +5,4 @@ pub mod check;
 pub mod check_backward;
 pub mod check_decode;
 pub mod check_packed;
+pub mod check_packed_backward;

@@ -14,6 +14,9 @@ use flash_attn_lab::tools::check_decode::{
 use flash_attn_lab::tools::check_packed::{
     PACKED_DTYPES, check_packed, describe_packed, standard_packed_cases,
 };
+use flash_attn_lab::tools::check_packed_backward::{
+    check_packed_backward, describe_packed_backward,
+};
 use rand::SeedableRng;
 
 #[derive(clap::Args)]
@@ -73,8 +76,10 @@ pub struct CheckArgs {
     /// Check packed batches of sequences of different lengths instead (flash-attn's varlen call:
     /// empty sequences, sequences without keys, GQA and MQA, every head dim FA2-TC compiles),
     /// sequence by sequence, for each of --algorithms that takes them (fa2-tc, fa3; default
-    /// both: fa3 runs fa2-tc where it cannot run) and --dtypes (bf16, f16).
-    #[arg(long, conflicts_with_all = ["backward", "decode", "fa2_tc_tiling", "fa3_tiling"])]
+    /// both: fa3 runs fa2-tc where it cannot run) and --dtypes (bf16, f16). With --backward:
+    /// the packed backward instead (auto, and deterministic mode), at the head dims that are
+    /// multiples of 8, each sequence's gradients against its own f64 reference.
+    #[arg(long, conflicts_with_all = ["decode", "fa2_tc_tiling", "fa3_tiling"])]
     packed: bool,
 }
 
@@ -371,6 +376,23 @@ fn check_packed_batches(device: usize, args: &CheckArgs) -> flash_attn::Result<E
     };
     let mut rng = seeded(&gpu, args.seed);
     let (mut passed, mut failed) = (0, 0);
+    if args.backward {
+        for dtype in dtypes {
+            let cases = standard_packed_cases(dtype);
+            for case in cases.iter().filter(|c| c.head_dim.is_multiple_of(8)) {
+                for deterministic in [false, true] {
+                    let result = check_packed_backward(&gpu, deterministic, case, &mut rng)?;
+                    println!("{}", describe_packed_backward(&result));
+                    if result.passed {
+                        passed += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        return Ok(exit_code(passed, failed));
+    }
     for dtype in dtypes {
         for case in standard_packed_cases(dtype) {
             for &algorithm in &algorithms {
