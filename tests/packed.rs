@@ -63,6 +63,12 @@ fn a_long_batch_runs_as_several_launch_tables() {
     for (count, table) in &tables {
         let count = *count as usize;
         assert_eq!(table.total_q as usize, batch.totals()[0]);
+        assert_eq!(table.total_k as usize, batch.totals()[1]);
+        // Host offsets: the kernels read the table, not device memory.
+        assert_eq!(
+            (table.device_cu_seqlens_q, table.device_cu_seqlens_k),
+            (0, 0)
+        );
         for (tensor, offsets, all) in [
             ("q", &table.cu_seqlens_q, batch.cu_seqlens_q()),
             ("k", &table.cu_seqlens_k, batch.cu_seqlens_k()),
@@ -78,6 +84,55 @@ fn a_long_batch_runs_as_several_launch_tables() {
     let one = PackedBatch::from_lengths(&[5]).unwrap().launch_tables();
     assert_eq!(one.len(), 1);
     assert_eq!((one[0].0, &one[0].1.cu_seqlens_q[..3]), (1, &[0, 5, 0][..]));
+}
+
+/// Offsets left on the GPU launch as the host's do, 255 sequences a launch, each launch's
+/// addresses at its first sequence's entries and its tables unused; the grid takes the caller's
+/// bounds (at most the rows, at least 1), and bad addresses are named.
+#[test]
+fn offsets_on_the_device_launch_from_their_addresses() {
+    use flash_attn::attention::{DeviceOffsets, PackedOffsets};
+    let (q_address, k_address) = (0x7f00_0000_0000u64, 0x7f00_1000_0000u64);
+    // SAFETY: no kernel runs in this test; the addresses are only split per launch.
+    let offsets = unsafe { DeviceOffsets::new(q_address, k_address, 600, [900, 0]) }.unwrap();
+    let tables = PackedOffsets::Device(offsets).launch_tables([5000, 7000]);
+    let counts: Vec<u32> = tables.iter().map(|(n, _)| *n).collect();
+    assert_eq!(counts, [255, 255, 90]);
+    for (launch, (_, table)) in tables.iter().enumerate() {
+        let first = 4 * 255 * launch as u64;
+        assert_eq!(table.device_cu_seqlens_q, q_address + first);
+        assert_eq!(table.device_cu_seqlens_k, k_address + first);
+        assert_eq!((table.total_q, table.total_k), (5000, 7000));
+        assert!(
+            table
+                .cu_seqlens_q
+                .iter()
+                .chain(&table.cu_seqlens_k)
+                .all(|&o| o == 0)
+        );
+    }
+    let dims = |rows: usize| [1, 4, rows, 64];
+    let problem = PackedOffsets::Device(offsets)
+        .problem(
+            [dims(800), dims(7000), dims(7000)],
+            &AttentionOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(
+        (problem.batch, problem.seqlen_q, problem.seqlen_k),
+        (600, 800, 1)
+    );
+    for (name, q, k, sequences) in [
+        ("cu_seqlens_q", 0, k_address, 3),
+        ("cu_seqlens_k", q_address, k_address + 2, 3),
+        ("cu_seqlens_q", q_address, k_address, 0),
+    ] {
+        // SAFETY: as above.
+        assert_eq!(
+            named(unsafe { DeviceOffsets::new(q, k, sequences, [1, 1]) }),
+            name
+        );
+    }
 }
 
 #[test]

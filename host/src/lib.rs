@@ -18,7 +18,8 @@
 //! # let _ = o; Ok(()) }
 //! ```
 //!
-//! Packed batches (`.packed(&PackedBatch)`), KV-cache decoding (`.kv_cache(KvCache { .. })`),
+//! Packed batches (`.packed(&PackedBatch)`, or `.packed_on_device(DeviceOffsets)` with the
+//! offsets left on the GPU), KV-cache decoding (`.kv_cache(KvCache { .. })`),
 //! the backward (`call.backward(&gpu, &out, &d_o)`), plans made once and run many times
 //! (`call.plan(&gpu)`, [`Plan::run`]) and memory another library owns ([`TensorRef::from_raw`])
 //! all go through the same description.
@@ -32,8 +33,8 @@ pub mod tensor;
 
 pub use attention::{
     Algorithm, Attention, AttentionOptions, AttentionOutput, BackwardOutput, BackwardTensors,
-    BlockTable, CacheSeqlens, CompiledLimits, Form, ForwardTensors, Gradients, KvCache,
-    PackedBatch, Pass, Plan, Problem, RowStatistics, Statistics, Workspace,
+    BlockTable, CacheSeqlens, CompiledLimits, DeviceOffsets, Form, ForwardTensors, Gradients,
+    KvCache, PackedBatch, PackedOffsets, Pass, Plan, Problem, RowStatistics, Statistics, Workspace,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

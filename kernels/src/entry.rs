@@ -23,7 +23,7 @@ use crate::common::params::{
 use crate::decode::{append, combine, split_kv};
 #[cfg(not(feature = "hopper"))]
 use crate::fwd::{fa1, fa2, fa2_tc, standard};
-use crate::tile::global::PackedTable;
+use crate::tile::sequences::{DeviceOffsets, LaunchSequences, PackedTable};
 #[cfg(feature = "hopper")]
 use crate::{
     bwd::fa3 as fa3_backward,
@@ -99,8 +99,9 @@ trait FormParams {
     /// The family's block.
     fn family(&self) -> &Self::Family;
     /// The launch's sequences, given the `.param` address of this block
-    /// (`arch::kernel_parameters_address!`): [`PackedTable::NONE`] for a family's own block.
-    fn packed(&self, block: u64) -> PackedTable;
+    /// (`arch::kernel_parameters_address!`): `InParameters(PackedTable::NONE)` for a family's
+    /// own block.
+    fn sequences(&self, block: u64) -> LaunchSequences;
 }
 
 /// A dense or window form's block, the family's own.
@@ -113,8 +114,8 @@ macro_rules! family_params {
                 self
             }
             #[inline(always)]
-            fn packed(&self, _block: u64) -> PackedTable {
-                PackedTable::NONE
+            fn sequences(&self, _block: u64) -> LaunchSequences {
+                LaunchSequences::InParameters(PackedTable::NONE)
             }
         })*
     };
@@ -131,10 +132,32 @@ impl<P> FormParams for PackedParams<P> {
         &self.family
     }
     #[inline(always)]
-    fn packed(&self, block: u64) -> PackedTable {
-        let table = core::mem::offset_of!(Self, sequences.cu_seqlens_q) as u64;
-        PackedTable::new(block + table, self.sequences.total_q)
+    fn sequences(&self, block: u64) -> LaunchSequences {
+        let s = &self.sequences;
+        if s.device_cu_seqlens_q != 0 {
+            LaunchSequences::InDeviceMemory(DeviceOffsets::new(
+                s.device_cu_seqlens_q,
+                s.device_cu_seqlens_k,
+                s.total_q,
+                s.total_k,
+            ))
+        } else {
+            let table = core::mem::offset_of!(Self, sequences.cu_seqlens_q) as u64;
+            LaunchSequences::InParameters(PackedTable::new(block + table, s.total_q))
+        }
     }
+}
+
+/// Runs `$body` with `$packed` bound to the launch's sequences ([`FormParams::sequences`] of
+/// `$params`, the block of kernel `$name`), once per kind: each arm is its own copy of the
+/// kernel's body, so the one that reads the parameter block keeps its uniform registers.
+macro_rules! with_sequences {
+    ($params:ident, $name:expr, |$packed:ident| $body:expr) => {
+        match $params.sequences($crate::kernel_parameters_address!($name)) {
+            LaunchSequences::InParameters($packed) => $body,
+            LaunchSequences::InDeviceMemory($packed) => $body,
+        }
+    };
 }
 
 /// One entry point, from one line of a list.
@@ -150,8 +173,9 @@ macro_rules! entry_point {
             }
             #[unsafe(export_name = name!())]
             unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa3Params $(, $grid)?)) {
-                let packed = params.packed($crate::kernel_parameters_address!(name!()));
-                fa3::kernel::forward::<element!($dtype), Config>(params.family(), packed)
+                with_sequences!(params, name!(), |packed| {
+                    fa3::kernel::forward::<element!($dtype), Config>(params.family(), packed)
+                })
             }
         };
     };
@@ -174,8 +198,12 @@ macro_rules! entry_point {
             }
             #[unsafe(export_name = name!())]
             unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa3BackwardParams, $form)) {
-                let packed = params.packed($crate::kernel_parameters_address!(name!()));
-                fa3_backward::kernel::backward::<element!($dtype), Config>(params.family(), packed)
+                with_sequences!(params, name!(), |packed| {
+                    fa3_backward::kernel::backward::<element!($dtype), Config>(
+                        params.family(),
+                        packed,
+                    )
+                })
             }
         };
     };
@@ -278,11 +306,12 @@ macro_rules! entry_point {
             }
             #[unsafe(export_name = name!())]
             unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa2TcBackwardParams, $form)) {
-                let packed = params.packed($crate::kernel_parameters_address!(name!()));
-                fa2_tc_backward::kernel::backward::<element!($dtype), Config>(
-                    params.family(),
-                    packed,
-                )
+                with_sequences!(params, name!(), |packed| {
+                    fa2_tc_backward::kernel::backward::<element!($dtype), Config>(
+                        params.family(),
+                        packed,
+                    )
+                })
             }
         };
     };
@@ -309,11 +338,12 @@ macro_rules! entry_point {
             }
             #[unsafe(export_name = name!())]
             unsafe extern "ptx-kernel" fn kernel(params: form_params!(Fa2Params $(, $form)?)) {
-                let packed = params.packed($crate::kernel_parameters_address!(name!()));
-                fa2_tc::kernel::forward::<element!($dtype), Config, PACKED, LOCAL>(
-                    params.family(),
-                    packed,
-                )
+                with_sequences!(params, name!(), |packed| {
+                    fa2_tc::kernel::forward::<element!($dtype), Config, PACKED, LOCAL>(
+                        params.family(),
+                        packed,
+                    )
+                })
             }
         };
     };

@@ -42,7 +42,7 @@ from . import _launch, _native
 from ._autograd import attention_function, packed_attention_function
 from ._ops import ops
 from ._checks import (
-    FLASH_ATTN, PACKED, SDPA, check_cache_inputs, check_inputs, check_offsets,
+    FLASH_ATTN, PACKED, SDPA, check_cache_inputs, check_inputs, check_offset_pair, check_offsets,
 )
 
 if importlib.util.find_spec("torch") is not None:
@@ -148,11 +148,46 @@ def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
+    head_dim = q.shape[-1]
+    q, k, v, softmax_scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
     if _compiling():
-        return ops()[0](q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                        None if window is None else list(window), softcap, deterministic)
-    return attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                                      window, softcap, deterministic)
+        o, lse = ops()[0](q, k, v, layout, dtype, softmax_scale, causal, algorithm,
+                          None if window is None else list(window), softcap, deterministic)
+    else:
+        o, lse = attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal,
+                                            algorithm, window, softcap, deterministic)
+    return _unpadded(o, head_dim), lse
+
+
+def _unpadded(o, head_dim):
+    """O at the caller's head dim: a padded call's O without its padded columns, copied
+    contiguous (flash-attn returns a view; a contiguous O serves every caller a view serves, and
+    ``.view`` too)."""
+    return o if o.shape[-1] == head_dim else o[..., :head_dim].contiguous()
+
+
+#: The tensor-core kernels read rows in 16-byte pieces: head dims that are multiples of this.
+HEAD_DIM_MULTIPLE = 8
+
+
+def _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale):
+    """flash-attn's rule for a head dim the tensor-core kernels cannot read in 16-byte pieces
+    (not a multiple of 8, e.g. 59 or 111): q, k and v padded with zeros to the next multiple
+    (zero columns add nothing to Q·Kᵀ, and O's padded columns, P·0, are sliced off), the scale
+    kept at the true head dim's. The pad is a differentiable copy, so the gradients come back at
+    the true head dim; it costs copies of Q, K, V and O (and of dO and the gradients in the
+    backward) beside running at the next multiple of 8. Only for float16 and bfloat16 under the
+    fast algorithms (auto, fa3, fa2-tc): fa2, fa1 and standard are the articles' kernels and take
+    any head dim as it is. Returns (q, k, v, softmax_scale)."""
+    head_dim = q.shape[-1]
+    if head_dim % HEAD_DIM_MULTIPLE == 0 or dtype == "f32" or algorithm not in (None, "auto",
+                                                                                 "fa3", "fa2-tc"):
+        return q, k, v, softmax_scale
+    import torch
+
+    pad = [0, HEAD_DIM_MULTIPLE - head_dim % HEAD_DIM_MULTIPLE]
+    q, k, v = (torch.nn.functional.pad(t, pad) for t in (q, k, v))
+    return q, k, v, head_dim**-0.5 if softmax_scale is None else softmax_scale
 
 
 def _compiling():
@@ -256,7 +291,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     softcap * tanh(s / softcap) (Gemma 2). Both run on auto, fa3 and fa2-tc (float16 and
     bfloat16), forward and backward (the backward's dS takes the cap's slope 1 - tanh^2; with
     ``deterministic=True`` the backward runs fa2-tc's ordered kernel); elsewhere a ValueError
-    names them. A row that sees no key gets O = 0 and L = -inf.
+    names them. A row that sees no key gets O = 0 and L = -inf. Every head dim up to 256 runs
+    on the tensor cores: one that is not a multiple of 8 (59, 111) is padded with zeros to the
+    next one, as flash-attn pads it (a copy of q, k and v, and of O back to the head dim).
 
     flash-attn's signature, argument for argument and in its order, so code written for it runs
     by changing the import: ``dropout_p`` must be 0.0 and ``alibi_slopes`` None (the kernels
@@ -320,15 +357,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``.
 
     ``cu_seqlens_q``, ``cu_seqlens_k``: batch + 1 offsets each, from 0, never decreasing, the last
-    one q's (k's) rows; int32 as in flash-attn, or int64; on q's device or on the CPU. They are
-    read on the host (the library launches one grid per table of up to 255 sequences and sizes it
-    from them), so offsets on the GPU are copied with ``.tolist()``, which waits for the work
-    queued on the current stream: a synchronization per call. Pass CPU offsets to avoid it.
+    one q's (k's) rows; int32 as in flash-attn, or int64; on q's device or on the CPU.
+    On the GPU (as flash-attn takes them, and as data collators leave them) they stay there: the
+    kernels read them, so the call waits for nothing, and the grid is sized by ``max_seqlen_q``
+    and ``max_seqlen_k``, as flash-attn's. Their values are then not checked (that would need a
+    synchronization): each sequence's rows are clamped into q and k and its lengths to the
+    bounds, so wrong offsets give wrong rows, never an access outside the tensors. On the CPU
+    they are read and checked (a ValueError names a bad one) and the grid is sized by the
+    longest sequence they give.
 
-    ``max_seqlen_q``, ``max_seqlen_k``: flash-attn's bounds on the longest sequence, ints. Each is
-    checked to be at least the longest sequence its offsets give (a smaller one, which would leave
-    rows unwritten in flash-attn, is a ValueError naming it); the grid is sized by the longest
-    sequence itself, so a larger bound costs nothing.
+    ``max_seqlen_q``, ``max_seqlen_k``: flash-attn's bounds on the longest sequence, ints. With
+    CPU offsets each is checked to be at least the longest sequence they give (a smaller one is a
+    ValueError naming it). With GPU offsets they size the grid, and a sequence longer than its
+    bound is cut to it (flash-attn leaves the rest of its rows unwritten); a tight bound makes
+    the fastest grid.
 
     ``softmax_scale``, ``causal``, ``window_size`` and ``softcap`` are ``flash_attn_func``'s,
     applied to each sequence alone: its causal mask and window aligned to its own bottom-right
@@ -349,9 +391,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     packed GPU backward (FA3's on Hopper, fa2-tc's elsewhere or in deterministic mode; each
     sequence against its own keys, one launch of its main kernel per 255 sequences) into one
     packed dQ, dK, dV.
-    Raises TypeError or ValueError naming the argument before anything is launched (the offsets'
-    values are checked once read), RuntimeError inside a CUDA graph capture (before the offsets
-    are copied, so the capture stays valid).
+    Raises TypeError or ValueError naming the argument before anything is launched, and
+    RuntimeError inside a CUDA graph capture.
     """
     _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
                                 return_lse, block_table)
@@ -359,10 +400,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q, k, v, dtype = _under_autocast(q, k, v, dtype, PACKED)
     check_offsets("cu_seqlens_q", cu_seqlens_q, q)
     check_offsets("cu_seqlens_k", cu_seqlens_k, q)
+    check_offset_pair(cu_seqlens_q, cu_seqlens_k)
     max_seqlens = (_check_max_seqlen("max_seqlen_q", max_seqlen_q),
                    _check_max_seqlen("max_seqlen_k", max_seqlen_k))
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
+    head_dim = q.shape[-1]
+    q, k, v, softmax_scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
     if _compiling():
         o, lse = ops()[1](q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype, softmax_scale,
                           causal, algorithm, None if window is None else list(window), softcap,
@@ -371,7 +415,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         o, lse = packed_attention_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                    max_seqlens, dtype, softmax_scale, causal,
                                                    algorithm, window, softcap, deterministic)
-    return _returns(o, lse, return_attn_probs, return_lse)
+    return _returns(_unpadded(o, head_dim), lse, return_attn_probs, return_lse)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,

@@ -75,7 +75,8 @@ def _make_packed_function():
                                      window=window, softcap=softcap,
                                      packed=(cu_seqlens_q, cu_seqlens_k, max_seqlens))
             ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
-            ctx.arguments = (dtype, softmax_scale, causal, window, softcap, deterministic)
+            ctx.arguments = (max_seqlens, dtype, softmax_scale, causal, window, softcap,
+                             deterministic)
             ctx.mark_non_differentiable(lse)
             return o, lse
 
@@ -83,10 +84,12 @@ def _make_packed_function():
         @once_differentiable
         def backward(ctx, d_o, _d_lse):
             q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-            dtype, softmax_scale, causal, window, softcap, deterministic = ctx.arguments
+            max_seqlens, dtype, softmax_scale, causal, window, softcap, deterministic = \
+                ctx.arguments
             dq, dk, dv = _launch.varlen_backward(
-                q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale, causal,
-                window=window, softcap=softcap, deterministic=deterministic,
+                q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
+                softmax_scale, causal, window=window, softcap=softcap,
+                deterministic=deterministic,
             )
             return (dq, dk, dv) + (None,) * 10
 

@@ -105,8 +105,9 @@ def check_inputs(q, k, v, layout):
 
 def check_offsets(name, offsets, q):
     """flash-attn's cumulative offsets ``cu_seqlens_q`` or ``cu_seqlens_k``: a 1-D int32 (or int64)
-    tensor on q's device or on the CPU. Their values (batch + 1 of them, from 0, never decreasing,
-    the last one the rows of q or k) are the native half's to check, once read on the host."""
+    tensor on q's device or on the CPU, of batch + 1 >= 2 entries. Their values (from 0, never
+    decreasing, the last one the rows of q or k) are the native half's to check when they are
+    on the CPU; on the GPU nobody reads them but the kernels."""
     if not all(hasattr(offsets, a) for a in ("device", "dtype", "shape", "tolist")):
         raise TypeError(f"{name} must be a torch.Tensor of int32 offsets, got "
                         f"{type(offsets).__name__}")
@@ -118,6 +119,18 @@ def check_offsets(name, offsets, q):
     if offsets.device != q.device and offsets.device.type != "cpu":
         raise ValueError(f"{name} is on {offsets.device} but q is on {q.device}; the offsets must "
                          "be on q's device or on the CPU")
+    if offsets.shape[0] < 2:
+        raise ValueError(f"{name} has {offsets.shape[0]} entries; expected batch + 1 >= 2 offsets: "
+                         "0, then where each sequence ends")
+
+
+def check_offset_pair(cu_seqlens_q, cu_seqlens_k):
+    """One sequence of keys per sequence of queries: as many offsets in each (read on the GPU,
+    their values are not checked, so their count is checked here)."""
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(f"cu_seqlens_k has {cu_seqlens_k.shape[0]} entries; expected as many as "
+                         f"cu_seqlens_q ({cu_seqlens_q.shape[0]}): one sequence of keys per "
+                         "sequence of queries")
 
 
 def check_cache_inputs(tensors):

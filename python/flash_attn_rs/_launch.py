@@ -46,16 +46,37 @@ def _refuse_graph_capture(torch):
         )
 
 
+def offsets_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlens):
+    """The native keywords of a packed batch's offsets and bounds. Offsets on the GPU stay there
+    (``device_offsets``: their addresses and the number of sequences; int64 ones converted to
+    int32 on the GPU, in stream order): the kernels read them, so nothing waits for the device,
+    and the grid is sized by ``max_seqlens`` as flash-attn's. Offsets on the CPU are read here
+    (``tolist``, no wait) and checked, values and bounds, by the native half."""
+    max_seqlen_q, max_seqlen_k = max_seqlens
+    bounds = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if cu_seqlens_q.device.type == "cpu" and cu_seqlens_k.device.type == "cpu":
+        return dict(cu_seqlens_q=cu_seqlens_q.tolist(), cu_seqlens_k=cu_seqlens_k.tolist(),
+                    **bounds)
+    import torch
+
+    if cu_seqlens_q.device.type == "cpu" or cu_seqlens_k.device.type == "cpu":
+        # One on each side: the CPU one goes to the GPU (a copy that waits for nothing).
+        device = cu_seqlens_k.device if cu_seqlens_q.device.type == "cpu" else cu_seqlens_q.device
+        cu_seqlens_q, cu_seqlens_k = (c.to(device) for c in (cu_seqlens_q, cu_seqlens_k))
+    offsets = [c.to(torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k)]
+    # Kept alive until the call returns; PyTorch frees them in stream order after the kernels.
+    return dict(device_offsets=(offsets[0].data_ptr(), offsets[1].data_ptr(),
+                                offsets[0].numel() - 1), _keep=offsets, **bounds)
+
+
 def form_arguments(packed):
     """The native forward's keywords for the batch's form: none for a dense batch; for a packed
-    one, ``packed = (cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k))``, the offsets read
-    on the host (``tolist``: from a CUDA tensor, a copy that waits for the work queued before it
-    on the current stream, i.e. a synchronization)."""
+    one, ``packed = (cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k))``
+    (``offsets_arguments``)."""
     if packed is None:
         return {}
-    cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k) = packed
-    return dict(cu_seqlens_q=cu_seqlens_q.tolist(), cu_seqlens_k=cu_seqlens_k.tolist(),
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    cu_seqlens_q, cu_seqlens_k, max_seqlens = packed
+    return offsets_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlens)
 
 
 def statistics(torch, q, layout, algorithm):
@@ -88,8 +109,8 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=Non
     ``window_size`` (None: unbounded), ``softcap`` its soft-capping (0: off).
 
     ``packed = (cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k))`` makes it flash-attn's
-    varlen forward (``layout`` PACKED): q, k, v (total, heads, head_dim), the offsets read on the
-    host, and L (heads, total_q) as flash-attn's."""
+    varlen forward (``layout`` PACKED): q, k, v (total, heads, head_dim), the offsets on the GPU
+    or the CPU (``offsets_arguments``), and L (heads, total_q) as flash-attn's."""
     import torch  # only here: importing flash_attn_rs needs no PyTorch
 
     with torch.cuda.device(q.device):
@@ -97,11 +118,11 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=Non
         _refuse_graph_capture(torch)
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         stats = statistics(torch, q, layout, algorithm)
-        plans["forward"] = _native.forward(
-            **forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal,
-                                algorithm, window, softcap, packed),
-            **_on_stream(torch, q.device),
-        )
+        arguments = forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal,
+                                      algorithm, window, softcap, packed)
+        kept = arguments.pop("_keep", None)  # device offsets converted here: alive until launched
+        plans["forward"] = _native.forward(**arguments, **_on_stream(torch, q.device))
+        del kept
         if len(stats) == 2:
             m, l = stats
             lse = torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))
@@ -121,10 +142,7 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
     the same bits on every run (dQ's additions in a fixed order; the plan says which kernel)."""
     import torch
 
-    if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
-        # Upstream gradients may come broadcast (a sum's: stride 0) or transposed: the kernels
-        # need a contiguous head dim.
-        d_o = d_o.to(dtype=o.dtype).contiguous()
+    d_o = _upstream_gradient(d_o, o)
     with torch.cuda.device(q.device):
         _refuse_graph_capture(torch)
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
@@ -139,13 +157,12 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
 
 
 def varlen_backward_arguments(q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                              dtype, softmax_scale, causal, window, softcap, deterministic):
+                              max_seqlens, dtype, softmax_scale, causal, window, softcap,
+                              deterministic):
     """The native backward's keywords for a packed batch but the device and the stream: Q, K, V,
     O, dO, dQ, dK, dV (total, heads, head_dim) as (address, dims, strides) of (1, heads, total,
     head_dim) views, L (heads, total_q, contiguous) as (1, heads, total_q), the options, and the
-    offsets read on the host (``tolist``) with the longest sequences taken from them."""
-    offsets = [c.tolist() for c in (cu_seqlens_q, cu_seqlens_k)]
-    longest = [max((end - start for start, end in zip(c, c[1:])), default=0) for c in offsets]
+    offsets with the forward's bounds (``offsets_arguments``)."""
     rows = lse[None]  # flash-attn's (heads, total_q) -> (1, heads, total_q)
     return dict(
         dtype=dtype,
@@ -153,31 +170,38 @@ def varlen_backward_arguments(q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu
         lse=(rows.data_ptr(), list(rows.shape), list(rows.stride())),
         **scores(softmax_scale, causal, window, softcap),
         deterministic=deterministic,
-        cu_seqlens_q=offsets[0], cu_seqlens_k=offsets[1],
-        max_seqlen_q=longest[0], max_seqlen_k=longest[1],
+        **offsets_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlens),
     )
 
 
-def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
-                    causal, window=None, softcap=0.0, deterministic=False):
+def _upstream_gradient(d_o, o):
+    """dO as the kernels read it: O's dtype and a contiguous head dim. Upstream gradients may
+    come broadcast (a sum's: stride 0) or transposed."""
+    if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
+        d_o = d_o.to(dtype=o.dtype).contiguous()
+    return d_o
+
+
+def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
+                    softmax_scale, causal, window=None, softcap=0.0, deterministic=False):
     """The packed batch's dQ, dK, dV (flash-attn's varlen backward): one packed backward on the
     current stream of Q's device, over q, k, v, O, dO (total, heads, head_dim) and L
     (heads, total_q) as the packed forward wrote them, each sequence with its own mask corner
-    (``varlen_backward_arguments``)."""
+    (``varlen_backward_arguments``); ``max_seqlens`` the forward's bounds."""
     import torch
 
-    if d_o.stride(-1) != 1 or d_o.dtype != o.dtype:
-        d_o = d_o.to(dtype=o.dtype).contiguous()
+    d_o = _upstream_gradient(d_o, o)
     with torch.cuda.device(q.device):
         # Before the offsets' copy: waiting for a capturing stream would invalidate its capture.
         _refuse_graph_capture(torch)
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        plans["backward"] = _native.backward(
-            **varlen_backward_arguments(q, k, v, o, lse.contiguous(), d_o, dq, dk, dv,
-                                        cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
-                                        causal, window, softcap, deterministic),
-            **_on_stream(torch, q.device),
-        )
+        arguments = varlen_backward_arguments(q, k, v, o, lse.contiguous(), d_o, dq, dk, dv,
+                                              cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
+                                              softmax_scale, causal, window, softcap,
+                                              deterministic)
+        kept = arguments.pop("_keep", None)
+        plans["backward"] = _native.backward(**arguments, **_on_stream(torch, q.device))
+        del kept
     return dq, dk, dv
 
 

@@ -78,17 +78,18 @@ def _define():
 
     @torch.library.custom_op("flash_attn_rs::varlen_backward", mutates_args=())
     def varlen_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, d_o: Tensor,
-                        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, dtype: str,
-                        softmax_scale: Optional[float], causal: bool,
-                        window: Optional[List[int]], softcap: float,
+                        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                        max_seqlen_k: int, dtype: str, softmax_scale: Optional[float],
+                        causal: bool, window: Optional[List[int]], softcap: float,
                         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        return _launch.varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype,
-                                       softmax_scale, causal, window=_window(window),
-                                       softcap=softcap, deterministic=deterministic)
+        return _launch.varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k,
+                                       (max_seqlen_q, max_seqlen_k), dtype, softmax_scale, causal,
+                                       window=_window(window), softcap=softcap,
+                                       deterministic=deterministic)
 
     @varlen_backward.register_fake
-    def _(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale, causal,
-          window, softcap, deterministic):
+    def _(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype,
+          softmax_scale, causal, window, softcap, deterministic):
         return tuple(torch.empty_like(t) for t in (q, k, v))
 
     @torch.library.custom_op("flash_attn_rs::backward", mutates_args=())
@@ -120,11 +121,12 @@ def _define():
     forward.register_autograd(forward_gradient, setup_context=save_forward)
 
     def save_varlen(ctx, inputs, output):
-        q, k, v, cu_seqlens_q, cu_seqlens_k, _, _, dtype, softmax_scale, causal, _, window, \
-            softcap, deterministic = inputs
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype, softmax_scale, \
+            causal, _, window, softcap, deterministic = inputs
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.arguments = (dtype, softmax_scale, causal, window, softcap, deterministic)
+        ctx.arguments = (max_seqlen_q, max_seqlen_k, dtype, softmax_scale, causal, window,
+                         softcap, deterministic)
         ctx.mark_non_differentiable(lse)
 
     def varlen_gradient(ctx, d_o, _d_lse):

@@ -17,8 +17,8 @@ use std::sync::{LazyLock, Mutex};
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
     Algorithm, Attention, AttentionOptions, BackwardTensors, BlockTable, CacheSeqlens,
-    CompiledLimits, DType, Element, Error, ForwardTensors, Gpu, Gradients, KvCache, PackedBatch,
-    Plan, RowsRef, Statistics, TensorRef,
+    CompiledLimits, DType, DeviceOffsets, Element, Error, ForwardTensors, Gpu, Gradients, KvCache,
+    PackedBatch, Plan, RowsRef, Statistics, TensorRef,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -172,7 +172,12 @@ pub struct FormArguments {
     /// The packed batch's offsets, ints from `cu_seqlens.tolist()` (read on the host).
     pub cu_seqlens_q: Option<Vec<i64>>,
     pub cu_seqlens_k: Option<Vec<i64>>,
-    /// flash-attn's bounds on the longest sequence, each checked against its offsets.
+    /// Or the offsets left on the GPU: the device addresses of `cu_seqlens_q` and
+    /// `cu_seqlens_k` (int32, contiguous) and the number of sequences (one fewer than each
+    /// holds); the kernels read them there, so nothing waits for the device.
+    pub device_offsets: Option<(u64, u64, usize)>,
+    /// flash-attn's bounds on the longest sequence, each checked against host offsets (device
+    /// offsets are not read: the grid is sized by the bounds, as flash-attn's).
     pub max_seqlen_q: Option<usize>,
     pub max_seqlen_k: Option<usize>,
     /// Keys in each sequence's cache before the call (read on the host, uploaded per call).
@@ -205,6 +210,8 @@ pub enum Batch {
         batch: PackedBatch,
         max_seqlens: [usize; 2],
     },
+    /// The same with the offsets in device memory, unread (`max_seqlens` in `offsets`).
+    PackedOnDevice(DeviceOffsets),
     /// Q (batch, heads, q_tokens, d) against the caches K and V (batch, heads_kv, capacity, d),
     /// or (pages, heads_kv, page_size, d) with a block table.
     Cache(CacheArguments),
@@ -239,8 +246,8 @@ impl FormArguments {
     /// host has checked the call: [`check_max_seqlens`]).
     fn batch(&self) -> flash_attn::Result<Batch> {
         let given = [
-            self.cu_seqlens_q.is_some(),
-            self.cu_seqlens_k.is_some(),
+            self.cu_seqlens_q.is_some() || self.device_offsets.is_some(),
+            self.cu_seqlens_k.is_some() || self.device_offsets.is_some(),
             self.max_seqlen_q.is_some(),
             self.max_seqlen_k.is_some(),
         ];
@@ -287,6 +294,32 @@ impl FormArguments {
                  together",
             )
         };
+        let max_seqlen = |name, value: Option<usize>| value.ok_or_else(|| missing(name));
+        let max_seqlens = [
+            max_seqlen("max_seqlen_q", self.max_seqlen_q)?,
+            max_seqlen("max_seqlen_k", self.max_seqlen_k)?,
+        ];
+        if let Some((cu_seqlens_q, cu_seqlens_k, sequences)) = self.device_offsets {
+            if let Some(name) = [
+                ("cu_seqlens_q", self.cu_seqlens_q.is_some()),
+                ("cu_seqlens_k", self.cu_seqlens_k.is_some()),
+            ]
+            .into_iter()
+            .find_map(|(name, given)| given.then_some(name))
+            {
+                return Err(invalid(
+                    name,
+                    "a list",
+                    "None with device_offsets: the offsets are on the host or on the device",
+                ));
+            }
+            // SAFETY: the Python half passes the addresses of live int32 CUDA tensors of
+            // sequences + 1 entries each on the call's device (the module's contract: wrong
+            // integers here are undefined behaviour).
+            let offsets =
+                unsafe { DeviceOffsets::new(cu_seqlens_q, cu_seqlens_k, sequences, max_seqlens)? };
+            return Ok(Batch::PackedOnDevice(offsets));
+        }
         let cu_seqlens_q = self
             .cu_seqlens_q
             .as_deref()
@@ -295,11 +328,6 @@ impl FormArguments {
             .cu_seqlens_k
             .as_deref()
             .ok_or_else(|| missing("cu_seqlens_k"))?;
-        let max_seqlen = |name, value: Option<usize>| value.ok_or_else(|| missing(name));
-        let max_seqlens = [
-            max_seqlen("max_seqlen_q", self.max_seqlen_q)?,
-            max_seqlen("max_seqlen_k", self.max_seqlen_k)?,
-        ];
         let batch = PackedBatch::new(
             &host_offsets("cu_seqlens_q", cu_seqlens_q)?,
             &host_offsets("cu_seqlens_k", cu_seqlens_k)?,
@@ -410,7 +438,7 @@ impl ForwardCall {
         };
         let stats = StatisticsArgument::parse(stats)?;
         let batch = form.batch()?;
-        if matches!(batch, Batch::Packed { .. }) && dtype == DType::F32 {
+        if matches!(batch, Batch::Packed { .. } | Batch::PackedOnDevice(_)) && dtype == DType::F32 {
             return Err(invalid(
                 "dtype",
                 dtype,
@@ -483,6 +511,7 @@ impl ForwardCall {
         let mut call = Attention::new(q, k, v).options(self.options);
         match (&self.batch, &cache) {
             (Batch::Packed { batch, .. }, _) => call = call.packed(batch),
+            (Batch::PackedOnDevice(offsets), _) => call = call.packed_on_device(*offsets),
             (Batch::Cache(arguments), Some((seqlens, block_table))) => {
                 // SAFETY: as Q, K, V above.
                 let append = arguments
@@ -620,8 +649,10 @@ impl BackwardCall {
             gradients: Gradients { dq, dk, dv },
         };
         let mut call = Attention::new(q, k, v).options(self.options);
-        if let Batch::Packed { batch, .. } = &self.batch {
-            call = call.packed(batch);
+        match &self.batch {
+            Batch::Packed { batch, .. } => call = call.packed(batch),
+            Batch::PackedOnDevice(offsets) => call = call.packed_on_device(*offsets),
+            _ => {}
         }
         match gpu {
             Some(gpu) => call.backward_into(gpu, tensors),
@@ -651,9 +682,9 @@ impl BackwardCall {
 #[pyfunction]
 #[pyo3(signature = (
     *, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, window=None,
-    softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-    cache_seqlens=None, block_table=None, k_new=None, v_new=None, num_splits=None, device=None,
-    stream=0,
+    softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None, device_offsets=None, max_seqlen_q=None,
+    max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
+    num_splits=None, device=None, stream=0,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn forward(
@@ -671,6 +702,7 @@ fn forward(
     softcap: f64,
     cu_seqlens_q: Option<Vec<i64>>,
     cu_seqlens_k: Option<Vec<i64>>,
+    device_offsets: Option<(u64, u64, usize)>,
     max_seqlen_q: Option<usize>,
     max_seqlen_k: Option<usize>,
     cache_seqlens: Option<Vec<i64>>,
@@ -684,6 +716,7 @@ fn forward(
     let form = FormArguments {
         cu_seqlens_q,
         cu_seqlens_k,
+        device_offsets,
         max_seqlen_q,
         max_seqlen_k,
         cache_seqlens,
@@ -717,7 +750,7 @@ fn forward(
 #[pyo3(signature = (
     *, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, window=None,
     softcap=0.0, algorithm=None, deterministic=false, cu_seqlens_q=None, cu_seqlens_k=None,
-    max_seqlen_q=None, max_seqlen_k=None, device=None, stream=0,
+    device_offsets=None, max_seqlen_q=None, max_seqlen_k=None, device=None, stream=0,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
@@ -740,6 +773,7 @@ fn backward(
     deterministic: bool,
     cu_seqlens_q: Option<Vec<i64>>,
     cu_seqlens_k: Option<Vec<i64>>,
+    device_offsets: Option<(u64, u64, usize)>,
     max_seqlen_q: Option<usize>,
     max_seqlen_k: Option<usize>,
     device: Option<usize>,
@@ -748,6 +782,7 @@ fn backward(
     let form = FormArguments {
         cu_seqlens_q,
         cu_seqlens_k,
+        device_offsets,
         max_seqlen_q,
         max_seqlen_k,
         ..FormArguments::default()
@@ -1273,6 +1308,57 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(rejected(scalar.backward()), ("form", ExceptionKind::Value));
+    }
+
+    /// The same call with its offsets left on the GPU: only their addresses and count reach
+    /// the host, whose grid takes the caller's bounds (at most the tensors' rows).
+    fn on_device(case: &mut PackedCase) {
+        case.form.cu_seqlens_q = None;
+        case.form.cu_seqlens_k = None;
+        case.form.device_offsets = Some((BASE + (9 << 30), BASE + (10 << 30), 3));
+    }
+
+    #[test]
+    fn offsets_on_the_device_are_planned_from_the_bounds_forward_and_backward() {
+        let mut case = PackedCase::default();
+        on_device(&mut case);
+        let (call, plan) = case.check().expect("valid");
+        assert!(matches!(call.batch, Batch::PackedOnDevice(_)));
+        assert!(plan.kernel_names().contains("_varlen"), "{plan}");
+        // Three sequences of four heads; rows by the bound on the longest (11 of B_r = 128).
+        assert!(plan.to_string().contains("grid (1, 12, 1)"), "{plan}");
+        assert_eq!(plan.statistics_dims(), [1, 4, 16]);
+        let (_, plan) = case.backward().expect("valid");
+        assert!(plan.kernel_names().contains("_varlen"), "{plan}");
+        // A bound below the longest sequence cannot be seen without reading the offsets: the
+        // kernels cut that sequence to it. One above the rows is cut to the rows.
+        case.form.max_seqlen_q = Some(1);
+        case.form.max_seqlen_k = Some(1 << 40);
+        let (_, plan) = case.check().expect("bounds are not checked against device offsets");
+        let problem = plan.problem().expect("attention");
+        assert_eq!((problem.seqlen_q, problem.seqlen_k), (1, 19));
+    }
+
+    #[test]
+    fn offsets_on_the_device_are_refused_with_lists_without_bounds_or_at_bad_addresses() {
+        let cases: [(&str, PackedEdit); 6] = [
+            ("cu_seqlens_q", |c| c.form.cu_seqlens_q = Some(vec![0, 16])),
+            ("cu_seqlens_k", |c| c.form.cu_seqlens_k = Some(vec![0, 19])),
+            ("max_seqlen_k", |c| c.form.max_seqlen_k = None),
+            ("cu_seqlens_q", |c| c.form.device_offsets = Some((0, BASE, 3))),
+            ("cu_seqlens_k", |c| c.form.device_offsets = Some((BASE, BASE + 2, 3))),
+            ("cu_seqlens_q", |c| c.form.device_offsets = Some((BASE, BASE, 0))),
+        ];
+        for (name, edit) in cases {
+            let mut case = PackedCase::default();
+            on_device(&mut case);
+            edit(&mut case);
+            assert_eq!(
+                rejected(case.check()),
+                (name, ExceptionKind::Value),
+                "{name}"
+            );
+        }
     }
 
     #[test]

@@ -266,11 +266,14 @@ SCORES = [((64, 0), 0.0, True), ((32, 16), 30.0, False), ((-1, -1), 20.0, True),
                                                       (None, True)],
                          ids=["default", "fa2-tc", "deterministic"])
 @pytest.mark.parametrize("scores", SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
-@pytest.mark.parametrize("head_dim, heads_kv", [(64, 3), (128, 1)], ids=["d64", "d128-mqa"])
+@pytest.mark.parametrize("head_dim, heads_kv", [(64, 3), (128, 1), (59, 3), (111, 1)],
+                         ids=["d64", "d128-mqa", "d59", "d111-mqa"])
 def test_windows_and_softcap(dtype, algorithm, deterministic, scores, head_dim, heads_kv):
     """flash_attn_func's window_size and softcap on auto (the default), fa2-tc and deterministic
     mode: O, L and dQ, dK, dV against the float64 reference with the same window and capping
-    (the backward's `local` kernels: fa3's, or fa2-tc's where deterministic)."""
+    (the backward's `local` kernels: fa3's, or fa2-tc's where deterministic). Head dims 59 and
+    111 (flash-attn's test dims off the multiples of 8) run padded to 64 and 112 on the same
+    kernels."""
     window, softcap, causal = scores
     (b, h, sq, sk, d) = (2, 3, 300, 203, head_dim)
     test = f"scores {dtype} {algorithm} det={deterministic} {scores} d={d} h_kv={heads_kv}"
@@ -294,3 +297,29 @@ def test_windows_and_softcap(dtype, algorithm, deterministic, scores, head_dim, 
 
     view = (lambda t: t.transpose(1, 2))
     check(test, view(q), view(k), view(v), run, causal, grads, window=win, softcap=softcap)
+
+
+@pytest.mark.parametrize("head_dim", [1, 33, 59, 97, 111, 255])
+def test_odd_head_dims_run_on_the_tensor_cores(head_dim):
+    """Head dims off the multiples of 8 run on the fast kernels, padded (not on the scalar fa2):
+    the plans name fa3 or fa2-tc kernels, forward and backward, and O, L and the gradients meet
+    the f64 bound at the true head dim."""
+    (b, h, sq, sk) = (2, 2, 130, 190)
+    test = f"odd head dim {head_dim}"
+    q, k, v = leaves([(b, sq, h, head_dim), (b, sk, h, head_dim), (b, sk, h, head_dim)],
+                     torch.bfloat16, test)
+
+    def run():
+        o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        assert o.shape == q.shape and o.is_contiguous()
+        plan = flash_attn_rs.last_plan()
+        assert "fa3_forward" in plan or "fa2tc_forward" in plan, plan
+        return o.transpose(1, 2), lse
+
+    def grads():
+        plan = flash_attn_rs.last_backward_plan()
+        assert plan.startswith(("fa3 backward", "fa2-tc backward")), plan
+        return [t.grad.transpose(1, 2) for t in (q, k, v)]
+
+    view = (lambda t: t.transpose(1, 2))
+    check(test, view(q), view(k), view(v), run, True, grads)

@@ -2,7 +2,9 @@
 reference built sequence by sequence (``reference.packed_attention64``), with the tolerance rule
 of test_gpu_numerics.py: auto (the default: fa3, fa2-tc off compute capability 9.0) and fa2-tc,
 float16 and bfloat16, causal and not, grouped K/V heads, a window and soft-capping, uneven
-lengths with empty sequences, more sequences than one launch's table, sliced inputs, and L.
+lengths with empty sequences, more sequences than one launch's table, sliced inputs, and L;
+offsets on the GPU (read by the kernels, no synchronization: timed against a busy stream) and on
+the CPU (read and checked on the host).
 The backward: the packed backward kernels (fa3's; fa2-tc's in deterministic mode and at head
 dims past 128), checked against each sequence's float64 gradients.
 
@@ -10,6 +12,7 @@ FLASH_ATTN_PY_RESULTS=path appends one line per checked tensor, as test_gpu_nume
 
 import itertools
 import random
+import time
 
 from gpu_support import DEVICE, generator, randn, torch
 
@@ -121,14 +124,17 @@ def test_varlen_windows_and_softcap(algorithm, dtype, scores):
                  None if window == (-1, -1) else window, softcap)
 
 
+@pytest.mark.parametrize("offsets_on", ["cuda", "cpu"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=["default", "fa2-tc"])
-def test_varlen_more_sequences_than_one_launch_holds(algorithm):
-    """600 sequences of 0-40 tokens: more than one launch's table of 255, so several launches."""
-    test = f"varlen many {algorithm}"
+def test_varlen_more_sequences_than_one_launch_holds(algorithm, offsets_on):
+    """600 sequences of 0-40 tokens: more than one launch's table of 255, so several launches
+    (offsets on the GPU: each launch's addresses at its first sequence)."""
+    test = f"varlen many {algorithm} {offsets_on}"
     draw = random.Random(seed_of(test))
     lengths = [(draw.randint(0, 40), draw.randint(0, 40)) for _ in range(600)]
     q, k, v, cu_q, cu_k = packed_inputs(test, lengths, 2, 1, 64, torch.bfloat16)
-    o, lse = run(q, k, v, cu_q, cu_k, causal=True, algorithm=algorithm)
+    o, lse = run(q, k, v, cu_q, cu_k, causal=True, algorithm=algorithm,
+                 offsets_device=offsets_on)
     check_packed(test, q, k, v, cu_q, cu_k, o, lse, True)
 
 
@@ -168,21 +174,23 @@ BACKWARD_SCORES = [((-1, -1), 0.0), ((24, 8), 30.0)]
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("scores", BACKWARD_SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_varlen_backward(dtype, lengths, causal, scores, deterministic):
+@pytest.mark.parametrize("offsets_on", ["cuda", "cpu"])
+def test_varlen_backward(offsets_on, dtype, lengths, causal, scores, deterministic):
     """The packed backward: dQ, dK, dV of every sequence against the float64 reference of that
     sequence alone (its window at its own bottom-right corner, and its capping), with the
     project's bound; rows of sequences without keys, and keys of sequences without queries, get
-    zero gradients."""
+    zero gradients. Offsets on the GPU (the kernels read them) and on the CPU (the host does)."""
     check_varlen_backward(f"varlen backward {dtype} {lengths} causal={causal} {scores} "
-                          f"deterministic={deterministic}", DTYPES[dtype], LENGTHS[lengths],
-                          causal, scores, deterministic=deterministic)
+                          f"deterministic={deterministic} {offsets_on}", DTYPES[dtype],
+                          LENGTHS[lengths], causal, scores, deterministic=deterministic,
+                          offsets_on=offsets_on)
 
 
-@pytest.mark.parametrize("d", [96, 128, 256])
+@pytest.mark.parametrize("d", [96, 128, 256, 59, 111])
 @pytest.mark.parametrize("scores", BACKWARD_SCORES, ids=lambda s: f"w{s[0][0]}_{s[0][1]}c{s[1]}")
 def test_varlen_backward_head_dims_and_grouped_heads(d, scores):
-    """The packed backward at the other head dims (fa3 to 128, fa2-tc past it), 8 query heads on
-    2 K/V heads (dK and dV summed over each group)."""
+    """The packed backward at the other head dims (fa3 to 128, fa2-tc past it; 59 and 111 padded
+    to 64 and 112), 8 query heads on 2 K/V heads (dK and dV summed over each group)."""
     check_varlen_backward(f"varlen backward d={d} {scores}", torch.bfloat16, CROSS, True,
                           scores, d=d, heads=8)
 
@@ -198,13 +206,13 @@ def test_varlen_backward_of_more_sequences_than_one_launch_takes():
 
 
 def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, heads=4,
-                          deterministic=False):
+                          deterministic=False, offsets_on=DEVICE):
     window, softcap = scores
     q, k, v, cu_q, cu_k = packed_inputs(test, lengths, heads, 2, d, torch_dtype)
     for t in (q, k, v):
         t.requires_grad_(True)
     o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
-               deterministic=deterministic)
+               deterministic=deterministic, offsets_device=offsets_on)
     win = None if window == (-1, -1) else window
     d_o = randn(o.shape, torch_dtype, generator(seed_of(test) + 1))
     o.backward(d_o)
@@ -239,7 +247,7 @@ def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, head
         for t in (q, k, v):
             t.grad = None
         o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
-                   deterministic=True)
+                   deterministic=True, offsets_device=offsets_on)
         o.backward(d_o)
         for before, t in zip(first, (q, k, v)):
             assert torch.equal(before, t.grad)
@@ -250,20 +258,75 @@ def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, head
     ([0, 1, 131, 131, 208, 508, 571], 300, "cu_seqlens_q"),  # last != q's rows (572)
     ([0, 1, 131, 131, 208, 508, 572], 299, "max_seqlen_q"),  # below the longest (300)
 ])
-def test_varlen_bad_offsets_raise_before_anything_launches(cu_q, max_q, name):
+def test_varlen_bad_cpu_offsets_raise_before_anything_launches(cu_q, max_q, name):
+    """Offsets on the CPU are read and checked on the host."""
     q, k, v, _, cu_k = packed_inputs("varlen bad", SELF, 2, 2, 64, torch.bfloat16)
     flash_attn_rs.flash_attn_varlen_func(q[:1], k[:1], v[:1], *[torch.tensor([0, 1])] * 2, 1, 1)
     before = flash_attn_rs.last_plan()
-    cu_seqlens_q = torch.tensor(cu_q, dtype=torch.int32, device=DEVICE)
-    cu_seqlens_k = torch.tensor(cu_k, dtype=torch.int32, device=DEVICE)
+    cu_seqlens_q = torch.tensor(cu_q, dtype=torch.int32)
+    cu_seqlens_k = torch.tensor(cu_k, dtype=torch.int32)
     with pytest.raises(ValueError, match=f"`{name}`"):
         flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, 300)
     assert flash_attn_rs.last_plan() == before, "a plan ran"
 
 
+def test_varlen_wrong_cuda_offsets_run_inside_the_tensors():
+    """Offsets on the GPU are not read on the host: wrong ones (decreasing, past the rows, longer
+    than the bound) run without a fault, forward and backward, and the sequences they name right
+    are right (sequence 0 here; the others are clamped into the tensors and cut to the bounds)."""
+    q, k, v, cu_q, cu_k = packed_inputs("varlen wrong", SELF, 2, 2, 64, torch.bfloat16)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    wrong = [0, 1, 100_000, 120, 2**31 - 1, 5, 572]
+    for deterministic in (False, True):
+        offsets = [torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in (wrong, wrong)]
+        o = flash_attn_rs.flash_attn_varlen_func(q, k, v, *offsets, 64, 64, causal=True,
+                                                 deterministic=deterministic)
+        o.backward(torch.ones_like(o))
+        torch.cuda.synchronize()
+        assert torch.isfinite(o[:1]).all()
+        # Sequence 0 is one query on one key: O is V's first row.
+        assert torch.equal(o[0], v[0].detach())
+        for t in (q, k, v):
+            t.grad = None
+
+
+def test_varlen_cuda_offsets_wait_for_nothing():
+    """Offsets on the GPU stay there: a forward and a backward return while the stream is still
+    busy with earlier work (a 1e9-cycle sleep kernel, ~0.5 s), where a copy of the offsets to the
+    host (``tolist``) would wait for it. Both are right afterwards."""
+    q, k, v, cu_q, cu_k = packed_inputs("varlen no sync", SELF, 2, 2, 64, torch.bfloat16)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    cu_seqlens = [torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in (cu_q, cu_k)]
+    longest = [max(b - a for a, b in zip(c, c[1:])) for c in (cu_q, cu_k)]
+    for _ in range(2):  # the first call loads the modules and makes the plans
+        o = flash_attn_rs.flash_attn_varlen_func(q, k, v, *cu_seqlens, *longest)
+        torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    torch.cuda.synchronize()
+    busy = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    busy[0].record()
+    torch.cuda._sleep(1_000_000_000)
+    busy[1].record()
+    start = time.perf_counter()
+    o, lse = flash_attn_rs.flash_attn_varlen_func(q, k, v, *cu_seqlens, *longest,
+                                                  return_lse=True)
+    forward_s = time.perf_counter() - start
+    start = time.perf_counter()
+    grads = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    backward_s = time.perf_counter() - start
+    waited = busy[1].query()
+    torch.cuda.synchronize()
+    sleep_s = busy[0].elapsed_time(busy[1]) / 1e3
+    assert not waited, "the sleep had ended before the calls returned"
+    assert forward_s + backward_s < sleep_s / 4, (forward_s, backward_s, sleep_s)
+    check_packed("varlen no sync", q, k, v, cu_q, cu_k, o, lse, False)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 def test_varlen_cuda_graph_capture_is_refused_before_the_offsets_are_read():
-    """Inside a capture the call raises RuntimeError before copying the CUDA offsets to the host
-    (a synchronization that would invalidate the capture); the GPU stays usable and right."""
+    """Inside a capture the call raises RuntimeError before it launches anything; the capture
+    stays valid and the GPU usable and right."""
     q, k, v, cu_q, cu_k = packed_inputs("varlen capture", SELF, 2, 2, 64, torch.bfloat16)
     run(q, k, v, cu_q, cu_k)  # the device is open: only the capture can be refused now
     cu_seqlens = [torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in (cu_q, cu_k)]

@@ -79,16 +79,16 @@ def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
     return o64.to(q.dtype), lse64.float()
 
 
-def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
-                         causal, window=None, softcap=0.0, deterministic=False):
+def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
+                         softmax_scale, causal, window=None, softcap=0.0, deterministic=False):
     """The packed backward launch's contract: the native backward's real checks on what the real
     launch passes it (without a device nothing launches), then float64 gradients by formula
     sequence by sequence into tensors allocated as the launch allocates them; zeros for a
     sequence without queries or keys."""
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     arguments = _launch.varlen_backward_arguments(
-        q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, dtype, softmax_scale,
-        causal, window, softcap, deterministic)
+        q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
+        softmax_scale, causal, window, softcap, deterministic)
     assert _native.backward(**arguments) is None
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     for grad in (dq, dk, dv):
@@ -548,7 +548,8 @@ def test_operators_pass_opcheck(cpu_launches):
     po, plse = varlen_forward(pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None, True, None,
                               None, 0.0, False)
     torch.library.opcheck(varlen_backward, (pq, pk, pv, po, plse, torch.randn_like(po), cu_q,
-                                            cu_k, "bf16", None, True, None, 0.0, False),
+                                            cu_k, max_q, max_k, "bf16", None, True, None, 0.0,
+                                            False),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -722,3 +723,81 @@ def test_kvcache_operator_passes_opcheck(cpu_decode):
     torch.library.opcheck(kvcache, (q, k_cache, v_cache, k, v, "f16", None, True,
                                     torch.tensor([3, 9]), None, None),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_offsets_off_the_cpu_stay_on_their_device_and_cpu_offsets_are_read():
+    """Offsets on the CPU reach the native half as lists (read and checked there); offsets on a
+    device stay there: their addresses (int32, converted there from int64) and the number of
+    sequences, with the bounds as given. A meta tensor stands in for a CUDA one; its address 0
+    is then refused by the native half, naming cu_seqlens_q."""
+    cpu = torch.tensor([0, 5, 9], dtype=torch.int64)
+    assert _launch.offsets_arguments(cpu, cpu, (5, 4)) == dict(
+        cu_seqlens_q=[0, 5, 9], cu_seqlens_k=[0, 5, 9], max_seqlen_q=5, max_seqlen_k=4)
+    meta = torch.tensor([0, 5, 9], dtype=torch.int64, device="meta")
+    arguments = _launch.offsets_arguments(meta, meta, (5, 4))
+    kept = arguments.pop("_keep")
+    assert [t.dtype for t in kept] == [torch.int32] * 2 and all(t.is_contiguous() for t in kept)
+    assert arguments == dict(device_offsets=(0, 0, 2), max_seqlen_q=5, max_seqlen_k=4)
+    q = torch.zeros(9, 2, 64, dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    stats = _launch.statistics(torch, q, _checks.PACKED, None)
+    native = _launch.forward_arguments(q, q, q, o, stats, _checks.PACKED, "bf16", None, False,
+                                       None, packed=(meta, meta, (5, 4)))
+    native.pop("_keep")
+    with pytest.raises(ValueError, match="`cu_seqlens_q`.*device address 0x0"):
+        _native.forward(**native)
+
+
+def test_offset_counts_must_match_and_hold_a_sequence(cpu_launches):
+    q = torch.zeros(9, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^cu_seqlens_k has 2 entries; expected as many as"):
+        flash_attn_rs.flash_attn_varlen_func(q, q, q, torch.tensor([0, 5, 9]),
+                                             torch.tensor([0, 9]), 5, 9)
+    with pytest.raises(ValueError, match="^cu_seqlens_q has 1 entries"):
+        flash_attn_rs.flash_attn_varlen_func(q, q, q, torch.tensor([0]), torch.tensor([0]), 5, 9)
+
+
+@pytest.mark.parametrize("algorithm", [None, "fa2-tc", "fa2"])
+def test_a_head_dim_off_the_multiples_of_8_is_padded_for_the_tensor_cores(cpu_launches,
+                                                                          monkeypatch,
+                                                                          algorithm):
+    """Head dim 59 (bf16, with a window and capping, causal): the fast algorithms see q, k, v
+    padded with zeros to 64 and the scale of 59 (flash-attn's rule); the caller gets O and the
+    gradients at 59, the values of attention at 59. fa2 (the article's kernel) sees 59."""
+    seen = []
+
+    def recording(q, k, v, *arguments, **keywords):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1], arguments[2]))
+        return fake_forward(q, k, v, *arguments, **keywords)
+
+    monkeypatch.setattr(_launch, "forward", recording)
+    torch.manual_seed(1)
+    b, s, h, d = 2, 9, 3, 59
+    q, k, v = (torch.randn(b, s, h, d).bfloat16().requires_grad_() for _ in range(3))
+    o = flash_attn_rs.flash_attn_func(q, k, v, causal=True, window_size=(4, 0), softcap=5.0,
+                                      algorithm=algorithm)
+    padded = 59 if algorithm == "fa2" else 64
+    assert seen == [(padded, padded, padded, None if algorithm == "fa2" else 59**-0.5)]
+    assert o.shape == q.shape
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    q64, k64, v64, d_o64 = (t.detach().double().transpose(1, 2) for t in (q, k, v, d_o))
+    o64, _ = ref.attention64(q64, k64, v64, True, d**-0.5, (4, 0), 5.0)
+    assert torch.allclose(o.double(), o64.transpose(1, 2), atol=2e-2)
+    want = ref.gradients64_by_formula(q64, k64, v64, d_o64, True, d**-0.5, (4, 0), 5.0)
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        assert got.shape == (b, s, h, d)
+        error = (got.double() - w.transpose(1, 2)).abs().max()
+        assert error < 5e-2, error
+
+
+def test_a_packed_call_at_head_dim_111_is_padded_too(cpu_launches):
+    """The varlen call pads as the dense one: O at 111, each sequence's attention at 111."""
+    torch.manual_seed(2)
+    cu = torch.tensor([0, 5, 12])
+    q, k, v = (torch.randn(12, 2, 111).bfloat16() for _ in range(3))
+    o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True)
+    assert o.shape == q.shape
+    o64, _ = ref.packed_attention64(*(t.double() for t in (q, k, v)), [0, 5, 12], [0, 5, 12],
+                                    True, 111**-0.5)
+    assert torch.allclose(o.double(), o64, atol=2e-2)

@@ -11,11 +11,13 @@
 
 use crate::common;
 
-use flash_attn::attention::{Attention, Blocks, PackedBatch, PassPlan, Plan};
+use flash_attn::attention::{Attention, Blocks, DeviceOffsets, PackedBatch, PassPlan, Plan};
 use flash_attn::{Algorithm, AttentionOptions, DeviceTensor, Element, Gpu, Layout};
 use flash_attn::{Error, with_element};
 use flash_attn_lab::tools::check::random_tensor;
-use flash_attn_lab::tools::check_packed::{PACKED_DTYPES, PackedCheckCase, standard_packed_cases};
+use flash_attn_lab::tools::check_packed::{
+    PACKED_DTYPES, PackedCheckCase, PackedInputs, standard_packed_cases,
+};
 use ndarray::{Array4, s};
 use rand::Rng;
 
@@ -36,17 +38,12 @@ fn check_typed<T: Element>(
     rng: &mut impl Rng,
 ) -> Result<String, String> {
     let fail = |e: Error| e.to_string();
-    let batch = PackedBatch::from_length_pairs(&case.lengths).map_err(fail)?;
-    let [total_q, total_k] = batch.totals();
-    let q = random_tensor::<T>([1, case.heads, total_q, case.head_dim], rng);
-    let k = random_tensor::<T>([1, case.heads_kv, total_k, case.head_dim], rng);
-    let v = random_tensor::<T>([1, case.heads_kv, total_k, case.head_dim], rng);
+    let PackedInputs {
+        batch,
+        host: [q, k, v, _],
+        device: [dq, dk, dv, _],
+    } = PackedInputs::<T>::draw(gpu, case, rng).map_err(fail)?;
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
-    let (dq, dk, dv) = (
-        upload(&q).map_err(fail)?,
-        upload(&k).map_err(fail)?,
-        upload(&v).map_err(fail)?,
-    );
     let options = case.options();
     let output = Attention::new(&dq, &dk, &dv)
         .options(options)
@@ -134,24 +131,29 @@ fn algorithms(gpu: &Gpu) -> Vec<Algorithm> {
     }
 }
 
+/// A case as the tests' lines name it.
+fn describe(case: &PackedCheckCase) -> String {
+    format!(
+        "{} h {}/{} d {} causal={} window={:?} softcap={} {} lengths {:?}",
+        case.dtype,
+        case.heads,
+        case.heads_kv,
+        case.head_dim,
+        case.causal,
+        case.window,
+        case.softcap,
+        case.layout.name(),
+        case.lengths
+    )
+}
+
 fn run_all(gpu: &Gpu, test: &str, cases: &[PackedCheckCase]) {
     let mut rng = common::seeded_rng(test);
     let mut failures = Vec::new();
     let mut runs = 0;
     for algorithm in algorithms(gpu) {
         for case in cases {
-            let label = format!(
-                "{algorithm} {} h {}/{} d {} causal={} window={:?} softcap={} {} lengths {:?}",
-                case.dtype,
-                case.heads,
-                case.heads_kv,
-                case.head_dim,
-                case.causal,
-                case.window,
-                case.softcap,
-                case.layout.name(),
-                case.lengths
-            );
+            let label = format!("{algorithm} {}", describe(case));
             runs += 1;
             match check_case(gpu, algorithm, case, &mut rng) {
                 Ok(kernel) => println!("{label}: pass ({kernel})"),
@@ -335,19 +337,12 @@ fn check_backward_typed<T: Element>(
     } else {
         2f64.powi(-11)
     };
-    let batch = PackedBatch::from_length_pairs(&case.lengths).map_err(fail)?;
-    let [total_q, total_k] = batch.totals();
-    let dims_q = [1, case.heads, total_q, case.head_dim];
-    let dims_k = [1, case.heads_kv, total_k, case.head_dim];
-    let (q, k, v, d_o) = (
-        random_tensor::<T>(dims_q, rng),
-        random_tensor::<T>(dims_k, rng),
-        random_tensor::<T>(dims_k, rng),
-        random_tensor::<T>(dims_q, rng),
-    );
+    let PackedInputs {
+        batch,
+        host: [q, k, v, d_o],
+        device: [gq, gk, gv, g_o],
+    } = PackedInputs::<T>::draw(gpu, case, rng).map_err(fail)?;
     let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
-    let [gq, gk, gv, g_o] = [&q, &k, &v, &d_o].map(|a| upload(a).map_err(fail));
-    let (gq, gk, gv, g_o) = (gq?, gk?, gv?, g_o?);
     let mut options = case.options();
     options.deterministic = deterministic;
     if deterministic {
@@ -358,32 +353,8 @@ fn check_backward_typed<T: Element>(
         .options(options)
         .packed(&batch);
     let forward = call.forward(gpu).map_err(fail)?;
-    let poisoned = |t: &DeviceTensor<T>| {
-        DeviceTensor::filled(gpu, t.dims(), case.layout, T::poison()).map_err(fail)
-    };
-    let mut grads = flash_attn::attention::Gradients {
-        dq: poisoned(&gq)?,
-        dk: poisoned(&gk)?,
-        dv: poisoned(&gk)?,
-    };
-    let flash_attn::RowStatistics::LogSumExp(l) = &forward.stats else {
-        return Err("the packed forward wrote no L".into());
-    };
-    let plan = call
-        .backward_into(
-            gpu,
-            flash_attn::attention::BackwardTensors {
-                o: (&forward.o).into(),
-                logsumexp: l.into(),
-                d_o: (&g_o).into(),
-                gradients: flash_attn::attention::Gradients {
-                    dq: (&mut grads.dq).into(),
-                    dk: (&mut grads.dk).into(),
-                    dv: (&mut grads.dv).into(),
-                },
-            },
-        )
-        .map_err(fail)?;
+    let inputs = ([&gq, &gk, &gv], case.layout);
+    let (plan, grads) = backward_poisoned(gpu, &call, &forward, &g_o, inputs).map_err(fail)?;
     let PassPlan::Backward(backward) = &plan.pass else {
         return Err(format!("not a backward plan: {plan}"));
     };
@@ -400,13 +371,7 @@ fn check_backward_typed<T: Element>(
         backward_algorithm: backward.algorithm.into(),
         ..options
     };
-    let got = [&grads.dq, &grads.dk, &grads.dv].map(|t| t.to_array(gpu));
-    let [got_q, got_k, got_v] = got;
-    let (got_q, got_k, got_v) = (
-        got_q.map_err(fail)?,
-        got_k.map_err(fail)?,
-        got_v.map_err(fail)?,
-    );
+    let [got_q, got_k, got_v] = grads;
     for b in 0..batch.sequences() {
         let (queries, keys) = batch.rows(b);
         let what = format!("sequence {b} ({} × {})", queries.len(), keys.len());
@@ -469,6 +434,43 @@ fn check_backward_typed<T: Element>(
     ))
 }
 
+/// The backward of `call` after `forward` into gradients poisoned first (so a row the kernels
+/// forgot shows), read back: the plan and [dQ, dK, dV].
+/// `inputs`: Q, K, V in `layout`, whose dims the gradients take.
+fn backward_poisoned<T: Element>(
+    gpu: &Gpu,
+    call: &Attention<T>,
+    forward: &flash_attn::AttentionOutput<T>,
+    d_o: &DeviceTensor<T>,
+    (inputs, layout): ([&DeviceTensor<T>; 3], Layout),
+) -> Result<(Plan, [Array4<T>; 3]), Error> {
+    let poisoned = |t: &DeviceTensor<T>| DeviceTensor::filled(gpu, t.dims(), layout, T::poison());
+    let [q, k, v] = inputs;
+    let mut grads = [poisoned(q)?, poisoned(k)?, poisoned(v)?];
+    let flash_attn::RowStatistics::LogSumExp(l) = &forward.stats else {
+        return Err(Error::invalid("forward.stats", "m and ℓ", "L"));
+    };
+    let [dq, dk, dv] = &mut grads;
+    let plan = call.backward_into(
+        gpu,
+        flash_attn::attention::BackwardTensors {
+            o: (&forward.o).into(),
+            logsumexp: l.into(),
+            d_o: d_o.into(),
+            gradients: flash_attn::attention::Gradients {
+                dq: dq.into(),
+                dk: dk.into(),
+                dv: dv.into(),
+            },
+        },
+    )?;
+    let [dq, dk, dv] = &grads;
+    Ok((
+        plan,
+        [dq.to_array(gpu)?, dk.to_array(gpu)?, dv.to_array(gpu)?],
+    ))
+}
+
 /// `check --packed`'s cases at head dims that are multiples of 8, backward: FA3's `_varlen`
 /// kernels (fa2-tc's past 128) against the dense ones per sequence, and fa2-tc's in
 /// deterministic mode.
@@ -488,19 +490,7 @@ fn the_packed_backward_matches_the_dense_backward_per_sequence() {
         .collect();
     for deterministic in [false, true] {
         for case in &cases {
-            let label = format!(
-                "deterministic={deterministic} {} h {}/{} d {} causal={} window={:?} softcap={} \
-                 {} lengths {:?}",
-                case.dtype,
-                case.heads,
-                case.heads_kv,
-                case.head_dim,
-                case.causal,
-                case.window,
-                case.softcap,
-                case.layout.name(),
-                case.lengths
-            );
+            let label = format!("deterministic={deterministic} {}", describe(case));
             runs += 1;
             let result = with_element!(case.dtype, T => {
                 check_backward_typed::<T>(&gpu, deterministic, case, &mut rng)
@@ -512,5 +502,227 @@ fn the_packed_backward_matches_the_dense_backward_per_sequence() {
         }
     }
     println!("{test}: {runs} cases, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Counts the elements whose bits differ.
+fn bits_differ<T: Element>(a: &Array4<T>, b: &Array4<T>) -> usize {
+    a.iter()
+        .zip(b.iter())
+        .filter(|(x, y)| x.to_f64().to_bits() != y.to_f64().to_bits())
+        .count()
+}
+
+/// Offsets left on the GPU (`Attention::packed_on_device`, the kernels' `DeviceOffsets`) against
+/// the same offsets read on the host: the same arithmetic on the same rows, so O, L, dK and dV
+/// agree bit for bit, and dQ too in deterministic mode (with atomic adds, within a few roundings).
+/// The grid is sized by the bounds, here the longest sequences.
+fn check_device_offsets_typed<T: Element>(
+    gpu: &Gpu,
+    deterministic: bool,
+    case: &PackedCheckCase,
+    rng: &mut impl Rng,
+) -> Result<String, String> {
+    let fail = |e: Error| e.to_string();
+    let PackedInputs {
+        batch,
+        device: [gq, gk, gv, g_o],
+        ..
+    } = PackedInputs::<T>::draw(gpu, case, rng).map_err(fail)?;
+    let cu_q = gpu
+        .upload(batch.cu_seqlens_q(), "cu_seqlens_q")
+        .map_err(fail)?;
+    let cu_k = gpu
+        .upload(batch.cu_seqlens_k(), "cu_seqlens_k")
+        .map_err(fail)?;
+    // SAFETY: both buffers hold sequences + 1 offsets and outlive the calls (synchronous reads
+    // below).
+    let on_device = unsafe {
+        DeviceOffsets::new(
+            gpu.address(&cu_q),
+            gpu.address(&cu_k),
+            batch.sequences(),
+            batch.max_seqlens(),
+        )
+    }
+    .map_err(fail)?;
+    let mut options = case.options();
+    options.deterministic = deterministic;
+    let base = Attention::new(&gq, &gk, &gv).options(options);
+    let calls = [base.packed(&batch), base.packed_on_device(on_device)];
+    let mut results = Vec::new();
+    for call in &calls {
+        let forward = call.forward_filled(gpu, T::poison()).map_err(fail)?;
+        let inputs = ([&gq, &gk, &gv], case.layout);
+        let (plan, grads) = backward_poisoned(gpu, call, &forward, &g_o, inputs).map_err(fail)?;
+        let o = forward.o.to_array(gpu).map_err(fail)?;
+        let l = forward.stats.logsumexp(gpu).map_err(fail)?;
+        results.push((forward.plan, plan, o, l, grads));
+    }
+    let [
+        (host_fwd, host_bwd, host_o, host_l, host_g),
+        (fwd, bwd, o, l, g),
+    ] = <[_; 2]>::try_from(results).map_err(|_| "two calls".to_string())?;
+    if host_fwd.kernel_names() != fwd.kernel_names()
+        || host_bwd.kernel_names() != bwd.kernel_names()
+    {
+        return Err(format!(
+            "different kernels: host {host_fwd} / {host_bwd}, device {fwd} / {bwd}"
+        ));
+    }
+    let l_differ = host_l
+        .iter()
+        .zip(l.iter())
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let (o_differ, dk_differ, dv_differ) = (
+        bits_differ(&host_o, &o),
+        bits_differ(&host_g[1], &g[1]),
+        bits_differ(&host_g[2], &g[2]),
+    );
+    // dQ: bit for bit in deterministic mode; with atomic adds within 2 roundings of the largest.
+    let epsilon = if T::DTYPE == flash_attn::DType::Bf16 {
+        2f64.powi(-8)
+    } else {
+        2f64.powi(-11)
+    };
+    let scale = host_g[0]
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.to_f64().abs()));
+    let tolerance = if deterministic {
+        0.0
+    } else {
+        2.0 * epsilon * scale
+    };
+    let dq_worst = host_g[0].iter().zip(g[0].iter()).fold(0.0f64, |m, (a, b)| {
+        let d = (a.to_f64() - b.to_f64()).abs();
+        if d.is_nan() { f64::INFINITY } else { m.max(d) }
+    });
+    if o_differ + l_differ + dk_differ + dv_differ > 0 || dq_worst > tolerance {
+        return Err(format!(
+            "device offsets differ from host offsets: O {o_differ}, L {l_differ}, dK \
+             {dk_differ}, dV {dv_differ} elements; dQ by {dq_worst:e} (allowed {tolerance:e})"
+        ));
+    }
+    Ok(format!("{} / {}", fwd.kernel_names(), bwd.kernel_names()))
+}
+
+/// `check --packed`'s cases at head dims that are multiples of 8 (empty sequences, 48 short
+/// ones beside a long one, GQA, MQA, windows, soft-capping), forward and backward, atomic and
+/// deterministic, plus 300 sequences (two launches): offsets on the device against the host's.
+#[test]
+fn offsets_on_the_device_give_what_host_offsets_give() {
+    let test = "packed_device_offsets";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    let mut cases: Vec<PackedCheckCase> = PACKED_DTYPES
+        .into_iter()
+        .flat_map(standard_packed_cases)
+        .filter(|case| case.head_dim.is_multiple_of(8))
+        .collect();
+    let mut many = cases[0].clone();
+    many.lengths = (0..300).map(|i| (1 + i % 37, 1 + (i * 7) % 41)).collect();
+    cases.push(many);
+    let (mut failures, mut runs) = (Vec::new(), 0);
+    for deterministic in [false, true] {
+        for case in &cases {
+            let label = format!("deterministic={deterministic} {}", describe(case));
+            runs += 1;
+            let result = with_element!(case.dtype, T => {
+                check_device_offsets_typed::<T>(&gpu, deterministic, case, &mut rng)
+            });
+            match result {
+                Ok(kernels) => println!("{label}: pass ({kernels})"),
+                Err(e) => failures.push(format!("{label}: {e}")),
+            }
+        }
+    }
+    println!("{test}: {runs} cases, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Offsets on the device are not checked: wrong ones (decreasing, past the rows, longer than
+/// the bounds) must still run without a fault, forward and backward, on every family and
+/// order, with every access inside the tensors (compute-sanitizer's memcheck over this test
+/// says so), and the rows they name correctly are still right (here sequence 0's).
+#[test]
+fn wrong_offsets_on_the_device_stay_inside_the_tensors() {
+    let test = "packed_wrong_device_offsets";
+    let Some(gpu) = common::gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = common::seeded_rng(test);
+    let (heads, d, total_q, total_k) = (4, 64, 300, 200);
+    let mut tensor = |rows| random_tensor::<half::bf16>([1, heads, rows, d], &mut rng);
+    let (q, k, v, d_o) = (
+        tensor(total_q),
+        tensor(total_k),
+        tensor(total_k),
+        tensor(total_q),
+    );
+    let upload = |a: &Array4<half::bf16>| {
+        DeviceTensor::from_array(&gpu, a.view(), Layout::BatchSeqHeadDim).expect("upload")
+    };
+    let (gq, gk, gv, g_o) = (upload(&q), upload(&k), upload(&v), upload(&d_o));
+    // Sequence 0 is right (40 × 50) and no other names its query rows; the others are longer
+    // than the bounds (210 queries), past the rows (100 000), or decreasing (keys 50 → 10,
+    // queries 100 000 → 299).
+    let cu_q: [u32; 5] = [0, 40, 250, 100_000, 299];
+    let cu_k: [u32; 5] = [0, 50, 10, 7, 100_000];
+    let cu_q = gpu.upload(&cu_q, "cu_seqlens_q").expect("upload");
+    let cu_k = gpu.upload(&cu_k, "cu_seqlens_k").expect("upload");
+    let mut failures = Vec::new();
+    for (algorithm, deterministic) in [
+        (Algorithm::Auto, false),
+        (Algorithm::Fa2Tc, false),
+        (Algorithm::Auto, true),
+    ] {
+        for causal in [false, true] {
+            // SAFETY: both buffers hold 5 offsets and outlive the calls.
+            let offsets =
+                unsafe { DeviceOffsets::new(gpu.address(&cu_q), gpu.address(&cu_k), 4, [64, 64]) }
+                    .expect("valid addresses");
+            let options = AttentionOptions {
+                causal,
+                deterministic,
+                ..AttentionOptions::default()
+            };
+            let call = Attention::new(&gq, &gk, &gv)
+                .options(options)
+                .algorithm(algorithm)
+                .packed_on_device(offsets);
+            let label = format!("{algorithm} deterministic={deterministic} causal={causal}");
+            let result = call.forward(&gpu).and_then(|forward| {
+                let inputs = ([&gq, &gk, &gv], Layout::BatchSeqHeadDim);
+                let (plan, _) = backward_poisoned(&gpu, &call, &forward, &g_o, inputs)?;
+                gpu.synchronize()?;
+                // Sequence 0 alone, dense: its rows of O are the packed call's.
+                let rows =
+                    |a: &Array4<half::bf16>, n| upload(&a.slice(s![.., .., 0..n, ..]).to_owned());
+                let dense = Attention::new(&rows(&q, 40), &rows(&k, 50), &rows(&v, 50))
+                    .options(options)
+                    .algorithm(Algorithm::Fa2Tc)
+                    .forward(&gpu)?;
+                let (o, want) = (forward.o.to_array(&gpu)?, dense.o.to_array(&gpu)?);
+                let worst = o
+                    .slice(s![.., .., 0..40, ..])
+                    .iter()
+                    .zip(want.iter())
+                    .fold(0.0f64, |m, (a, b)| m.max((a.to_f64() - b.to_f64()).abs()));
+                Ok((forward.plan, plan, worst))
+            });
+            match result {
+                Ok((forward, backward, worst)) if worst <= 2f64.powi(-6) => println!(
+                    "{label}: ran ({} / {}), sequence 0 within {worst:e}",
+                    forward.kernel_names(),
+                    backward.kernel_names()
+                ),
+                Ok((_, _, worst)) => failures.push(format!("{label}: sequence 0 off by {worst:e}")),
+                Err(e) => failures.push(format!("{label}: {e}")),
+            }
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -19,7 +19,7 @@ use flash_kernels::registry::{ElementType, Family, StandardBackwardStage};
 
 use super::backward::Gradients;
 use super::backward_plan::{BackwardAlgorithm, BackwardPlan};
-use super::packed::{PackedBatch, launch_sequences};
+use super::packed::{PackedOffsets, launch_sequences};
 use super::plan::PlannedLaunch;
 use super::problem::Problem;
 use crate::device::tensor_map::{self, MapOperand, TENSOR_MAP_WORDS};
@@ -33,7 +33,7 @@ pub(crate) struct BackwardCall<'a> {
     pub d_o: TensorView,
     pub gradients: Gradients<TensorView>,
     pub logsumexp: u64,
-    pub packed: Option<&'a PackedBatch>,
+    pub packed: Option<PackedOffsets<'a>>,
 }
 
 /// Launches a backward plan on `gpu`'s stream for a checked call at `call`'s addresses: its
@@ -185,7 +185,7 @@ fn launch_main<P: ParamBlock>(
     gpu: &Gpu,
     plan: &BackwardPlan,
     main: PlannedLaunch,
-    packed: Option<&PackedBatch>,
+    packed: Option<PackedOffsets>,
     family: P,
     fields: impl Fn(&mut P) -> (&mut AttentionShape, &mut u64),
 ) -> Result<()> {
@@ -194,7 +194,7 @@ fn launch_main<P: ParamBlock>(
     };
     let problem = &plan.problem;
     let flags_per_sequence = problem.heads * problem.seqlen_q.div_ceil(plan.block_rows as usize);
-    launch_sequences(gpu, &[main], problem.heads, batch, family, |p, first, n| {
+    launch_sequences(gpu, &[main], problem, batch, family, |p, first, n| {
         let (shape, flags) = fields(p);
         shape.batch = n;
         if *flags != 0 {

@@ -17,7 +17,7 @@
 use flash_kernels::common::params::Operands;
 
 use super::decode::{BlockTable, CacheSeqlens, DecodeOptions, DecodeProblem, DecodeShapes};
-use super::packed::PackedBatch;
+use super::packed::{DeviceOffsets, PackedBatch, PackedOffsets};
 use super::problem::{Algorithm, AttentionOptions, Problem};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -39,8 +39,9 @@ pub struct Attention<'a, T> {
 pub enum Form<'a, T> {
     /// Every sequence of the batch has seqlen_q queries and seqlen_k keys.
     Dense,
-    /// Sequences of different lengths packed into batch-1 tensors (flash-attn's varlen call).
-    Packed(&'a PackedBatch),
+    /// Sequences of different lengths packed into batch-1 tensors (flash-attn's varlen call),
+    /// their offsets on the host or on the device.
+    Packed(PackedOffsets<'a>),
     /// 1–16 new query tokens per sequence against its KV cache (decoding).
     Cache(KvCache<'a, T>),
 }
@@ -126,7 +127,14 @@ impl<'a, T: Element> Attention<'a, T> {
 
     /// A packed batch: q, k, v hold every sequence's rows (batch 1) and `batch` their offsets.
     pub fn packed(mut self, batch: &'a PackedBatch) -> Self {
-        self.form = Form::Packed(batch);
+        self.form = Form::Packed(PackedOffsets::Host(batch));
+        self
+    }
+
+    /// A packed batch whose offsets stay in device memory (`offsets`): the kernels read them
+    /// there, so the call waits for nothing on the host.
+    pub fn packed_on_device(mut self, offsets: DeviceOffsets) -> Self {
+        self.form = Form::Packed(PackedOffsets::Device(offsets));
         self
     }
 
@@ -238,7 +246,8 @@ impl<'a, T: Element> Attention<'a, T> {
                 _ => None,
             },
             packed: match self.form {
-                Form::Packed(batch) => Some(batch.clone()),
+                Form::Packed(PackedOffsets::Host(batch)) => Some(PackedKey::Host(batch.clone())),
+                Form::Packed(PackedOffsets::Device(offsets)) => Some(PackedKey::Device(offsets)),
                 _ => None,
             },
             checked: checked.clone(),
@@ -261,9 +270,16 @@ pub(crate) enum Checked {
 pub(crate) struct CallKey {
     layouts: [([usize; 4], [usize; 4]); 3],
     append: Option<[([usize; 4], [usize; 4]); 2]>,
-    packed: Option<PackedBatch>,
+    packed: Option<PackedKey>,
     checked: Checked,
     options: AttentionOptions,
+}
+
+/// A packed call's offsets, as its key holds them.
+#[derive(Clone, Debug, PartialEq)]
+enum PackedKey {
+    Host(PackedBatch),
+    Device(DeviceOffsets),
 }
 
 impl CallKey {

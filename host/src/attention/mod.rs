@@ -36,7 +36,7 @@ pub use backward_plan::{BackwardAlgorithm, BackwardPlan};
 pub use call::{Attention, Form, KvCache};
 pub use call_plan::{PassPlan, Plan};
 pub use decode::{BlockTable, CacheSeqlens, DecodePlan};
-pub use packed::PackedBatch;
+pub use packed::{DeviceOffsets, PackedBatch, PackedOffsets};
 pub use plan::{
     Blocks, CompiledLimits, ForwardPlan, H200_MULTIPROCESSORS, H200_SHARED_MEMORY_PER_BLOCK,
     Launch, LaunchLimits, PlannedLaunch, StatisticsKind, WorkspaceSize, fa1_blocks, fa2_blocks,

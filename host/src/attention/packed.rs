@@ -129,14 +129,12 @@ impl PackedBatch {
     /// its sequences' offsets into the whole packed tensors (the kernels read them from their
     /// parameter block, `PackedSequences`).
     pub fn launch_tables(&self) -> Vec<(u32, PackedSequences)> {
-        let total_q = self.totals()[0] as u32;
-        (0..self.sequences())
-            .step_by(MAX_SEQUENCES_PER_LAUNCH)
-            .map(|first| {
-                let last = (first + MAX_SEQUENCES_PER_LAUNCH).min(self.sequences());
+        let totals = self.totals().map(|t| t as u32);
+        launch_ranges(self.sequences())
+            .map(|(first, last)| {
                 let offsets = first..=last;
                 let table = PackedSequences::new(
-                    total_q,
+                    totals,
                     &self.cu_seqlens_q[offsets.clone()],
                     &self.cu_seqlens_k[offsets],
                 )
@@ -184,19 +182,139 @@ impl PackedBatch {
     }
 }
 
-/// `launches` over `batch`: each once per table of at most MAX_SEQUENCES_PER_LAUNCH sequences,
-/// over its own sequences' heads (`heads` per sequence), with `family` as `per_launch` sets it
-/// for the table's first sequence and count (its shape's batch at least); the grid's x and z
-/// stay the longest sequence's of the whole batch.
+/// Offsets that stay in device memory (flash-attn's `cu_seqlens` as a data collator leaves them
+/// on the GPU): the kernels read them there, so the call needs no copy to the host and no wait
+/// for the work queued before it. The host knows only how many sequences there are and the
+/// caller's bounds on the longest (flash-attn's `max_seqlen_q`, `max_seqlen_k`), which size the
+/// grid; it checks no offset. The kernels clamp each sequence's rows into the tensors and its
+/// lengths to those bounds, so wrong offsets give wrong rows but never an access outside the
+/// tensors and workspaces; a sequence longer than its bound is cut to it (flash-attn leaves the
+/// rest unwritten).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOffsets {
+    cu_seqlens_q: u64,
+    cu_seqlens_k: u64,
+    sequences: usize,
+    max_seqlens: [usize; 2],
+}
+
+impl DeviceOffsets {
+    /// `sequences` + 1 u32 offsets each at device addresses `cu_seqlens_q` and `cu_seqlens_k`
+    /// (flash-attn's int32 `cu_seqlens`), the longest sequences at most `max_seqlens`.
+    /// Errors name an address that is 0 or not 4-byte aligned, and a batch of no sequence.
+    ///
+    /// # Safety
+    /// Both addresses must hold `sequences` + 1 readable u32s in the memory of the GPU the call
+    /// runs on, until the call's kernels have finished (stream order).
+    pub unsafe fn new(
+        cu_seqlens_q: u64,
+        cu_seqlens_k: u64,
+        sequences: usize,
+        max_seqlens: [usize; 2],
+    ) -> Result<Self> {
+        for (name, address) in [
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("cu_seqlens_k", cu_seqlens_k),
+        ] {
+            if address == 0 || address % 4 != 0 {
+                return Err(Error::invalid(
+                    name,
+                    format!("device address {address:#x}"),
+                    "the address of 4-byte-aligned int32 offsets in device memory",
+                ));
+            }
+        }
+        if sequences == 0 {
+            return Err(Error::invalid(
+                "cu_seqlens_q",
+                "1 offset",
+                "batch + 1 ≥ 2 offsets: 0, then where each sequence ends",
+            ));
+        }
+        Ok(Self {
+            cu_seqlens_q,
+            cu_seqlens_k,
+            sequences,
+            max_seqlens,
+        })
+    }
+}
+
+/// A packed batch's sequences, read on the host ([`PackedBatch`], checked) or left on the device
+/// ([`DeviceOffsets`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedOffsets<'a> {
+    Host(&'a PackedBatch),
+    Device(DeviceOffsets),
+}
+
+impl PackedOffsets<'_> {
+    /// The number of sequences.
+    pub fn sequences(&self) -> usize {
+        match self {
+            Self::Host(batch) => batch.sequences(),
+            Self::Device(offsets) => offsets.sequences,
+        }
+    }
+
+    /// The checked problem of this batch on Q, K, V of these dims (logical (1, heads, total,
+    /// d)): [`PackedBatch::problem`]'s, or for offsets on the device the tensors' rows with the
+    /// caller's bounds on the longest sequences (at most the rows: no sequence is longer).
+    pub fn problem(&self, dims: [[usize; 4]; 3], options: &AttentionOptions) -> Result<Problem> {
+        match self {
+            Self::Host(batch) => batch.problem(dims, options),
+            Self::Device(offsets) => {
+                let totals = [dims[0][2], dims[1][2]];
+                let [max_q, max_k] = [0, 1].map(|i| offsets.max_seqlens[i].min(totals[i]).max(1));
+                Problem::packed(dims, offsets.sequences, [max_q, max_k], options)
+            }
+        }
+    }
+
+    /// The parameter tables of the launches that run this batch, in order, each with its number
+    /// of sequences ([`PackedBatch::launch_tables`]); offsets on the device give each launch the
+    /// addresses of its first sequence's entries. `totals`: Q's and K's rows.
+    pub fn launch_tables(&self, totals: [usize; 2]) -> Vec<(u32, PackedSequences)> {
+        match self {
+            Self::Host(batch) => batch.launch_tables(),
+            Self::Device(offsets) => {
+                let totals = totals.map(|t| t as u32);
+                launch_ranges(offsets.sequences)
+                    .map(|(first, last)| {
+                        let at_first = [offsets.cu_seqlens_q, offsets.cu_seqlens_k]
+                            .map(|a| a + 4 * first as u64);
+                        let table = PackedSequences::in_device_memory(totals, at_first);
+                        ((last - first) as u32, table)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The sequences of each launch of a packed batch of `sequences`: (first, first + count), at
+/// most [`MAX_SEQUENCES_PER_LAUNCH`] each.
+fn launch_ranges(sequences: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..sequences)
+        .step_by(MAX_SEQUENCES_PER_LAUNCH)
+        .map(move |first| (first, (first + MAX_SEQUENCES_PER_LAUNCH).min(sequences)))
+}
+
+/// `launches` over the packed batch of `problem` (its sequences `batch`): each once per table of
+/// at most MAX_SEQUENCES_PER_LAUNCH sequences, over its own sequences' heads, with `family` as
+/// `per_launch` sets it for the table's first sequence and count (its shape's batch at least);
+/// the grid's x and z stay the longest sequence's of the whole batch.
 pub(super) fn launch_sequences<P: ParamBlock>(
     gpu: &Gpu,
     launches: &[PlannedLaunch],
-    heads: usize,
-    batch: &PackedBatch,
+    problem: &Problem,
+    batch: PackedOffsets,
     family: P,
     per_launch: impl Fn(&mut P, u32, u32),
 ) -> Result<()> {
-    for (index, (sequences, table)) in batch.launch_tables().into_iter().enumerate() {
+    let whole = problem.whole();
+    let totals = [whole.seqlen_q, whole.seqlen_k];
+    for (index, (sequences, table)) in batch.launch_tables(totals).into_iter().enumerate() {
         let mut family = family;
         per_launch(
             &mut family,
@@ -209,7 +327,7 @@ pub(super) fn launch_sequences<P: ParamBlock>(
         };
         for PlannedLaunch { kernel, launch } in launches {
             let (x, _, z) = launch.grid;
-            let grid = (x, sequences * heads as u32, z);
+            let grid = (x, sequences * problem.heads as u32, z);
             gpu.launch(*kernel, Launch { grid, ..*launch }, params)?;
         }
     }
@@ -237,14 +355,14 @@ pub(crate) fn launch_packed<T: Element>(
     operands: Operands,
     dims: [[usize; 4]; 3],
     logsumexp: u64,
-    batch: &PackedBatch,
+    batch: PackedOffsets,
 ) -> Result<()> {
     let problem = &plan.problem;
-    let (launches, heads) = (&plan.launches, problem.heads);
+    let launches = &plan.launches;
     match plan.blocks {
         Blocks::Fa2Tc(tiling) => {
             let family = fa2_params(operands, problem, logsumexp, tiling.block_rows());
-            launch_sequences(gpu, launches, heads, batch, family, |p, _, n| {
+            launch_sequences(gpu, launches, problem, batch, family, |p, _, n| {
                 p.shape.batch = n
             })?
         }
@@ -252,7 +370,7 @@ pub(crate) fn launch_packed<T: Element>(
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
             let shape = problem.shape();
             let family = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
-            launch_sequences(gpu, launches, heads, batch, family, |p, _, n| {
+            launch_sequences(gpu, launches, problem, batch, family, |p, _, n| {
                 p.shape.batch = n
             })?
         }

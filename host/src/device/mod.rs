@@ -295,8 +295,9 @@ impl Gpu {
         Ok(slice)
     }
 
-    /// Device address of a buffer, for a parameter block.
-    pub(crate) fn address<T>(&self, slice: &CudaSlice<T>) -> u64 {
+    /// Device address of a buffer, for a parameter block (or for `DeviceOffsets`, offsets
+    /// uploaded with [`Gpu::upload`]).
+    pub fn address<T>(&self, slice: &CudaSlice<T>) -> u64 {
         use cudarc::driver::DevicePtr;
         slice.device_ptr(&self.stream).0
     }

@@ -146,6 +146,26 @@ pub fn warp_uniform(value: u32) -> u32 {
     unsafe { nvvm_shfl_sync_idx_i32(FULL_WARP, value as i32, 0, SHUFFLE_CLAMP) as u32 }
 }
 
+/// `value`, which every active lane of the warp holds alike, as the OR over the active lanes
+/// (`activemask.b32`, then `redux.sync.or.b32`). REDUX writes a uniform register, so ptxas keeps
+/// what derives from the result on the uniform datapath, as it does for a kernel parameter; unlike
+/// [`warp_uniform`] it may run on part of a warp (a role's one elected thread).
+#[inline(always)]
+pub fn uniform_among_active(value: u32) -> u32 {
+    let uniform: u32;
+    // SAFETY: the mask is the set of lanes executing this instruction, so every lane it names
+    // takes part in the reduction; no memory is touched.
+    unsafe {
+        asm!(
+            "{{ .reg .b32 active; activemask.b32 active; redux.sync.or.b32 {u}, {v}, active; }}",
+            u = out(reg32) uniform,
+            v = in(reg32) value,
+            options(nomem, nostack)
+        );
+    }
+    uniform
+}
+
 /// `vote.sync.any.pred`: whether `predicate` holds on any lane of the warp. The result is the same
 /// on every lane, so a branch on it is warp-uniform.
 #[inline(always)]

@@ -74,10 +74,15 @@ impl BlockInfo {
         key_rows: [u32; 2],
         local: bool,
     ) -> Self {
+        // At most the grid's lengths: offsets the host never read (`tile::sequences::
+        // DeviceOffsets`) may claim a longer sequence than flash-attn's `max_seqlen`, and the
+        // workspaces (deterministic turns, row blocks) are sized by it.
         Self {
             batch: 0,
-            seqlen_q: query_rows[1].wrapping_sub(query_rows[0]),
-            seqlen_k: key_rows[1].wrapping_sub(key_rows[0]),
+            seqlen_q: query_rows[1]
+                .wrapping_sub(query_rows[0])
+                .min(shape.seqlen_q),
+            seqlen_k: key_rows[1].wrapping_sub(key_rows[0]).min(shape.seqlen_k),
             q_start: query_rows[0],
             k_start: key_rows[0],
             ..Self::of_form(shape, batch_head, local)
@@ -367,6 +372,15 @@ mod tests {
         assert_eq!(info.key_blocks(0, 64, 64).count(), 1);
         let dense = BlockInfo::new(&shape(4, 1000, 900, true), 11);
         assert_eq!((dense.batch, dense.q_start, dense.k_start), (2, 0, 0));
+    }
+
+    #[test]
+    fn a_packed_sequence_longer_than_the_grid_is_cut_to_the_grid() {
+        // Offsets read on the GPU may claim more rows than max_seqlen (the grid's seqlens): the
+        // block keeps the grid's lengths, so no workspace sized by them is overrun.
+        let info = BlockInfo::packed(&shape(4, 64, 32, false), 3, [10, 500], [0, 90], false);
+        assert_eq!((info.seqlen_q, info.seqlen_k), (64, 32));
+        assert_eq!((info.q_start, info.k_start), (10, 0));
     }
 
     #[test]

@@ -166,18 +166,28 @@ pub struct Fa2Params {
 /// `AttentionShape::batch` counts the launch's sequences and its seqlens are the longest ones
 /// (the grid).
 ///
-/// The offsets travel in the parameter block itself, not in device memory: a kernel reads them
-/// from the constant bank at an index the whole warp shares (`ULDC`), so a block knows its
-/// sequence's rows without a round trip to memory before its first load, and what it derives
+/// Two kinds of launch. Offsets the host read travel in the parameter block itself: a kernel
+/// reads them from the constant bank at an index the whole warp shares (`ULDC`), so a block knows
+/// its sequence's rows without a round trip to memory before its first load, and what it derives
 /// from them stays in uniform registers. A launch holds at most [`MAX_SEQUENCES_PER_LAUNCH`]
 /// sequences; the host splits a longer batch into several launches, each table holding its
-/// sequences' offsets into the whole packed tensors.
+/// sequences' offsets into the whole packed tensors. Offsets that stay on the GPU (flash-attn's
+/// `cu_seqlens` as a data collator leaves them there) are read from device memory instead
+/// (`device_cu_seqlens_q`, `_k` not 0; the tables are then unused), so the call needs no host
+/// synchronization; the host splits the launches the same way, each one's addresses at its
+/// first sequence.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PackedSequences {
+    /// Device address of this launch's first sequence's entry of the caller's `cu_seqlens_q`
+    /// (u32, batch + 1 entries in all), or 0: the offsets are the tables below.
+    pub device_cu_seqlens_q: u64,
+    /// The same of `cu_seqlens_k`.
+    pub device_cu_seqlens_k: u64,
     /// Q's rows in the whole packed tensor: L is (heads, total_q), as flash-attn's.
     pub total_q: u32,
-    pub _pad: u32,
+    /// K's and V's rows in the whole packed tensors.
+    pub total_k: u32,
     /// This launch's sequences' batch + 1 offsets into Q's rows (absolute rows); unused entries 0.
     pub cu_seqlens_q: [u32; SEQUENCE_TABLE_LEN],
     /// The same into K's and V's rows.
@@ -194,19 +204,31 @@ pub const MAX_SEQUENCES_PER_LAUNCH: usize = SEQUENCE_TABLE_LEN - 1;
 impl PackedSequences {
     /// The table of the sequences whose offsets are `cu_seqlens_q` and `cu_seqlens_k` (as many
     /// each, at most [`SEQUENCE_TABLE_LEN`]; entries past them are 0), in a packed batch of
-    /// `total_q` query rows. `None` if the offsets do not fit.
-    pub fn new(total_q: u32, cu_seqlens_q: &[u32], cu_seqlens_k: &[u32]) -> Option<Self> {
+    /// `totals` = [total_q, total_k] rows. `None` if the offsets do not fit.
+    pub fn new(totals: [u32; 2], cu_seqlens_q: &[u32], cu_seqlens_k: &[u32]) -> Option<Self> {
         let table = |offsets: &[u32]| {
             let mut table = [0; SEQUENCE_TABLE_LEN];
             table.get_mut(..offsets.len())?.copy_from_slice(offsets);
             Some(table)
         };
         Some(Self {
-            total_q,
-            _pad: 0,
             cu_seqlens_q: table(cu_seqlens_q)?,
             cu_seqlens_k: table(cu_seqlens_k)?,
+            ..Self::in_device_memory(totals, [0, 0])
         })
+    }
+
+    /// A launch that reads its offsets from device memory: `addresses` = [cu_seqlens_q,
+    /// cu_seqlens_k] at the launch's first sequence (not 0), in a packed batch of `totals` rows.
+    pub fn in_device_memory(totals: [u32; 2], addresses: [u64; 2]) -> Self {
+        Self {
+            device_cu_seqlens_q: addresses[0],
+            device_cu_seqlens_k: addresses[1],
+            total_q: totals[0],
+            total_k: totals[1],
+            cu_seqlens_q: [0; SEQUENCE_TABLE_LEN],
+            cu_seqlens_k: [0; SEQUENCE_TABLE_LEN],
+        }
     }
 }
 

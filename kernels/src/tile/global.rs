@@ -4,7 +4,7 @@
 use crate::arch;
 use crate::common::block::BlockInfo;
 use crate::common::element::Element;
-use crate::common::params::{SEQUENCE_TABLE_LEN, TensorView};
+use crate::common::params::TensorView;
 
 /// The rows of one (batch, head) of a (batch, heads, seqlen, head_dim) tensor in device memory.
 #[derive(Clone, Copy)]
@@ -134,66 +134,6 @@ impl HeadVector {
         let valid = row < rows;
         let row = if valid { row } else { 0 };
         (self.base.wrapping_add(row as usize) as *const u8, valid)
-    }
-}
-
-/// A packed launch's sequences as a kernel reads them: the table of offsets inside its own
-/// parameter block (`common::params::PackedSequences`), read from the constant bank with
-/// [`arch::load_parameter_u32`]. The index (the block's sequence) is the same for every thread,
-/// so ptxas reads it with `ULDC` into uniform registers, and the loop over key blocks whose trip
-/// count the offsets set, the ring's stages and the TMA coordinates derived from them stay on
-/// the uniform datapath, as a dense kernel's do from its shape. (Offsets loaded from device
-/// memory put all of that on the per-thread path, 2.7% more instructions in FA3 at d = 64, and
-/// cost each block a memory round trip before its first load.)
-#[derive(Clone, Copy)]
-pub struct PackedTable {
-    /// `.param` address of the table's first offset into Q's rows; 0 in a dense kernel.
-    cu_seqlens_q: u64,
-    /// Q's rows in the whole packed tensor.
-    total_q: u32,
-}
-
-impl PackedTable {
-    /// A dense kernel's: it reads no sequence.
-    pub const NONE: Self = Self {
-        cu_seqlens_q: 0,
-        total_q: 0,
-    };
-
-    /// The table whose `cu_seqlens_q` starts at `.param` address `cu_seqlens_q`
-    /// (`arch::kernel_parameters_address!` plus the field's offset), the `cu_seqlens_k`
-    /// table right after it.
-    #[inline(always)]
-    pub fn new(cu_seqlens_q: u64, total_q: u32) -> Self {
-        Self {
-            cu_seqlens_q,
-            total_q,
-        }
-    }
-
-    /// Q's rows in the whole packed tensor (L's row length).
-    #[inline(always)]
-    pub fn total_q(&self) -> u32 {
-        self.total_q
-    }
-
-    /// The query rows and key rows of the launch's sequence `sequence`: `[cu_seqlens_q[b],
-    /// cu_seqlens_q[b + 1]]` and the same of K.
-    #[inline(always)]
-    pub fn rows(&self, sequence: u32) -> ([u32; 2], [u32; 2]) {
-        let rows = |table: u64| {
-            let first = table + 4 * sequence as u64;
-            // SAFETY: the host launches one block row per sequence of the table, so sequence + 1
-            // < SEQUENCE_TABLE_LEN, and both tables lie in the parameter block.
-            unsafe {
-                [
-                    arch::load_parameter_u32(first),
-                    arch::load_parameter_u32(first + 4),
-                ]
-            }
-        };
-        let cu_seqlens_k = self.cu_seqlens_q + 4 * SEQUENCE_TABLE_LEN as u64;
-        (rows(self.cu_seqlens_q), rows(cu_seqlens_k))
     }
 }
 

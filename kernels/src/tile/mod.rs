@@ -6,6 +6,8 @@
 //! - [`row_chunks`]: which thread of a row-streaming pass owns which 16-byte chunk of which row
 //!   (host and GPU: the host sizes the grid);
 //! - `global`: one head's rows of a tensor in device memory, and its statistics vectors;
+//! - `sequences`: where a block of a packed launch finds its sequence's rows (the offsets in
+//!   the parameter block, or in device memory);
 //! - `shared`: f32 and 16-bit tiles in shared memory, and the block-wide loops that fill them;
 //! - `copy`: asynchronous 16-byte copies of global rows into 16-bit shared tiles;
 //! - `register`: one thread's 4 × 4 register blocks of a matrix product;
@@ -33,6 +35,8 @@ pub mod kv_cache;
 pub mod partials;
 #[cfg(target_arch = "nvptx64")]
 pub mod register;
+#[cfg(target_arch = "nvptx64")]
+pub mod sequences;
 #[cfg(target_arch = "nvptx64")]
 pub mod shared;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]

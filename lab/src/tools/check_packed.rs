@@ -21,6 +21,34 @@ use flash_attn::error::Result;
 use flash_attn::tensor::{DeviceTensor, Layout};
 use flash_attn::with_element;
 
+/// A case's packed batch and its inputs drawn N(0, 1) in the case's dtype: Q, K, V and dO, on
+/// the host (for the reference) and uploaded in the case's layout.
+pub struct PackedInputs<T: Element> {
+    pub batch: PackedBatch,
+    /// Q (1, heads, total_q, d), K and V (1, heads_kv, total_k, d), dO (Q's dims).
+    pub host: [Array4<T>; 4],
+    pub device: [DeviceTensor<T>; 4],
+}
+
+impl<T: Element> PackedInputs<T> {
+    /// Draws Q, K, V, then dO (in that order, from `rng`) for `case`, and uploads them.
+    pub fn draw(gpu: &Gpu, case: &PackedCheckCase, rng: &mut impl Rng) -> Result<Self> {
+        let batch = PackedBatch::from_length_pairs(&case.lengths)?;
+        let [total_q, total_k] = batch.totals();
+        let q_dims = [1, case.heads, total_q, case.head_dim];
+        let kv_dims = [1, case.heads_kv, total_k, case.head_dim];
+        let host = [q_dims, kv_dims, kv_dims, q_dims].map(|dims| random_tensor::<T>(dims, rng));
+        let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
+        let [q, k, v, d_o] = &host;
+        let device = [upload(q)?, upload(k)?, upload(v)?, upload(d_o)?];
+        Ok(Self {
+            batch,
+            host,
+            device,
+        })
+    }
+}
+
 /// One packed batch to check: (query length, key length) per sequence.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PackedCheckCase {
@@ -230,18 +258,14 @@ fn check_typed<T: Element>(
     case: &PackedCheckCase,
     rng: &mut impl Rng,
 ) -> Result<PackedCheckResult> {
-    let batch = PackedBatch::from_length_pairs(&case.lengths)?;
-    let [total_q, total_k] = batch.totals();
-    let d = case.head_dim;
-    let q = random_tensor::<T>([1, case.heads, total_q, d], rng);
-    let k = random_tensor::<T>([1, case.heads_kv, total_k, d], rng);
-    let v = random_tensor::<T>([1, case.heads_kv, total_k, d], rng);
-    let options = case.options();
-    let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
-    let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+    let PackedInputs {
+        batch,
+        host: [q, k, v, _],
+        device: [dq, dk, dv, _],
+    } = PackedInputs::<T>::draw(gpu, case, rng)?;
     let options = AttentionOptions {
         algorithm,
-        ..options
+        ..case.options()
     };
     let output = Attention::new(&dq, &dk, &dv)
         .options(options)

@@ -10,11 +10,11 @@ use ndarray::{Array4, s};
 use rand::Rng;
 
 use crate::safetensors_io::GRADIENT_NAMES;
-use crate::tools::check::{random_tensor, to_f64};
+use crate::tools::check::to_f64;
 use crate::tools::check_backward::{BackwardInputs, BackwardReference, GradientCheck};
-use crate::tools::check_packed::PackedCheckCase;
+use crate::tools::check_packed::{PackedCheckCase, PackedInputs};
 use flash_attn::attention::{
-    Algorithm, Attention, AttentionOptions, BackwardTensors, Gradients, PackedBatch, RowStatistics,
+    Algorithm, Attention, AttentionOptions, BackwardTensors, Gradients, RowStatistics,
 };
 use flash_attn::device::Gpu;
 use flash_attn::dtype::Element;
@@ -52,18 +52,11 @@ fn check_typed<T: Element>(
     case: &PackedCheckCase,
     rng: &mut impl Rng,
 ) -> Result<PackedBackwardCheckResult> {
-    let batch = PackedBatch::from_length_pairs(&case.lengths)?;
-    let [total_q, total_k] = batch.totals();
-    let d = case.head_dim;
-    let [q, k, v, d_o] = [
-        [1, case.heads, total_q, d],
-        [1, case.heads_kv, total_k, d],
-        [1, case.heads_kv, total_k, d],
-        [1, case.heads, total_q, d],
-    ]
-    .map(|dims| random_tensor::<T>(dims, rng));
-    let upload = |a: &Array4<T>| DeviceTensor::from_array(gpu, a.view(), case.layout);
-    let (q_gpu, k_gpu, v_gpu, d_o_gpu) = (upload(&q)?, upload(&k)?, upload(&v)?, upload(&d_o)?);
+    let PackedInputs {
+        batch,
+        host: [q, k, v, d_o],
+        device: [q_gpu, k_gpu, v_gpu, d_o_gpu],
+    } = PackedInputs::<T>::draw(gpu, case, rng)?;
     let options = AttentionOptions {
         algorithm: Algorithm::Auto,
         deterministic,

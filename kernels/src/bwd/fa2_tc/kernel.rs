@@ -45,7 +45,8 @@ use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, accumulator_col,
     accumulator_row, key_pair_col, key_pair_row,
 };
-use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector, PackedTable, RowBlockFlags};
+use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector, RowBlockFlags};
+use crate::tile::sequences::Sequences;
 use crate::tile::shared::{SharedTile16, SharedVector};
 
 /// One stage of the row-block pipeline: Q_i, dO_i, and the rows' L_i and D_i.
@@ -144,22 +145,17 @@ struct BackwardTcBlock {
 /// memory. Needs the pre-pass's D and zeroed accumulator. `packed`: a packed form's sequences
 /// (`C::PACKED`: block row y is head y % heads of the launch's sequence y / heads, the grid's
 /// seqlens the longest sequence's; L, D and the accumulator span the whole packed tensors),
-/// else `PackedTable::NONE`.
+/// else `PackedTable::NONE` (`tile::sequences`).
 #[inline(always)]
 pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(
     params: &Fa2TcBackwardParams,
-    packed: PackedTable,
+    packed: impl Sequences,
 ) {
     let () = C::CHECKED;
     let p = &params.base;
     let shape = &p.shape;
     let batch_head = arch::block_idx_y();
-    let info = if C::PACKED {
-        let (query_rows, key_rows) = packed.rows(batch_head / shape.heads);
-        BlockInfo::packed(shape, batch_head, query_rows, key_rows, C::LOCAL)
-    } else {
-        BlockInfo::of_form(shape, batch_head, C::LOCAL)
-    };
+    let info = packed.block(shape, batch_head, C::PACKED, C::LOCAL);
     let (block_rows, block_cols) = (C::BLOCK_ROWS, C::BLOCK_COLS);
     let capacity = C::HEAD_DIM_CAPACITY;
     let threads = C::WARPS * WARP_SIZE;

@@ -26,7 +26,8 @@ use crate::common::block::BlockInfo;
 use crate::common::params::Fa3BackwardParams;
 use crate::fwd::fa3::config::{F32_BOX_COLS, WARPGROUP_THREADS};
 use crate::fwd::fa3::roles::TENSOR_MAP_BYTES;
-use crate::tile::global::{PackedTable, RowBlockFlags};
+use crate::tile::global::RowBlockFlags;
+use crate::tile::sequences::Sequences;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile};
 
 /// This head's rows of dQ's f32 accumulator, as the bulk reductions address them.
@@ -126,7 +127,7 @@ impl DqHandOff {
 #[inline(always)]
 pub(super) fn write_dq<C: Fa3BackwardConfig>(
     p: &Fa3BackwardParams,
-    packed: PackedTable,
+    packed: impl Sequences,
     sram: &Fa3BackwardSram,
 ) {
     let block = KeyBlock::new::<C>(p, packed);

@@ -61,8 +61,9 @@ use crate::fwd::fa3::config::{KV_STAGES, PANEL_COLS, WARPGROUP_ROWS, WARPGROUP_T
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
 use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
-use crate::tile::global::{HeadRows16, HeadVector, PackedTable};
+use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::layout::swizzled_pair_side;
+use crate::tile::sequences::Sequences;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile};
 
 // The forward's two-stage ring arithmetic (`ring`) serves the Q_i/dO_i ring.
@@ -73,11 +74,11 @@ const _: () = assert!(ROW_STAGES == KV_STAGES);
 /// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory. Needs the pre-pass's D and zeroed
 /// accumulator. `packed`: a packed form's sequences (`C::PACKED`; the grid's seqlen_k and batch
 /// are the longest sequence's and the launch's sequences; the tensor maps, L, D and the
-/// accumulator span the whole packed tensors), else `PackedTable::NONE`.
+/// accumulator span the whole packed tensors), else `PackedTable::NONE` (`tile::sequences`).
 #[inline(always)]
 pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(
     p: &Fa3BackwardParams,
-    packed: PackedTable,
+    packed: impl Sequences,
 ) {
     let () = C::CHECKED;
     let sram = Fa3BackwardSram::new::<C>();
@@ -97,7 +98,7 @@ pub fn backward<T: TensorCoreElement, C: Fa3BackwardConfig>(
 #[inline(always)]
 fn produce<C: Fa3BackwardConfig>(
     p: &Fa3BackwardParams,
-    packed: PackedTable,
+    packed: impl Sequences,
     sram: &Fa3BackwardSram,
 ) {
     let block = KeyBlock::new::<C>(p, packed);
@@ -149,7 +150,7 @@ fn produce<C: Fa3BackwardConfig>(
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
     p: &Fa3BackwardParams,
-    packed: PackedTable,
+    packed: impl Sequences,
     sram: &Fa3BackwardSram,
     consumer: u32,
 ) {

@@ -5,7 +5,8 @@ use super::config::Fa3BackwardConfig;
 use crate::arch;
 use crate::common::block::{BlockInfo, RowBlocks};
 use crate::common::params::Fa3BackwardParams;
-use crate::tile::global::{HeadVector, PackedTable};
+use crate::tile::global::HeadVector;
+use crate::tile::sequences::Sequences;
 
 /// The block's key block and the row blocks that see it.
 #[derive(Clone, Copy)]
@@ -28,15 +29,10 @@ impl KeyBlock {
     /// y / heads (`packed`, its table of offsets), whose own lengths and first rows the block
     /// takes (`BlockInfo::packed`); the grid's key blocks are the longest sequence's.
     #[inline(always)]
-    pub(super) fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, packed: PackedTable) -> Self {
+    pub(super) fn new<C: Fa3BackwardConfig>(p: &Fa3BackwardParams, packed: impl Sequences) -> Self {
         let shape = &p.base.shape;
         let batch_head = arch::block_idx_y();
-        let info = if C::PACKED {
-            let (query_rows, key_rows) = packed.rows(batch_head / shape.heads);
-            BlockInfo::packed(shape, batch_head, query_rows, key_rows, C::LOCAL)
-        } else {
-            BlockInfo::of_form(shape, batch_head, C::LOCAL)
-        };
+        let info = packed.block(shape, batch_head, C::PACKED, C::LOCAL);
         let x = arch::block_idx_x();
         let key_block = if C::DETERMINISTIC && info.mask().is_bounded() {
             arch::grid_dim_x() - 1 - x

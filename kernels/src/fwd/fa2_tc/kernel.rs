@@ -49,7 +49,8 @@ use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, key_pair_col,
     key_pair_row,
 };
-use crate::tile::global::{HeadRows16, HeadVector, PackedTable};
+use crate::tile::global::{HeadRows16, HeadVector};
+use crate::tile::sequences::Sequences;
 use crate::tile::shared::SharedTile16;
 
 /// One row tile's running state: for the lane's two rows (`l/4` and `l/4 + 8`), m and partial ℓ,
@@ -115,13 +116,13 @@ fn q_fragment_address(q: SharedTile16, first_row: u32, chunk: u32) -> SharedAddr
 /// K/V block, `C::KEY_CHUNKS` = B_c/16 k-steps of P̃·V). Grid (⌈seqlen_q/B_r⌉, batch·heads),
 /// `C::TILING.threads()` threads, `C::TILING.shared_bytes(d)` bytes of dynamic shared memory.
 /// `PACKED`: a packed batch of sequences of different lengths (`PackedSequences`, the launch's
-/// table in `packed`; [`PackedTable::NONE`] otherwise): each block reads its sequence's rows, and the row blocks past its length return at once (the grid is the
+/// table in `packed`; [`PackedTable::NONE` (`tile::sequences`)] otherwise): each block reads its sequence's rows, and the row blocks past its length return at once (the grid is the
 /// longest sequence's). `LOCAL`: a sliding window and soft-capping, read from the parameters
 /// (else the causal mask or none, and no capping, as constants: `common::form::KernelForm`).
 #[inline(always)]
 pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const LOCAL: bool>(
     p: &Fa2Params,
-    packed: PackedTable,
+    packed: impl Sequences,
 ) {
     let () = C::CHECKED;
     let block_cols = C::KEY_TILES as u32 * MMA_N; // B_c: KEY_TILES tiles of MMA_N keys
@@ -130,13 +131,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
     let threads = C::TILING.warps * WARP_SIZE;
     let shape = &p.shape;
     let batch_head = arch::block_idx_y();
-    let info = if PACKED {
-        let sequence = batch_head / shape.heads;
-        let (query_rows, key_rows) = packed.rows(sequence);
-        BlockInfo::packed(shape, batch_head, query_rows, key_rows, LOCAL)
-    } else {
-        BlockInfo::of_form(shape, batch_head, LOCAL)
-    };
+    let info = packed.block(shape, batch_head, PACKED, LOCAL);
     // Causal or windowed: the last row blocks see the most keys; start them first so the grid's
     // tail is short.
     let row_block = if info.heaviest_rows_last() {
@@ -431,7 +426,7 @@ impl BlockStep<'_> {
 #[inline(always)]
 fn store_output<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool>(
     p: &Fa2Params,
-    packed: PackedTable,
+    packed: impl Sequences,
     info: &BlockInfo,
     first_row: u32,
     state: &RowTileState<C>,

@@ -41,15 +41,16 @@ use crate::common::softmax::{
 use crate::fwd::fa2_tc::config::conditional_rescale;
 use crate::tile::accumulator::{ScoreBlock, finish_rows, pack_row, scale_row, store_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
-use crate::tile::global::{HeadRows16, HeadVector, PackedTable, TileCounters};
+use crate::tile::global::{HeadRows16, HeadVector, TileCounters};
+use crate::tile::sequences::Sequences;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledTile};
 
 /// The kernel body for one config `C`. Grid (⌈seqlen_q/B_r⌉, batch·heads), or on the persistent
 /// grid (`C::PERSISTENT`) (min(tiles, SMs), 1); `C::TILING.threads()` threads,
 /// `C::TILING.shared_bytes(d)` bytes of dynamic shared memory. `packed`: a packed form's
-/// sequences (`C::PACKED`), else [`PackedTable::NONE`].
+/// sequences (`C::PACKED`), else [`PackedTable::NONE` (`tile::sequences`)].
 #[inline(always)]
-pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: PackedTable) {
+pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: impl Sequences) {
     let () = C::CHECKED;
     let sram = Fa3Sram::new::<C>();
     split_roles!(
@@ -69,7 +70,7 @@ pub fn forward<T: TensorCoreElement, C: Fa3Config>(p: &Fa3Params, packed: Packed
 #[inline(always)]
 fn tile_at<C: Fa3Config>(
     p: &Fa3Params,
-    packed: PackedTable,
+    packed: impl Sequences,
     scheduler: &TileScheduler,
     t: u32,
 ) -> Option<Tile> {
@@ -77,15 +78,7 @@ fn tile_at<C: Fa3Config>(
         return scheduler.tile(t);
     }
     let tile = scheduler.tile(t)?;
-    // The scheduler's batch is the launch's sequence.
-    let (query_rows, key_rows) = packed.rows(tile.info.batch);
-    let info = BlockInfo::packed(
-        &p.shape,
-        tile.info.batch_head,
-        query_rows,
-        key_rows,
-        C::LOCAL,
-    );
+    let info = packed.block(&p.shape, tile.info.batch_head, true, C::LOCAL);
     let tile = scheduler.for_sequence(tile, info);
     (tile.row_start < tile.info.seqlen_q).then_some(tile)
 }
@@ -129,7 +122,7 @@ impl TileWalk {
 /// until none is left. Each tile's number goes to the consumers through shared memory with its
 /// Q (an end mark, a number past the problem, arrives alone).
 #[inline(always)]
-fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: PackedTable, sram: &Fa3Sram) {
+fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: impl Sequences, sram: &Fa3Sram) {
     let scheduler = TileScheduler::new(&p.shape, C::BLOCK_ROWS, C::BLOCK_COLS, C::LOCAL);
     let counters = TileCounters::new(p.tile_counters);
     let (mut t, mut walk) = (scheduler.first(), TileWalk::START);
@@ -167,7 +160,7 @@ fn produce_tiles<C: Fa3Config>(p: &Fa3Params, packed: PackedTable, sram: &Fa3Sra
 #[inline(always)]
 fn consume_tiles<T: TensorCoreElement, C: Fa3Config>(
     p: &Fa3Params,
-    packed: PackedTable,
+    packed: impl Sequences,
     sram: &Fa3Sram,
     consumer: u32,
 ) {
@@ -251,7 +244,7 @@ fn produce<C: Fa3Config>(p: &Fa3Params, tile: Tile, sram: &Fa3Sram, walk: TileWa
 #[inline(always)]
 fn consume<T: TensorCoreElement, C: Fa3Config>(
     p: &Fa3Params,
-    packed: PackedTable,
+    packed: impl Sequences,
     tile: Tile,
     sram: &Fa3Sram,
     consumer: u32,
