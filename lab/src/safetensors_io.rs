@@ -155,18 +155,19 @@ pub fn read_qkv(path: &Path, names: [&str; 3]) -> Result<HostQkv> {
 }
 
 /// A packed batch from the file at `path`: Q, K, V (the tensors `names`, each
-/// (total, heads, head_dim) and F32, F16 or BF16, one dtype), returned as logical
-/// (1, heads, total, head_dim) arrays, and the offsets `offsets` (1-D I32, U32 or I64, checked
-/// by [`PackedBatch::new`]). Whether the shapes and offsets agree is
-/// [`PackedBatch::problem`]'s to say.
+/// (total, heads, head_dim) and F32, F16 or BF16, one dtype; for the backward a fourth name,
+/// dO, of Q's shape and dtype), returned as logical (1, heads, total, head_dim) arrays, and the
+/// offsets `offsets` (1-D I32, U32 or I64, checked by [`PackedBatch::new`]). Whether the shapes
+/// and offsets agree is [`PackedBatch::problem`]'s to say.
 pub fn read_packed(
     path: &Path,
-    names: [&str; 3],
+    names: &[&str],
     offsets: [&str; 2],
 ) -> Result<(HostQkv, PackedBatch)> {
     let bytes = read_bytes(path)?;
     let file = deserialize(&bytes, path)?;
-    let qkv = read_inputs(&file, path, &INPUT_ROLES, &names, true)?;
+    let roles = &BACKWARD_INPUT_ROLES[..names.len().clamp(3, 4)];
+    let qkv = read_inputs(&file, path, roles, names, true)?;
     let [q, k] = offsets.map(|name| read_offsets(&file, path, name));
     Ok((qkv, PackedBatch::new(&q?, &k?)?))
 }
@@ -532,21 +533,31 @@ pub fn write_outputs<T: SafetensorsElement>(
 }
 
 /// Writes a packed batch's outputs to `path`: [`OUTPUT_NAME`] (total_q, heads, head_dim) from O's
-/// logical (1, heads, total_q, head_dim), and [`LOGSUMEXP_NAME`] (heads, total_q), with
+/// logical (1, heads, total_q, head_dim), [`LOGSUMEXP_NAME`] (heads, total_q), and the
+/// [`GRADIENT_NAMES`] when the backward ran (each (total, heads, head_dim) as its input), with
 /// `metadata`.
 pub fn write_packed_outputs<T: SafetensorsElement>(
     path: &Path,
     o: &Array4<T>,
     logsumexp: &Array2<f32>,
+    gradients: Option<&Gradients<Array4<T>>>,
     metadata: HashMap<String, String>,
 ) -> Result<()> {
-    let mut stored = o.index_axis(Axis(0), 0).to_owned();
-    stored.swap_axes(0, 1);
-    let stored = stored.as_standard_layout().into_owned();
-    let tensors = vec![
-        (OUTPUT_NAME, EncodedTensor::new(&stored)),
+    // Logical (1, heads, total, d) to flash-attn's stored (total, heads, d).
+    let stored = |a: &Array4<T>| {
+        let mut rows = a.index_axis(Axis(0), 0).to_owned();
+        rows.swap_axes(0, 1);
+        EncodedTensor::new(&rows.as_standard_layout().into_owned())
+    };
+    let mut tensors = vec![
+        (OUTPUT_NAME, stored(o)),
         (LOGSUMEXP_NAME, EncodedTensor::new(logsumexp)),
     ];
+    if let Some(g) = gradients {
+        for (name, gradient) in GRADIENT_NAMES.into_iter().zip([&g.dq, &g.dk, &g.dv]) {
+            tensors.push((name, stored(gradient)));
+        }
+    }
     safetensors::serialize_to_file(tensors, Some(metadata), path)
         .map_err(|e| Error::File(format!("cannot write {}: {e}", path.display())))
 }

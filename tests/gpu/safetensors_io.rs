@@ -797,7 +797,7 @@ fn packed_tensors(offsets_dtype: Dtype) -> Vec<TestTensor<'static>> {
 fn reads_a_packed_batch_in_flash_attn_layout() {
     let dir = temp_dir();
     let path = write_file(&dir, "packed.safetensors", &packed_tensors(Dtype::I32));
-    let (qkv, batch) = read_packed(&path, INPUT_ROLES, PACKED_OFFSET_NAMES).unwrap();
+    let (qkv, batch) = read_packed(&path, &INPUT_ROLES, PACKED_OFFSET_NAMES).unwrap();
     assert_eq!(qkv.dims(), [[1, 2, 5, 8], [1, 1, 7, 8], [1, 1, 7, 8]]);
     assert_eq!(
         (batch.cu_seqlens_q(), batch.cu_seqlens_k()),
@@ -827,7 +827,7 @@ fn a_packed_file_names_what_is_wrong() {
     let dir = temp_dir();
     let refused = |tensors: &[TestTensor]| {
         let path = write_file(&dir, "bad-packed.safetensors", tensors);
-        read_packed(&path, INPUT_ROLES, PACKED_OFFSET_NAMES)
+        read_packed(&path, &INPUT_ROLES, PACKED_OFFSET_NAMES)
             .expect_err("the file should be refused")
     };
     // 4-D Q: not the varlen layout.
@@ -895,20 +895,27 @@ fn cli_checks_a_packed_input_before_looking_for_a_gpu() {
         "{stderr}"
     );
     assert!(!output.exists());
+    // The backward needs dO: a file without it is refused by name, before the GPU.
+    let good = write_file(
+        &dir,
+        "packed-no-do.safetensors",
+        &packed_tensors(Dtype::I32),
+    );
     let result = run_cli(&[
         "run",
         "--packed",
         "--backward",
         "--input",
-        "x",
+        path_str(&good),
         "--output",
-        "y",
+        path_str(&output),
     ]);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(
-        !result.status.success() && stderr.contains("cannot be used with"),
+        !result.status.success() && stderr.contains("no tensor named `do`"),
         "{stderr}"
     );
+    assert!(!output.exists());
 }
 
 /// The whole `run --packed` command on a GPU: a packed f16 batch (two sequences, d = 32, 4 query
@@ -983,6 +990,95 @@ fn run_command_takes_a_packed_batch_on_a_gpu() {
         o_error < 2e-2 && l_error < 1e-3,
         "O error {o_error}, L error {l_error}"
     );
+}
+
+/// `run --packed --backward` on a GPU: the packed batch above with a dO, a window and
+/// soft-capping; dQ, dK, dV come back in the inputs' (total, heads, d) layout, each sequence's
+/// against its own f64 reference gradients (a layout check: a loose bound, as above).
+#[test]
+fn run_command_takes_a_packed_backward_on_a_gpu() {
+    let Some(gpu) = common::gpu_or_skip("run_command_takes_a_packed_backward_on_a_gpu") else {
+        return;
+    };
+    drop(gpu);
+    let dir = temp_dir();
+    let (heads, heads_kv, d) = (4, 2, 32);
+    let tensors = [
+        TestTensor::patterned("q", Dtype::F16, &[45, heads, d]),
+        TestTensor::patterned("k", Dtype::F16, &[70, heads_kv, d]),
+        TestTensor::patterned("v", Dtype::F16, &[70, heads_kv, d]),
+        TestTensor::patterned("do", Dtype::F16, &[45, heads, d]),
+        offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 13, 45]),
+        offsets_tensor("cu_seqlens_k", Dtype::I32, &[0, 40, 70]),
+    ];
+    let input = write_file(&dir, "packed-backward.safetensors", &tensors);
+    let output = dir.path().join("out.safetensors");
+    let result = run_cli(&[
+        "run",
+        "--packed",
+        "--backward",
+        "--causal",
+        "--window",
+        "16,0",
+        "--softcap",
+        "5",
+        "--input",
+        path_str(&input),
+        "--output",
+        path_str(&output),
+    ]);
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(
+        stdout.contains("backward plan:") && stdout.contains("_varlen_local"),
+        "{stdout}"
+    );
+    let bytes = std::fs::read(&output).expect("the output file");
+    let file = SafeTensors::deserialize(&bytes).expect("a safetensors output");
+    // Logical (1, h, rows, d) of a stored (total, h, d) tensor's rows.
+    let logical = |t: &TestTensor, rows: std::ops::Range<usize>| {
+        let h = t.shape[1];
+        Array4::from_shape_fn((1, h, rows.len(), d), |(_, h_, r, c)| {
+            f64::from(f16::from_f32(t.values[((rows.start + r) * h + h_) * d + c]).to_f32())
+        })
+    };
+    let scoring = flash_attn::scoring::Scoring {
+        window: flash_kernels::common::mask::KeyWindow::from_params(true, 16, 0),
+        softcap: 5.0,
+    };
+    let mut worst = 0.0f64;
+    for (queries, keys) in [(0..13, 0..40), (13..45, 40..70)] {
+        let reference = flash_attn_lab::model::reference_backward::attention_backward_reference(
+            logical(&tensors[0], queries.clone()).view(),
+            logical(&tensors[1], keys.clone()).view(),
+            logical(&tensors[2], keys.clone()).view(),
+            logical(&tensors[3], queries.clone()).view(),
+            scoring,
+            1.0 / (d as f64).sqrt(),
+        )
+        .gradients;
+        for (name, rows, want, h) in [
+            ("dq", queries.clone(), &reference.dq, heads),
+            ("dk", keys.clone(), &reference.dk, heads_kv),
+            ("dv", keys.clone(), &reference.dv, heads_kv),
+        ] {
+            let (_, shape, got) = tensor_values(&file, name);
+            assert_eq!(shape[1..], [h, d], "{name}");
+            for (r, row) in rows.clone().enumerate() {
+                for h_ in 0..h {
+                    for c in 0..d {
+                        let x = got[(row * h + h_) * d + c];
+                        worst = worst.max((x - want[[0, h_, r, c]]).abs());
+                    }
+                }
+            }
+        }
+    }
+    assert!(worst < 5e-2, "gradients off by {worst}");
 }
 
 /// A KV-cache file: f16 Q (2, 8, 1, 64), caches (2, 2, 48, 64), the lengths `lengths` (I32) and,

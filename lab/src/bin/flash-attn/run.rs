@@ -51,9 +51,10 @@ pub struct RunArgs {
     /// The input is a packed batch of sequences of different lengths, as flash-attn's varlen
     /// call takes it: Q (total_q, heads, head_dim), K and V (total_k, heads_kv, head_dim), and
     /// the offsets (1-D I32, U32 or I64, batch + 1 each, from 0; --offsets names them). Writes
-    /// `o` (total_q, heads, head_dim) and `lse` (F32, (heads, total_q)). fa2-tc or fa3 (which
-    /// runs fa2-tc); not with --backward.
-    #[arg(long, conflicts_with_all = ["backward", "fa1_sram_floats", "fa2_blocks"])]
+    /// `o` (total_q, heads, head_dim) and `lse` (F32, (heads, total_q)); with --backward also
+    /// `dq`, `dk`, `dv` from the file's dO (total_q, heads, head_dim), each in its input's
+    /// layout. auto, fa3 or fa2-tc (windows and soft-capping too).
+    #[arg(long, conflicts_with_all = ["fa1_sram_floats", "fa2_blocks"])]
     packed: bool,
     /// The input is a KV-cache call (decoding): Q (batch, heads, q_tokens ≤ 16, head_dim), and
     /// --names' K and V are the caches, (batch, heads_kv, capacity, head_dim) or, with
@@ -186,15 +187,21 @@ fn check_kv_heads(expected: Option<usize>, problem: &Problem) -> flash_attn::Res
 /// `run --packed`: the file's packed batch, checked before the GPU is opened, run and written.
 fn run_packed(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
     let options = args.options()?;
-    let [q_name, k_name, v_name] = args.names.each_ref().map(String::as_str);
+    let mut names: Vec<&str> = args.names.iter().map(String::as_str).collect();
+    if args.backward {
+        names.push(&args.do_name);
+    }
     let [cu_q, cu_k] = args.offsets.each_ref().map(String::as_str);
-    let (qkv, batch) =
-        safetensors_io::read_packed(&args.input, [q_name, k_name, v_name], [cu_q, cu_k])?;
+    let (qkv, batch) = safetensors_io::read_packed(&args.input, &names, [cu_q, cu_k])?;
     let problem = batch.problem(qkv.dims(), &options)?;
     check_kv_heads(args.kv_heads, &problem)?;
     let dtype = qkv.dtype();
     let gpu = Gpu::open(device)?;
-    let (milliseconds, plan) = match qkv {
+    let RunOutcome {
+        milliseconds,
+        plan,
+        backward,
+    } = match qkv {
         HostQkv::F32(qkv) => run_packed_typed(&gpu, args, &options, &batch, qkv),
         HostQkv::F16(qkv) => run_packed_typed(&gpu, args, &options, &batch, qkv),
         HostQkv::Bf16(qkv) => run_packed_typed(&gpu, args, &options, &batch, qkv),
@@ -211,43 +218,80 @@ fn run_packed(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
         args.output.display()
     );
     println!("plan: {plan}");
+    if let Some((backward_ms, backward_plan)) = backward {
+        println!("backward: {backward_ms:.3} ms (dq, dk, dv written)");
+        println!("backward plan: {backward_plan}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Uploads the packed Q, K, V (flash-attn's layout), runs the call (timed on the GPU), writes O
-/// and L with the plan in the file's metadata.
+/// Uploads the packed Q, K, V (flash-attn's layout), runs the call (timed on the GPU), with
+/// --backward the backward on the file's dO (timed alike), writes O, L and the gradients with
+/// the plans in the file's metadata.
 fn run_packed_typed<T: SafetensorsElement>(
     gpu: &Gpu,
     args: &RunArgs,
     options: &AttentionOptions,
     batch: &PackedBatch,
     qkv: Qkv<T>,
-) -> flash_attn::Result<(f32, Plan)> {
+) -> flash_attn::Result<RunOutcome> {
     let upload =
         |a: &ndarray::Array4<T>| DeviceTensor::from_array(gpu, a.view(), Layout::BatchSeqHeadDim);
     let (q, k, v) = (upload(&qkv.q)?, upload(&qkv.k)?, upload(&qkv.v)?);
+    let d_o = qkv.d_o.as_ref().map(upload).transpose()?;
     drop(qkv);
     let call = Attention::new(&q, &k, &v).options(*options).packed(batch);
     let mut out = call.forward(gpu)?;
     let milliseconds = gpu.time_ms(|| call.forward_into(gpu, out.tensors()).map(|_plan| ()))?;
     let plan = out.plan.clone();
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("algorithm".into(), args.algorithm.to_string()),
         ("causal".into(), options.causal.to_string()),
+        ("window".into(), format!("{:?}", options.window)),
+        ("softcap".into(), options.softcap.to_string()),
         ("input".into(), args.input.display().to_string()),
         ("packed_sequences".into(), batch.sequences().to_string()),
         ("kernel".into(), plan.kernel_names()),
         ("plan".into(), plan.to_string()),
     ]);
+    let mut backward = None;
+    let gradients = match &d_o {
+        Some(d_o) => {
+            let mut result = None;
+            let backward_ms = gpu.time_ms(|| {
+                result = Some(call.backward(gpu, &out, d_o)?);
+                Ok(())
+            })?;
+            let result =
+                result.ok_or_else(|| Error::File("the backward returned no gradients".into()))?;
+            metadata.extend([
+                ("backward_kernel".into(), result.plan.kernel_names()),
+                ("backward_plan".into(), result.plan.to_string()),
+            ]);
+            backward = Some((backward_ms, result.plan));
+            let g = &result.gradients;
+            Some(Gradients {
+                dq: g.dq.to_array(gpu)?,
+                dk: g.dk.to_array(gpu)?,
+                dv: g.dv.to_array(gpu)?,
+            })
+        }
+        None => None,
+    };
     safetensors_io::write_packed_outputs(
         &args.output,
         &out.o.to_array(gpu)?,
         &out.stats
             .logsumexp(gpu)?
             .index_axis_move(ndarray::Axis(0), 0),
+        gradients.as_ref(),
         metadata,
     )?;
-    Ok((milliseconds, plan))
+    Ok(RunOutcome {
+        milliseconds,
+        plan,
+        backward,
+    })
 }
 
 pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
