@@ -481,22 +481,35 @@ fn the_packed_backward_matches_the_dense_backward_per_sequence() {
         return;
     };
     let mut rng = common::seeded_rng(test);
-    let mut failures = Vec::new();
-    let mut runs = 0;
-    let cases: Vec<PackedCheckCase> = PACKED_DTYPES
+    run_backward_cases(test, &backward_cases(), |case, deterministic| {
+        with_element!(case.dtype, T => {
+            check_backward_typed::<T>(&gpu, deterministic, case, &mut rng)
+        })
+    });
+}
+
+/// `check --packed`'s cases at head dims that are multiples of 8 (those the backward kernels take).
+fn backward_cases() -> Vec<PackedCheckCase> {
+    PACKED_DTYPES
         .into_iter()
         .flat_map(standard_packed_cases)
         .filter(|case| case.head_dim.is_multiple_of(8))
-        .collect();
+        .collect()
+}
+
+/// Runs `check` on every case, atomic then deterministic, and fails with every failure's line.
+fn run_backward_cases(
+    test: &str,
+    cases: &[PackedCheckCase],
+    mut check: impl FnMut(&PackedCheckCase, bool) -> Result<String, String>,
+) {
+    let (mut failures, mut runs) = (Vec::new(), 0);
     for deterministic in [false, true] {
-        for case in &cases {
+        for case in cases {
             let label = format!("deterministic={deterministic} {}", describe(case));
             runs += 1;
-            let result = with_element!(case.dtype, T => {
-                check_backward_typed::<T>(&gpu, deterministic, case, &mut rng)
-            });
-            match result {
-                Ok(kernel) => println!("{label}: pass ({kernel})"),
+            match check(case, deterministic) {
+                Ok(kernels) => println!("{label}: pass ({kernels})"),
                 Err(e) => failures.push(format!("{label}: {e}")),
             }
         }
@@ -617,30 +630,15 @@ fn offsets_on_the_device_give_what_host_offsets_give() {
         return;
     };
     let mut rng = common::seeded_rng(test);
-    let mut cases: Vec<PackedCheckCase> = PACKED_DTYPES
-        .into_iter()
-        .flat_map(standard_packed_cases)
-        .filter(|case| case.head_dim.is_multiple_of(8))
-        .collect();
+    let mut cases = backward_cases();
     let mut many = cases[0].clone();
     many.lengths = (0..300).map(|i| (1 + i % 37, 1 + (i * 7) % 41)).collect();
     cases.push(many);
-    let (mut failures, mut runs) = (Vec::new(), 0);
-    for deterministic in [false, true] {
-        for case in &cases {
-            let label = format!("deterministic={deterministic} {}", describe(case));
-            runs += 1;
-            let result = with_element!(case.dtype, T => {
-                check_device_offsets_typed::<T>(&gpu, deterministic, case, &mut rng)
-            });
-            match result {
-                Ok(kernels) => println!("{label}: pass ({kernels})"),
-                Err(e) => failures.push(format!("{label}: {e}")),
-            }
-        }
-    }
-    println!("{test}: {runs} cases, {} failed", failures.len());
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    run_backward_cases(test, &cases, |case, deterministic| {
+        with_element!(case.dtype, T => {
+            check_device_offsets_typed::<T>(&gpu, deterministic, case, &mut rng)
+        })
+    });
 }
 
 /// Offsets on the device are not checked: wrong ones (decreasing, past the rows, longer than

@@ -918,6 +918,49 @@ fn cli_checks_a_packed_input_before_looking_for_a_gpu() {
     assert!(!output.exists());
 }
 
+/// The run tests' packed f16 batch: two sequences (13 × 40, 32 × 30 rows), d = 32, 4 query heads
+/// on 2 K/V heads, patterned values; with `d_o` also dO.
+fn run_test_batch(d_o: bool) -> Vec<TestTensor<'static>> {
+    let mut tensors = vec![
+        TestTensor::patterned("q", Dtype::F16, &[45, 4, 32]),
+        TestTensor::patterned("k", Dtype::F16, &[70, 2, 32]),
+        TestTensor::patterned("v", Dtype::F16, &[70, 2, 32]),
+        offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 13, 45]),
+        offsets_tensor("cu_seqlens_k", Dtype::I32, &[0, 40, 70]),
+    ];
+    if d_o {
+        tensors.push(TestTensor::patterned("do", Dtype::F16, &[45, 4, 32]));
+    }
+    tensors
+}
+
+/// Writes `tensors` to a file, runs `flash-attn run --packed` on it with `arguments`, asserts
+/// that it succeeded, and returns its stdout and the output file's bytes.
+fn run_packed_command(tensors: &[TestTensor], arguments: &[&str]) -> (String, Vec<u8>) {
+    let dir = temp_dir();
+    let input = write_file(&dir, "packed.safetensors", tensors);
+    let output = dir.path().join("out.safetensors");
+    let mut command = vec!["run", "--packed"];
+    command.extend_from_slice(arguments);
+    command.extend_from_slice(&["--input", path_str(&input), "--output", path_str(&output)]);
+    let result = run_cli(&command);
+    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
+    assert!(
+        result.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    (stdout, std::fs::read(&output).expect("the output file"))
+}
+
+/// Logical (1, heads, rows, d) f64 of rows `rows` of a stored f16 (total, heads, d) tensor.
+fn logical_rows(t: &TestTensor, rows: std::ops::Range<usize>) -> Array4<f64> {
+    let (h, d) = (t.shape[1], t.shape[2]);
+    Array4::from_shape_fn((1, h, rows.len(), d), |(_, head, r, c)| {
+        f64::from(f16::from_f32(t.values[((rows.start + r) * h + head) * d + c]).to_f32())
+    })
+}
+
 /// The whole `run --packed` command on a GPU: a packed f16 batch (two sequences, d = 32, 4 query
 /// heads on 2 K/V heads, causal) in flash-attn's layout to a file, run, and O (total_q, heads, d)
 /// and L (heads, total_q) read back against the f64 reference of the packed batch. The kernels'
@@ -929,47 +972,16 @@ fn run_command_takes_a_packed_batch_on_a_gpu() {
         return;
     };
     drop(gpu);
-    let dir = temp_dir();
-    let (heads, heads_kv, d) = (4, 2, 32);
-    let tensors = [
-        TestTensor::patterned("q", Dtype::F16, &[45, heads, d]),
-        TestTensor::patterned("k", Dtype::F16, &[70, heads_kv, d]),
-        TestTensor::patterned("v", Dtype::F16, &[70, heads_kv, d]),
-        offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 13, 45]),
-        offsets_tensor("cu_seqlens_k", Dtype::I32, &[0, 40, 70]),
-    ];
-    let input = write_file(&dir, "packed.safetensors", &tensors);
-    let output = dir.path().join("out.safetensors");
-    let result = run_cli(&[
-        "run",
-        "--packed",
-        "--causal",
-        "--algorithm",
-        "fa3",
-        "--input",
-        path_str(&input),
-        "--output",
-        path_str(&output),
-    ]);
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(
-        result.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    let (heads, d) = (4, 32);
+    let tensors = run_test_batch(false);
+    let (stdout, bytes) = run_packed_command(&tensors, &["--causal", "--algorithm", "fa3"]);
     assert!(stdout.contains("_varlen"), "{stdout}");
-    let bytes = std::fs::read(&output).expect("the output file");
     let file = SafeTensors::deserialize(&bytes).expect("a safetensors output");
     let (_, o_shape, o) = tensor_values(&file, OUTPUT_NAME);
     let (_, l_shape, l) = tensor_values(&file, LOGSUMEXP_NAME);
     assert_eq!((o_shape, l_shape), (vec![45, heads, d], vec![heads, 45]));
     // The reference on logical (1, heads, total, d) arrays of the stored values.
-    let logical = |t: &TestTensor| {
-        let [total, h, d] = <[usize; 3]>::try_from(&t.shape[..]).unwrap();
-        Array4::from_shape_fn((1, h, total, d), |(_, h, r, c)| {
-            f64::from(f16::from_f32(t.values[(r * t.shape[1] + h) * d + c]).to_f32())
-        })
-    };
+    let logical = |t: &TestTensor| logical_rows(t, 0..t.shape[0]);
     let batch = flash_attn::attention::PackedBatch::new(&[0, 13, 45], &[0, 40, 70]).unwrap();
     let reference = flash_attn_lab::model::reference::packed_attention_reference(
         logical(&tensors[0]).view(),
@@ -1001,51 +1013,23 @@ fn run_command_takes_a_packed_backward_on_a_gpu() {
         return;
     };
     drop(gpu);
-    let dir = temp_dir();
     let (heads, heads_kv, d) = (4, 2, 32);
-    let tensors = [
-        TestTensor::patterned("q", Dtype::F16, &[45, heads, d]),
-        TestTensor::patterned("k", Dtype::F16, &[70, heads_kv, d]),
-        TestTensor::patterned("v", Dtype::F16, &[70, heads_kv, d]),
-        TestTensor::patterned("do", Dtype::F16, &[45, heads, d]),
-        offsets_tensor("cu_seqlens_q", Dtype::I32, &[0, 13, 45]),
-        offsets_tensor("cu_seqlens_k", Dtype::I32, &[0, 40, 70]),
-    ];
-    let input = write_file(&dir, "packed-backward.safetensors", &tensors);
-    let output = dir.path().join("out.safetensors");
-    let result = run_cli(&[
-        "run",
-        "--packed",
+    let tensors = run_test_batch(true);
+    let arguments = [
         "--backward",
         "--causal",
         "--window",
         "16,0",
         "--softcap",
         "5",
-        "--input",
-        path_str(&input),
-        "--output",
-        path_str(&output),
-    ]);
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(
-        result.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    ];
+    let (stdout, bytes) = run_packed_command(&tensors, &arguments);
     assert!(
         stdout.contains("backward plan:") && stdout.contains("_varlen_local"),
         "{stdout}"
     );
-    let bytes = std::fs::read(&output).expect("the output file");
     let file = SafeTensors::deserialize(&bytes).expect("a safetensors output");
-    // Logical (1, h, rows, d) of a stored (total, h, d) tensor's rows.
-    let logical = |t: &TestTensor, rows: std::ops::Range<usize>| {
-        let h = t.shape[1];
-        Array4::from_shape_fn((1, h, rows.len(), d), |(_, h_, r, c)| {
-            f64::from(f16::from_f32(t.values[((rows.start + r) * h + h_) * d + c]).to_f32())
-        })
-    };
+    let logical = logical_rows;
     let scoring = flash_attn::scoring::Scoring {
         window: flash_kernels::common::mask::KeyWindow::from_params(true, 16, 0),
         softcap: 5.0,
@@ -1056,7 +1040,7 @@ fn run_command_takes_a_packed_backward_on_a_gpu() {
             logical(&tensors[0], queries.clone()).view(),
             logical(&tensors[1], keys.clone()).view(),
             logical(&tensors[2], keys.clone()).view(),
-            logical(&tensors[3], queries.clone()).view(),
+            logical(&tensors[5], queries.clone()).view(),
             scoring,
             1.0 / (d as f64).sqrt(),
         )

@@ -257,24 +257,13 @@ fn run_packed_typed<T: SafetensorsElement>(
     let mut backward = None;
     let gradients = match &d_o {
         Some(d_o) => {
-            let mut result = None;
-            let backward_ms = gpu.time_ms(|| {
-                result = Some(call.backward(gpu, &out, d_o)?);
-                Ok(())
-            })?;
-            let result =
-                result.ok_or_else(|| Error::File("the backward returned no gradients".into()))?;
+            let (backward_ms, backward_plan, gradients) = timed_backward(gpu, &call, &out, d_o)?;
             metadata.extend([
-                ("backward_kernel".into(), result.plan.kernel_names()),
-                ("backward_plan".into(), result.plan.to_string()),
+                ("backward_kernel".into(), backward_plan.kernel_names()),
+                ("backward_plan".into(), backward_plan.to_string()),
             ]);
-            backward = Some((backward_ms, result.plan));
-            let g = &result.gradients;
-            Some(Gradients {
-                dq: g.dq.to_array(gpu)?,
-                dk: g.dk.to_array(gpu)?,
-                dv: g.dv.to_array(gpu)?,
-            })
+            backward = Some((backward_ms, backward_plan));
+            Some(gradients)
         }
         None => None,
     };
@@ -350,6 +339,29 @@ pub fn main(device: usize, args: &RunArgs) -> flash_attn::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The backward of `call` on `d_o` after the forward `out`, timed on the GPU (the kernels and
+/// their workspace): its time, its plan, and dQ, dK, dV downloaded.
+fn timed_backward<T: SafetensorsElement>(
+    gpu: &Gpu,
+    call: &Attention<T>,
+    out: &flash_attn::AttentionOutput<T>,
+    d_o: &DeviceTensor<T>,
+) -> flash_attn::Result<(f32, Plan, Gradients<ndarray::Array4<T>>)> {
+    let mut result = None;
+    let backward_ms = gpu.time_ms(|| {
+        result = Some(call.backward(gpu, out, d_o)?);
+        Ok(())
+    })?;
+    let flash_attn::BackwardOutput { gradients, plan } =
+        result.ok_or_else(|| Error::File("the backward call returned without gradients".into()))?;
+    let gradients = Gradients {
+        dq: gradients.dq.to_array(gpu)?,
+        dk: gradients.dk.to_array(gpu)?,
+        dv: gradients.dv.to_array(gpu)?,
+    };
+    Ok((backward_ms, plan, gradients))
+}
+
 /// What one run did: the forward's time and plan, and the backward's when it ran.
 struct RunOutcome {
     milliseconds: f32,
@@ -387,25 +399,7 @@ impl Run<'_> {
             RowStatistics::LogSumExp(_) => None,
         };
         let backward = match &d_o {
-            Some(d_o) => {
-                let mut result = None;
-                let backward_ms = gpu.time_ms(|| {
-                    result = Some(call.backward(gpu, &out, d_o)?);
-                    Ok(())
-                })?;
-                let flash_attn::BackwardOutput {
-                    gradients,
-                    plan: backward_plan,
-                } = result.ok_or_else(|| {
-                    Error::File("the backward call returned without gradients".into())
-                })?;
-                let gradients = Gradients {
-                    dq: gradients.dq.to_array(gpu)?,
-                    dk: gradients.dk.to_array(gpu)?,
-                    dv: gradients.dv.to_array(gpu)?,
-                };
-                Some((backward_ms, backward_plan, gradients))
-            }
+            Some(d_o) => Some(timed_backward(gpu, &call, &out, d_o)?),
             None => None,
         };
         let mut metadata = self.metadata(&plan);
