@@ -1334,7 +1334,9 @@ mod tests {
         // kernels cut that sequence to it. One above the rows is cut to the rows.
         case.form.max_seqlen_q = Some(1);
         case.form.max_seqlen_k = Some(1 << 40);
-        let (_, plan) = case.check().expect("bounds are not checked against device offsets");
+        let (_, plan) = case
+            .check()
+            .expect("bounds are not checked against device offsets");
         let problem = plan.problem().expect("attention");
         assert_eq!((problem.seqlen_q, problem.seqlen_k), (1, 19));
     }
@@ -1345,9 +1347,15 @@ mod tests {
             ("cu_seqlens_q", |c| c.form.cu_seqlens_q = Some(vec![0, 16])),
             ("cu_seqlens_k", |c| c.form.cu_seqlens_k = Some(vec![0, 19])),
             ("max_seqlen_k", |c| c.form.max_seqlen_k = None),
-            ("cu_seqlens_q", |c| c.form.device_offsets = Some((0, BASE, 3))),
-            ("cu_seqlens_k", |c| c.form.device_offsets = Some((BASE, BASE + 2, 3))),
-            ("cu_seqlens_q", |c| c.form.device_offsets = Some((BASE, BASE, 0))),
+            ("cu_seqlens_q", |c| {
+                c.form.device_offsets = Some((0, BASE, 3))
+            }),
+            ("cu_seqlens_k", |c| {
+                c.form.device_offsets = Some((BASE, BASE + 2, 3))
+            }),
+            ("cu_seqlens_q", |c| {
+                c.form.device_offsets = Some((BASE, BASE, 0))
+            }),
         ];
         for (name, edit) in cases {
             let mut case = PackedCase::default();
