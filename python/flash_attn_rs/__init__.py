@@ -170,22 +170,38 @@ def _unpadded(o, head_dim):
 HEAD_DIM_MULTIPLE = 8
 
 
+def _tensor_core_head_dim(q, head_dim, algorithm):
+    """The head dim the tensor-core kernels run ``head_dim`` at: FA3's (auto or fa3 on compute
+    capability 9.0) takes any multiple of 8, fa2-tc's (named, or auto elsewhere) its compiled head
+    dims (``_native.FA2_TC_HEAD_DIMS``); None past them all."""
+    import torch
+
+    fa3 = (algorithm in (None, "auto", "fa3") and q.device.type == "cuda"
+           and torch.cuda.get_device_capability(q.device) == (9, 0))
+    if fa3:
+        return -(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
+    return next((d for d in _native.FA2_TC_HEAD_DIMS if d >= head_dim), None)
+
+
 def _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale):
-    """flash-attn's rule for a head dim the tensor-core kernels cannot read in 16-byte pieces
-    (not a multiple of 8, e.g. 59 or 111): q, k and v padded with zeros to the next multiple
-    (zero columns add nothing to Q·Kᵀ, and O's padded columns, P·0, are sliced off), the scale
-    kept at the true head dim's. The pad is a differentiable copy, so the gradients come back at
-    the true head dim; it costs copies of Q, K, V and O (and of dO and the gradients in the
-    backward) beside running at the next multiple of 8. Only for float16 and bfloat16 under the
-    fast algorithms (auto, fa3, fa2-tc): fa2, fa1 and standard are the articles' kernels and take
-    any head dim as it is. Returns (q, k, v, softmax_scale)."""
+    """flash-attn's rule for a head dim the tensor-core kernels do not take as it is (59 or 111 on
+    FA3, which reads rows in 16-byte pieces; 80 or 112 on fa2-tc, compiled for a few head dims):
+    q, k and v padded with zeros to the head dim they run (``_tensor_core_head_dim``; zero columns
+    add nothing to Q·Kᵀ, and O's padded columns, P·0, are sliced off), the scale kept at the true
+    head dim's. The pad is a differentiable copy, so the gradients come back at the true head dim;
+    it costs copies of Q, K, V and O (and of dO and the gradients in the backward) beside running
+    at the larger head dim. Only for float16 and bfloat16 under the fast algorithms (auto, fa3,
+    fa2-tc): fa2, fa1 and standard are the articles' kernels and take any head dim as it is.
+    Returns (q, k, v, softmax_scale)."""
     head_dim = q.shape[-1]
-    if head_dim % HEAD_DIM_MULTIPLE == 0 or dtype == "f32" or algorithm not in (None, "auto",
-                                                                                 "fa3", "fa2-tc"):
+    if dtype == "f32" or algorithm not in (None, "auto", "fa3", "fa2-tc"):
+        return q, k, v, softmax_scale
+    target = _tensor_core_head_dim(q, head_dim, algorithm)
+    if target is None or target == head_dim:
         return q, k, v, softmax_scale
     import torch
 
-    pad = [0, HEAD_DIM_MULTIPLE - head_dim % HEAD_DIM_MULTIPLE]
+    pad = [0, target - head_dim]
     q, k, v = (torch.nn.functional.pad(t, pad) for t in (q, k, v))
     return q, k, v, head_dim**-0.5 if softmax_scale is None else softmax_scale
 
@@ -292,8 +308,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bfloat16), forward and backward (the backward's dS takes the cap's slope 1 - tanh^2; with
     ``deterministic=True`` the backward runs fa2-tc's ordered kernel); elsewhere a ValueError
     names them. A row that sees no key gets O = 0 and L = -inf. Every head dim up to 256 runs
-    on the tensor cores: one that is not a multiple of 8 (59, 111) is padded with zeros to the
-    next one, as flash-attn pads it (a copy of q, k and v, and of O back to the head dim).
+    on the tensor cores: one the kernels do not take as it is (59, 111; on fa2-tc also 80, 112)
+    is padded with zeros to the next one they take, as flash-attn pads it (a copy of q, k and v,
+    and of O back to the head dim).
 
     flash-attn's signature, argument for argument and in its order, so code written for it runs
     by changing the import: ``dropout_p`` must be 0.0 and ``alibi_slopes`` None (the kernels

@@ -895,6 +895,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         PACKED_ALGORITHMS.map(Algorithm::name).to_vec(),
     )?;
     m.add("GRAPH_CAPTURE_UNSUPPORTED", GRAPH_CAPTURE_UNSUPPORTED)?;
+    // The head dims fa2-tc's forward is compiled for: the Python half pads another head dim to
+    // the next of them where fa2-tc runs it.
+    m.add(
+        "FA2_TC_HEAD_DIMS",
+        flash_attn::attention::plan::fa2_tc_head_dims(),
+    )?;
     Ok(())
 }
 

@@ -791,6 +791,26 @@ def test_a_head_dim_off_the_multiples_of_8_is_padded_for_the_tensor_cores(cpu_la
         assert error < 5e-2, error
 
 
+@pytest.mark.parametrize("head_dim, algorithm, runs_at", [
+    (80, "fa2-tc", 96), (111, "fa2-tc", 128), (96, "fa2-tc", 96), (111, None, 128),
+    (1, None, 32), (80, "fa2", 80)])
+def test_off_the_hopper_gpus_a_head_dim_runs_at_fa2_tcs_next_compiled_one(
+        cpu_launches, monkeypatch, head_dim, algorithm, runs_at):
+    """Where fa2-tc runs (named, or auto off compute capability 9.0; the CPU here), a head dim it
+    is not compiled for is padded to the next one it is (_native.FA2_TC_HEAD_DIMS)."""
+    seen = []
+
+    def recording(q, k, v, *arguments, **keywords):
+        seen.append(q.shape[-1])
+        return fake_forward(q, k, v, *arguments, **keywords)
+
+    monkeypatch.setattr(_launch, "forward", recording)
+    assert list(_native.FA2_TC_HEAD_DIMS) == sorted(_native.FA2_TC_HEAD_DIMS)
+    q = torch.randn(1, 5, 2, head_dim).bfloat16()
+    o = flash_attn_rs.flash_attn_func(q, q, q, algorithm=algorithm)
+    assert seen == [runs_at] and o.shape == q.shape
+
+
 def test_a_packed_call_at_head_dim_111_is_padded_too(cpu_launches):
     """The varlen call pads as the dense one: O at 111, each sequence's attention at 111."""
     torch.manual_seed(2)
