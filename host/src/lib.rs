@@ -32,9 +32,10 @@ pub mod scoring;
 pub mod tensor;
 
 pub use attention::{
-    Algorithm, Attention, AttentionOptions, AttentionOutput, BackwardOutput, BackwardTensors,
-    BlockTable, CacheSeqlens, CompiledLimits, DeviceOffsets, Form, ForwardTensors, Gradients,
-    KvCache, PackedBatch, PackedOffsets, Pass, Plan, Problem, RowStatistics, Statistics, Workspace,
+    Algorithm, AlibiSlopes, Attention, AttentionOptions, AttentionOutput, BackwardOutput,
+    BackwardTensors, BlockTable, CacheSeqlens, CompiledLimits, DeviceOffsets, Form, ForwardTensors,
+    Gradients, KvCache, PackedBatch, PackedOffsets, Pass, Plan, Problem, RowStatistics, Statistics,
+    Workspace,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

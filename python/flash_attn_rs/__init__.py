@@ -15,9 +15,10 @@ launches through ``torch.autograd.Function``s (``_autograd``), which cost less h
 first two functions are differentiable: the forward saves Q, K, V, O and L, and
 ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
-``flash_attn_func`` and ``flash_attn_varlen_func`` also take flash-attn's ``window_size`` and
-``softcap``, forward and backward. ``flash_attn_varlen_func`` is differentiable too: its backward
-is the packed backward kernels' (one launch for up to 255 sequences).
+``flash_attn_func`` and ``flash_attn_varlen_func`` also take flash-attn's ``window_size``,
+``softcap`` and ``alibi_slopes``, forward and backward. ``flash_attn_varlen_func`` is
+differentiable too: its backward is the packed backward kernels' (one launch for up to 255
+sequences).
 ``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention
 here.
 
@@ -26,7 +27,7 @@ The flash-attn functions take flash-attn's arguments in flash-attn's order (``dr
 runs by changing its import; so do its packed forms, ``flash_attn_qkvpacked_func``,
 ``flash_attn_kvpacked_func``, ``flash_attn_varlen_qkvpacked_func`` and
 ``flash_attn_varlen_kvpacked_func`` (views of the packed tensor, no copies). What the kernels
-do not have yet (dropout, ALiBi, a paged cache in the varlen call) is refused by name.
+do not have yet (dropout, a paged cache in the varlen call) is refused by name.
 
 How: this half checks the tensors (``_checks``), allocates outputs and gradients with PyTorch and
 passes addresses, dims, strides and the stream to the native half (``_native``, Rust) as plain
@@ -42,7 +43,8 @@ from . import _launch, _native
 from ._autograd import attention_function, packed_attention_function
 from ._ops import ops
 from ._checks import (
-    FLASH_ATTN, PACKED, SDPA, check_cache_inputs, check_inputs, check_offset_pair, check_offsets,
+    FLASH_ATTN, PACKED, SDPA, check_alibi_slopes, check_cache_inputs, check_inputs,
+    check_offset_pair, check_offsets,
 )
 
 if importlib.util.find_spec("torch") is not None:
@@ -141,21 +143,24 @@ def _check_all_options(softmax_scale, causal, algorithm, window_size, softcap):
 
 
 def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-1, -1),
-               softcap=0.0, deterministic=False):
+               softcap=0.0, deterministic=False, alibi_slopes=None):
     """Checks every argument, then runs the autograd Function; returns (O, L)."""
     dtype = check_inputs(q, k, v, layout)
     q, k, v, dtype = _under_autocast(q, k, v, dtype, layout)
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, q, layout, q.shape[0])
     head_dim = q.shape[-1]
     q, k, v, softmax_scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
     if _compiling():
         o, lse = ops()[0](q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                          None if window is None else list(window), softcap, deterministic)
+                          None if window is None else list(window), softcap, alibi_slopes,
+                          deterministic)
     else:
         o, lse = attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal,
-                                            algorithm, window, softcap, deterministic)
+                                            algorithm, window, softcap, alibi_slopes,
+                                            deterministic)
     return _unpadded(o, head_dim), lse
 
 
@@ -239,9 +244,10 @@ def _check_bool(name, value):
 
 def _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
                                 return_lse, block_table=None):
-    """flash-attn's arguments beyond the tensors and the scores, checked before anything else.
-    Those for what the kernels do not have yet (dropout, ALiBi, and in the varlen call a paged KV
-    cache) pass at their off values; anything else is refused by name, never ignored."""
+    """flash-attn's arguments beyond the tensors and the scores, checked before anything else
+    (``alibi_slopes`` is checked against the tensors later: ``check_alibi_slopes``). Those for
+    what the kernels do not have yet (dropout, and in the varlen call a paged KV cache) pass at
+    their off values; anything else is refused by name, never ignored."""
     for name, value in (("deterministic", deterministic),
                         ("return_attn_probs", return_attn_probs), ("return_lse", return_lse)):
         _check_bool(name, value)
@@ -250,8 +256,6 @@ def _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_a
     if dropout_p != 0:
         raise ValueError(f"dropout_p is {dropout_p}; allowed: 0.0 (the kernels have no dropout "
                          "yet: pass 0.0, e.g. in eval mode or with attention_dropout = 0)")
-    if alibi_slopes is not None:
-        raise ValueError("alibi_slopes is given; allowed: None (the kernels have no ALiBi yet)")
     if block_table is not None:
         raise ValueError("block_table is given; allowed: None (flash_attn_varlen_func reads no "
                          "paged KV cache here yet)")
@@ -312,9 +316,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     is padded with zeros to the next one they take, as flash-attn pads it (a copy of q, k and v,
     and of O back to the head dim).
 
+    ``alibi_slopes``: flash-attn's ALiBi, a float32 tensor on q's device of shape (heads,) or
+    (batch, heads); each scaled score s(i, j) becomes s - slope * |i + seqlen_k - seqlen_q - j|
+    (after soft-capping), forward and backward, on auto, fa3 and fa2-tc (float16 and bfloat16;
+    float32 on ``algorithm="standard"``'s forward only). The slopes get no gradient.
+
     flash-attn's signature, argument for argument and in its order, so code written for it runs
-    by changing the import: ``dropout_p`` must be 0.0 and ``alibi_slopes`` None (the kernels
-    have neither yet: anything else is a ValueError naming it); ``deterministic=True`` makes the
+    by changing the import: ``dropout_p`` must be 0.0 (the kernels have no dropout yet: anything
+    else is a ValueError naming it); ``deterministic=True`` makes the
     backward's dQ the same bits on every run (dQ's additions in key-block order, on fa3 or
     fa2-tc; the backward's plan says so). ``algorithm`` and ``return_lse`` are ours, keyword-only.
 
@@ -329,7 +338,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
                                 return_lse)
     o, lse = _attention(q, k, v, FLASH_ATTN, softmax_scale, causal, algorithm, window_size,
-                        softcap, deterministic)
+                        softcap, deterministic, alibi_slopes)
     return _returns(o, lse, return_attn_probs, return_lse)
 
 
@@ -389,22 +398,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     bound is cut to it (flash-attn leaves the rest of its rows unwritten); a tight bound makes
     the fastest grid.
 
-    ``softmax_scale``, ``causal``, ``window_size`` and ``softcap`` are ``flash_attn_func``'s,
-    applied to each sequence alone: its causal mask and window aligned to its own bottom-right
-    corner. ``algorithm`` is None or one of ``PACKED_ALGORITHMS``: "auto" (None; fa3 on Hopper,
+    ``softmax_scale``, ``causal``, ``window_size``, ``softcap`` and ``alibi_slopes`` are
+    ``flash_attn_func``'s, applied to each sequence alone: its causal mask, window and ALiBi
+    diagonal aligned to its own bottom-right corner; (batch, heads) slopes give sequence b row b. ``algorithm`` is None or one of ``PACKED_ALGORITHMS``: "auto" (None; fa3 on Hopper,
     fa2-tc elsewhere; the plan says why), "fa3" (on compute capability 9.0, elsewhere it runs
     fa2-tc and the plan says why) or "fa2-tc". A sequence may
     be empty: without keys its rows get O = 0 and L = -inf, without queries it writes nothing;
     q and k need at least one row each.
 
-    flash-attn's signature, in its order: ``dropout_p`` must be 0.0, ``alibi_slopes`` and
-    ``block_table`` None (ValueError naming them otherwise); ``deterministic`` is the
+    flash-attn's signature, in its order: ``dropout_p`` must be 0.0 and ``block_table`` None
+    (ValueError naming them otherwise); ``deterministic`` is the
     backward's; ``algorithm`` and ``return_lse`` are ours, keyword-only.
 
     Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` (O, softmax_lse,
     None) as flash-attn's, with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
     float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key.
-    Differentiable in q, k and v, windows and soft-capping included: ``loss.backward()`` runs the
+    Differentiable in q, k and v, windows, soft-capping and ALiBi included: ``loss.backward()`` runs the
     packed GPU backward (FA3's on Hopper, fa2-tc's elsewhere or in deterministic mode; each
     sequence against its own keys, one launch of its main kernel per 255 sequences) into one
     packed dQ, dK, dV.
@@ -422,16 +431,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                    _check_max_seqlen("max_seqlen_k", max_seqlen_k))
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, q, PACKED, cu_seqlens_q.shape[0] - 1)
     head_dim = q.shape[-1]
     q, k, v, softmax_scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
     if _compiling():
         o, lse = ops()[1](q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype, softmax_scale,
                           causal, algorithm, None if window is None else list(window), softcap,
-                          deterministic)
+                          alibi_slopes, deterministic)
     else:
         o, lse = packed_attention_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                    max_seqlens, dtype, softmax_scale, causal,
-                                                   algorithm, window, softcap, deterministic)
+                                                   algorithm, window, softcap, alibi_slopes,
+                                                   deterministic)
     return _returns(_unpadded(o, head_dim), lse, return_attn_probs, return_lse)
 
 

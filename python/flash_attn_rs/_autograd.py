@@ -37,12 +37,12 @@ def _make_function():
 
         @staticmethod
         def forward(ctx, q, k, v, layout, dtype, softmax_scale, causal, algorithm, window,
-                    softcap, deterministic):
+                    softcap, alibi_slopes, deterministic):
             o, lse = _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                                     window=window, softcap=softcap)
+                                     window=window, softcap=softcap, alibi_slopes=alibi_slopes)
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.layout, ctx.dtype = layout, dtype
-            ctx.window, ctx.softcap = window, softcap
+            ctx.window, ctx.softcap, ctx.alibi_slopes = window, softcap, alibi_slopes
             ctx.deterministic = deterministic
             ctx.softmax_scale, ctx.causal = softmax_scale, causal
             ctx.mark_non_differentiable(lse)
@@ -54,9 +54,10 @@ def _make_function():
             q, k, v, o, lse = ctx.saved_tensors
             dq, dk, dv = _launch.backward(
                 q, k, v, o, lse, d_o, ctx.layout, ctx.dtype, ctx.softmax_scale, ctx.causal,
-                window=ctx.window, softcap=ctx.softcap, deterministic=ctx.deterministic,
+                window=ctx.window, softcap=ctx.softcap, alibi_slopes=ctx.alibi_slopes,
+                deterministic=ctx.deterministic,
             )
-            return dq, dk, dv, None, None, None, None, None, None, None, None
+            return (dq, dk, dv) + (None,) * 9
 
     return FlashAttention
 
@@ -70,13 +71,13 @@ def _make_packed_function():
 
         @staticmethod
         def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
-                    causal, algorithm, window, softcap, deterministic):
+                    causal, algorithm, window, softcap, alibi_slopes, deterministic):
             o, lse = _launch.forward(q, k, v, PACKED, dtype, softmax_scale, causal, algorithm,
-                                     window=window, softcap=softcap,
+                                     window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                      packed=(cu_seqlens_q, cu_seqlens_k, max_seqlens))
             ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
             ctx.arguments = (max_seqlens, dtype, softmax_scale, causal, window, softcap,
-                             deterministic)
+                             alibi_slopes, deterministic)
             ctx.mark_non_differentiable(lse)
             return o, lse
 
@@ -84,13 +85,13 @@ def _make_packed_function():
         @once_differentiable
         def backward(ctx, d_o, _d_lse):
             q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-            max_seqlens, dtype, softmax_scale, causal, window, softcap, deterministic = \
-                ctx.arguments
+            max_seqlens, dtype, softmax_scale, causal, window, softcap, alibi_slopes, \
+                deterministic = ctx.arguments
             dq, dk, dv = _launch.varlen_backward(
                 q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
-                softmax_scale, causal, window=window, softcap=softcap,
+                softmax_scale, causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                 deterministic=deterministic,
             )
-            return (dq, dk, dv) + (None,) * 10
+            return (dq, dk, dv) + (None,) * 11
 
     return FlashAttentionVarlen

@@ -133,6 +133,28 @@ def check_offset_pair(cu_seqlens_q, cu_seqlens_k):
                          "sequence of queries")
 
 
+def check_alibi_slopes(alibi_slopes, q, layout, batch):
+    """flash-attn's ``alibi_slopes``: None, or a float32 tensor on q's device of shape (heads,)
+    (one slope per query head) or (batch, heads) (per sequence and head; a packed batch's batch
+    is its number of sequences). Returns it contiguous (a copy only if it is not), or None."""
+    if alibi_slopes is None:
+        return None
+    if not all(hasattr(alibi_slopes, a) for a in ("device", "dtype", "shape", "contiguous")):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got "
+                        f"{type(alibi_slopes).__name__}")
+    if str(alibi_slopes.dtype) != "torch.float32":
+        raise TypeError(f"alibi_slopes has dtype {alibi_slopes.dtype}; allowed: torch.float32 "
+                        "(flash-attn's)")
+    heads = dims_and_strides(q, layout)[0][1]
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes has shape {tuple(alibi_slopes.shape)}; allowed: "
+                         f"(heads,) = ({heads},) or (batch, heads) = ({batch}, {heads})")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}; the "
+                         "slopes must be on q's device")
+    return alibi_slopes.contiguous()
+
+
 def check_cache_inputs(tensors):
     """The tensors of a call against a KV cache (``tensors``: name -> tensor or None for the
     optional ones), each in flash-attn's layout, checked alone and for one dtype and device with

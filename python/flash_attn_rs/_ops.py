@@ -50,30 +50,30 @@ def _define():
     @torch.library.custom_op("flash_attn_rs::forward", mutates_args=())
     def forward(q: Tensor, k: Tensor, v: Tensor, layout: str, dtype: str,
                 softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],
-                window: Optional[List[int]], softcap: float,
+                window: Optional[List[int]], softcap: float, alibi_slopes: Optional[Tensor],
                 deterministic: bool) -> Tuple[Tensor, Tensor]:
         # `deterministic` is the backward's, carried here for the autograd formula.
         return _launch.forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                               window=_window(window), softcap=softcap)
+                               window=_window(window), softcap=softcap, alibi_slopes=alibi_slopes)
 
     @forward.register_fake
     def _(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window, softcap,
-          deterministic):
+          alibi_slopes, deterministic):
         return q.new_empty(q.shape), statistics_like(q, layout)
 
     @torch.library.custom_op("flash_attn_rs::varlen_forward", mutates_args=())
     def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                        cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, dtype: str,
                        softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],
-                       window: Optional[List[int]], softcap: float,
+                       window: Optional[List[int]], softcap: float, alibi_slopes: Optional[Tensor],
                        deterministic: bool) -> Tuple[Tensor, Tensor]:
         return _launch.forward(q, k, v, PACKED, dtype, softmax_scale, causal, algorithm,
-                               window=_window(window), softcap=softcap,
+                               window=_window(window), softcap=softcap, alibi_slopes=alibi_slopes,
                                packed=(cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k)))
 
     @varlen_forward.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype,
-          softmax_scale, causal, algorithm, window, softcap, deterministic):
+          softmax_scale, causal, algorithm, window, softcap, alibi_slopes, deterministic):
         return q.new_empty(q.shape), statistics_like(q, PACKED)
 
     @torch.library.custom_op("flash_attn_rs::varlen_backward", mutates_args=())
@@ -81,59 +81,62 @@ def _define():
                         cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                         max_seqlen_k: int, dtype: str, softmax_scale: Optional[float],
                         causal: bool, window: Optional[List[int]], softcap: float,
+                        alibi_slopes: Optional[Tensor],
                         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
         return _launch.varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k,
                                        (max_seqlen_q, max_seqlen_k), dtype, softmax_scale, causal,
                                        window=_window(window), softcap=softcap,
-                                       deterministic=deterministic)
+                                       alibi_slopes=alibi_slopes, deterministic=deterministic)
 
     @varlen_backward.register_fake
     def _(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype,
-          softmax_scale, causal, window, softcap, deterministic):
+          softmax_scale, causal, window, softcap, alibi_slopes, deterministic):
         return tuple(torch.empty_like(t) for t in (q, k, v))
 
     @torch.library.custom_op("flash_attn_rs::backward", mutates_args=())
     def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, d_o: Tensor,
                  layout: str, dtype: str, softmax_scale: Optional[float], causal: bool,
-                 window: Optional[List[int]], softcap: float,
+                 window: Optional[List[int]], softcap: float, alibi_slopes: Optional[Tensor],
                  deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
         return tuple(_launch.backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale,
                                       causal, window=_window(window), softcap=softcap,
-                                      deterministic=deterministic))
+                                      alibi_slopes=alibi_slopes, deterministic=deterministic))
 
     @backward.register_fake
     def _(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window, softcap,
-          deterministic):
+          alibi_slopes, deterministic):
         return tuple(torch.empty_like(t) for t in (q, k, v))
 
     def save_forward(ctx, inputs, output):
-        q, k, v, layout, dtype, softmax_scale, causal, _, window, softcap, deterministic = inputs
+        q, k, v, layout, dtype, softmax_scale, causal, _, window, softcap, alibi_slopes, \
+            deterministic = inputs
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.arguments = (layout, dtype, softmax_scale, causal, window, softcap, deterministic)
+        ctx.arguments = (layout, dtype, softmax_scale, causal, window, softcap, alibi_slopes,
+                         deterministic)
         ctx.mark_non_differentiable(lse)
 
     def forward_gradient(ctx, d_o, _d_lse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = backward(q, k, v, o, lse, d_o, *ctx.arguments)
-        return (dq, dk, dv) + (None,) * 8
+        return (dq, dk, dv) + (None,) * 9
 
     forward.register_autograd(forward_gradient, setup_context=save_forward)
 
     def save_varlen(ctx, inputs, output):
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtype, softmax_scale, \
-            causal, _, window, softcap, deterministic = inputs
+            causal, _, window, softcap, alibi_slopes, deterministic = inputs
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.arguments = (max_seqlen_q, max_seqlen_k, dtype, softmax_scale, causal, window,
-                         softcap, deterministic)
+                         softcap, alibi_slopes, deterministic)
         ctx.mark_non_differentiable(lse)
 
     def varlen_gradient(ctx, d_o, _d_lse):
         q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dq, dk, dv = varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k,
                                      *ctx.arguments)
-        return (dq, dk, dv) + (None,) * 11
+        return (dq, dk, dv) + (None,) * 12
 
     varlen_forward.register_autograd(varlen_gradient, setup_context=save_varlen)
 

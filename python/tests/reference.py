@@ -59,14 +59,27 @@ def window_mask(seqlen_q, seqlen_k, causal, window, device):
     return mask
 
 
-def _probabilities(q, k, causal, scale, window=None, softcap=0.0):
+def alibi_bias(alibi, seqlen_q, seqlen_k, device):
+    """flash-attn's ALiBi bias, -slope * |i + seqlen_k - seqlen_q - j|, float64, broadcast to
+    (batch or 1, heads, seqlen_q, seqlen_k) from slopes (heads,) or (batch, heads)."""
+    slopes = alibi.to(device=device, dtype=torch.float64)
+    slopes = slopes[None] if slopes.dim() == 1 else slopes
+    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    return -slopes[:, :, None, None] * (i - j).abs().to(torch.float64)
+
+
+def _probabilities(q, k, causal, scale, window=None, softcap=0.0, alibi=None):
     """P (exact softmax, 0 on rows that see no key), L (-inf there) and the visibility mask;
-    soft-capping (softcap * tanh(s / softcap)) before the mask when `softcap` > 0."""
+    soft-capping (softcap * tanh(s / softcap)) before the mask when `softcap` > 0, then ALiBi's
+    bias when `alibi` (the slopes) is given."""
     k = repeat_kv(k, q.shape[1])
     s = scale * (q @ k.transpose(-1, -2))
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    if alibi is not None:
+        s = s + alibi_bias(alibi, seqlen_q, seqlen_k, q.device)
     mask = window_mask(seqlen_q, seqlen_k, causal, window, q.device)
     visible = mask.any(-1)[:, None]  # (seqlen_q, 1)
     # Rows with no visible key get finite scores (discarded below), so nothing turns NaN.
@@ -76,22 +89,24 @@ def _probabilities(q, k, causal, scale, window=None, softcap=0.0):
     return p, lse
 
 
-def attention64(q, k, v, causal, scale, window=None, softcap=0.0):
+def attention64(q, k, v, causal, scale, window=None, softcap=0.0, alibi=None):
     """O and L in float64 (inputs: float64, SDPA layout); differentiable in q, k, v."""
-    p, lse = _probabilities(q, k, causal, scale, window, softcap)
+    p, lse = _probabilities(q, k, causal, scale, window, softcap, alibi)
     return p @ repeat_kv(v, q.shape[1]), lse
 
 
-def _per_sequence(attend, q, k, v, cu_seqlens_q, cu_seqlens_k):
+def _per_sequence(attend, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi=None):
     """``attend`` on each sequence of a packed batch (flash-attn's varlen layout: q (total_q,
     heads, d), k and v (total_k, heads_kv, d), the offsets as lists), each given in SDPA layout
-    (1, heads, seqlen, d)."""
+    (1, heads, seqlen, d), with the sequence's ALiBi slopes (row b of (batch, heads) slopes,
+    (heads,) slopes as they are, or None)."""
     def as_sdpa(t):
         return t.transpose(0, 1)[None]
 
     bounds = zip(cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k, cu_seqlens_k[1:])
-    return [attend(as_sdpa(q[q0:q1]), as_sdpa(k[k0:k1]), as_sdpa(v[k0:k1]))
-            for q0, q1, k0, k1 in bounds]
+    return [attend(as_sdpa(q[q0:q1]), as_sdpa(k[k0:k1]), as_sdpa(v[k0:k1]),
+                   alibi if alibi is None or alibi.dim() == 1 else alibi[b])
+            for b, (q0, q1, k0, k1) in enumerate(bounds)]
 
 
 def _packed_rows(per_sequence_o):
@@ -100,21 +115,23 @@ def _packed_rows(per_sequence_o):
 
 
 def packed_attention64(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window=None,
-                       softcap=0.0):
+                       softcap=0.0, alibi=None):
     """O (total_q, heads, d) and L (heads, total_q) of a packed batch in float64, sequence by
     sequence (each its own mask corner; no keys: O = 0, L = -inf)."""
-    results = _per_sequence(lambda *t: attention64(*t, causal, scale, window, softcap),
-                            q, k, v, cu_seqlens_q, cu_seqlens_k)
+    results = _per_sequence(
+        lambda q, k, v, slopes: attention64(q, k, v, causal, scale, window, softcap, slopes),
+        q, k, v, cu_seqlens_q, cu_seqlens_k, alibi)
     return (_packed_rows(o for o, _ in results),
             torch.cat([lse[0] for _, lse in results], dim=1))
 
 
 def packed_attention_in_dtype(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, dtype,
-                              window=None, softcap=0.0):
+                              window=None, softcap=0.0, alibi=None):
     """``attention_in_dtype`` (the forward baseline) of a packed batch, sequence by sequence."""
     return _packed_rows(_per_sequence(
-        lambda *t: attention_in_dtype(*t, causal, scale, dtype, window, softcap),
-        q, k, v, cu_seqlens_q, cu_seqlens_k,
+        lambda q, k, v, slopes: attention_in_dtype(q, k, v, causal, scale, dtype, window,
+                                                   softcap, slopes),
+        q, k, v, cu_seqlens_q, cu_seqlens_k, alibi,
     ))
 
 
@@ -122,9 +139,9 @@ def _round(x, dtype):
     return x.to(dtype).to(torch.float64)
 
 
-def attention_in_dtype(q, k, v, causal, scale, dtype, window=None, softcap=0.0):
+def attention_in_dtype(q, k, v, causal, scale, dtype, window=None, softcap=0.0, alibi=None):
     """Standard attention as it would run in `dtype`: P and O rounded (the forward baseline)."""
-    p, _ = _probabilities(q, k, causal, scale, window, softcap)
+    p, _ = _probabilities(q, k, causal, scale, window, softcap, alibi)
     return _round(_round(p, dtype) @ repeat_kv(v, q.shape[1]), dtype)
 
 
@@ -137,10 +154,11 @@ def _cap_slope(q, k, scale, softcap):
     return 1.0 - torch.tanh(s / softcap) ** 2
 
 
-def backward_in_dtype(q, k, v, d_o, causal, scale, dtype, window=None, softcap=0.0):
+def backward_in_dtype(q, k, v, d_o, causal, scale, dtype, window=None, softcap=0.0,
+                      alibi=None):
     """The backward as a kernel in `dtype` rounds it (the backward baseline)."""
     heads_kv = k.shape[1]
-    p, _ = _probabilities(q, k, causal, scale, window, softcap)
+    p, _ = _probabilities(q, k, causal, scale, window, softcap, alibi)
     slope = _cap_slope(q, k, scale, softcap)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     o = p @ v
@@ -153,21 +171,21 @@ def backward_in_dtype(q, k, v, d_o, causal, scale, dtype, window=None, softcap=0
     return dq, _group_sum(dk, heads_kv, dtype), _group_sum(dv, heads_kv, dtype)
 
 
-def gradients64(q, k, v, d_o, causal, scale, window=None, softcap=0.0):
+def gradients64(q, k, v, d_o, causal, scale, window=None, softcap=0.0, alibi=None):
     """dQ, dK, dV of float64 attention by autograd."""
     with torch.enable_grad():  # also inside a custom Function's backward
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        o, _ = attention64(*leaves, causal, scale, window, softcap)
+        o, _ = attention64(*leaves, causal, scale, window, softcap, alibi)
         return torch.autograd.grad(o, leaves, d_o)
 
 
-def gradients64_by_formula(q, k, v, d_o, causal, scale, window=None, softcap=0.0):
+def gradients64_by_formula(q, k, v, d_o, causal, scale, window=None, softcap=0.0, alibi=None):
     """``gradients64`` without autograd, by the backward's formulas (Dao 2023, Algorithm 2):
     dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) (times the soft-cap's slope),
     dQ = scale·dS·K, dK = scale·dSᵀ·Q, dK and dV summed over each group of query heads. For code
     that runs where autograd records nothing (inside a custom operator's implementation)."""
     heads, heads_kv = q.shape[1], k.shape[1]
-    p, _ = _probabilities(q, k, causal, scale, window, softcap)
+    p, _ = _probabilities(q, k, causal, scale, window, softcap, alibi)
     slope = _cap_slope(q, k, scale, softcap)
     k_e, v_e = repeat_kv(k, heads), repeat_kv(v, heads)
     o = p @ v_e

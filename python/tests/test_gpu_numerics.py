@@ -51,10 +51,12 @@ def seed_of(test):
     return zlib.crc32(test.encode())
 
 
-def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap=0.0):
+def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap=0.0,
+          alibi=None):
     """Runs ``run()`` -> (O, L) in SDPA-layout views, backpropagates a random dO, and checks O, L
     and ``grads_of()`` -> (dQ, dK, dV) (SDPA-layout views) against the f64 reference computed on
-    q, k, v (SDPA-layout views of the inputs), with the call's window and soft-capping."""
+    q, k, v (SDPA-layout views of the inputs), with the call's window, soft-capping and ALiBi
+    slopes."""
     dtype = q.dtype
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else scale
@@ -65,8 +67,9 @@ def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap
     backward_plan = flash_attn_rs.last_backward_plan()
 
     q64, k64, v64, d_o64 = (t.detach().to(torch.float64) for t in (q, k, v, d_o))
-    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
-    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, dtype, window, softcap)
+    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi)
+    o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, dtype, window, softcap,
+                                     alibi)
     assert_within(test, "o", o.detach(), o_ref, ref.forward_bound(o_ref, o_dtype, dtype),
                   forward_plan)
     if lse is not None:
@@ -74,8 +77,9 @@ def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap
         record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, forward_plan)
         assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e}"
 
-    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale, window, softcap)
-    in_dtype = ref.backward_in_dtype(q64, k64, v64, d_o64, causal, scale, dtype, window, softcap)
+    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale, window, softcap, alibi)
+    in_dtype = ref.backward_in_dtype(q64, k64, v64, d_o64, causal, scale, dtype, window, softcap,
+                                     alibi)
     for name, got, want, base in zip(("dq", "dk", "dv"), grads_of(), exact, in_dtype):
         assert got is not None, f"{test}: no gradient for {name}"
         assert_within(test, name, got, want, ref.backward_bound(want, base, dtype),
@@ -297,6 +301,80 @@ def test_windows_and_softcap(dtype, algorithm, deterministic, scores, head_dim, 
 
     view = (lambda t: t.transpose(1, 2))
     check(test, view(q), view(k), view(v), run, causal, grads, window=win, softcap=softcap)
+
+
+def alibi_slopes(heads, batch=None):
+    """ALiBi's slopes as its paper draws them, 2^(-8 (h + 1) / heads), float32 on the GPU; per
+    sequence and head (batch, heads), each row scaled differently, when ``batch`` is given."""
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
+    if batch is None:
+        return slopes
+    return slopes[None] * torch.linspace(0.5, 2.0, batch, device="cuda")[:, None]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("algorithm, deterministic", [(None, False), ("fa2-tc", False),
+                                                      (None, True)],
+                         ids=["default", "fa2-tc", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("per_batch, window, softcap", [(False, (-1, -1), 0.0),
+                                                        (True, (-1, -1), 0.0),
+                                                        (True, (48, 0), 30.0)],
+                         ids=["heads", "batch_heads", "batch_heads-w48c30"])
+@pytest.mark.parametrize("head_dim, heads_kv", [(64, 2), (128, 4), (96, 1)],
+                         ids=["d64-gqa", "d128", "d96-mqa"])
+def test_alibi(dtype, algorithm, deterministic, causal, per_batch, window, softcap, head_dim,
+               heads_kv):
+    """flash_attn_func's alibi_slopes ((heads,) or (batch, heads)), alone or with a window and
+    soft-capping, on auto, fa2-tc and deterministic mode: O, L and dQ, dK, dV against the float64
+    reference with the same bias (the `local` kernels, forward and backward), seqlen_q > seqlen_k
+    so the bias's diagonal is bottom-right."""
+    (b, h, sq, sk, d) = (2, 4, 300, 203, head_dim)
+    test = f"alibi {dtype} {algorithm} det={deterministic} causal={causal} per_batch={per_batch} " \
+           f"{window} {softcap} d={d} h_kv={heads_kv}"
+    q, k, v = leaves([(b, sq, h, d), (b, sk, heads_kv, d), (b, sk, heads_kv, d)], DTYPES[dtype],
+                     test)
+    slopes = alibi_slopes(h, b if per_batch else None)
+
+    def run():
+        o, lse = flash_attn_rs.flash_attn_func(
+            q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes,
+            algorithm=algorithm, deterministic=deterministic, return_lse=True)
+        assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
+        return o.transpose(1, 2), lse
+
+    def grads():
+        plan = flash_attn_rs.last_backward_plan()
+        assert "_local" in plan, plan
+        return [t.grad.transpose(1, 2) for t in (q, k, v)]
+
+    view = (lambda t: t.transpose(1, 2))
+    check(test, view(q), view(k), view(v), run, causal, grads,
+          window=None if window == (-1, -1) else window, softcap=softcap, alibi=slopes)
+
+
+def test_alibi_in_float32_runs_the_standard_forward_and_no_backward():
+    """float32 with ALiBi: the faithful fa2 (auto's last fallback) refuses it by name, the
+    standard forward biases the scores (checked against the f64 reference), and no float32
+    backward takes it (a ValueError naming it)."""
+    (b, h, sq, sk, d) = (1, 2, 70, 90, 32)
+    g = generator(41)
+    q, k, v = (randn(s, torch.float32, g) for s in ((b, sq, h, d), (b, sk, h, d), (b, sk, h, d)))
+    slopes = alibi_slopes(h)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        flash_attn_rs.flash_attn_func(q, k, v, alibi_slopes=slopes)
+    o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes,
+                                           algorithm="standard", return_lse=True)
+    view = (lambda t: t.transpose(1, 2).to(torch.float64))
+    o_ref, lse_ref = ref.attention64(view(q), view(k), view(v), True, d**-0.5, None, 0.0, slopes)
+    error, finite = ref.max_error(view(o), o_ref)
+    assert finite and error <= ref.F32_RELATIVE_TOLERANCE * o_ref.abs().max().item(), error
+    assert ref.logsumexp_error(lse, lse_ref) <= ref.LOGSUMEXP_TOLERANCE
+    q.requires_grad_(True)
+    o = flash_attn_rs.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes,
+                                      algorithm="standard")
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        o.sum().backward()
 
 
 @pytest.mark.parametrize("head_dim", [1, 33, 59, 97, 111, 255])

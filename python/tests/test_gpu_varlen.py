@@ -59,7 +59,8 @@ def run(q, k, v, cu_q, cu_k, offsets_dtype=torch.int32, offsets_device=DEVICE, *
                                                 **kwargs)
 
 
-def check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal, window=None, softcap=0.0):
+def check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal, window=None, softcap=0.0,
+                 alibi=None):
     """O and L of a packed call against the float64 reference, sequence by sequence."""
     plan = flash_attn_rs.last_plan()
     assert "_varlen" in plan, plan
@@ -68,9 +69,9 @@ def check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal, window=None, softcap
     assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
     q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
     o_ref, lse_ref = ref.packed_attention64(q64, k64, v64, cu_q, cu_k, causal, scale, window,
-                                            softcap)
+                                            softcap, alibi)
     o_dtype = ref.packed_attention_in_dtype(q64, k64, v64, cu_q, cu_k, causal, scale, dtype,
-                                            window, softcap)
+                                            window, softcap, alibi)
     assert_within(test, "o", o, o_ref, ref.forward_bound(o_ref, o_dtype, dtype), plan)
     lse_error = ref.logsumexp_error(lse, lse_ref)
     record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, plan)
@@ -122,6 +123,48 @@ def test_varlen_windows_and_softcap(algorithm, dtype, scores):
     assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
     check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal,
                  None if window == (-1, -1) else window, softcap)
+
+
+def sequence_slopes(sequences, heads):
+    """ALiBi slopes per sequence and head, (sequences, heads) float32 on the GPU: ALiBi's
+    2^(-8 (h + 1) / heads), each sequence's row scaled differently."""
+    base = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=DEVICE)
+    return base[None] * torch.linspace(0.5, 2.0, sequences, device=DEVICE)[:, None]
+
+
+@pytest.mark.parametrize("per_sequence", [False, True], ids=["heads", "sequence_heads"])
+@pytest.mark.parametrize("scores", [((-1, -1), 0.0, True), ((32, 16), 30.0, False)],
+                         ids=["causal", "w32_16c30"])
+@pytest.mark.parametrize("offsets_on", ["cuda", "cpu"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=["default", "fa2-tc"])
+def test_varlen_alibi(algorithm, offsets_on, scores, per_sequence):
+    """alibi_slopes on packed sequences, (heads,) or one row per sequence: each sequence's bias
+    at its own bottom-right diagonal with its own slopes, forward and backward."""
+    window, softcap, causal = scores
+    test = f"varlen alibi {algorithm} {offsets_on} {scores} per_sequence={per_sequence}"
+    q, k, v, cu_q, cu_k = packed_inputs(test, CROSS, 4, 2, 64, torch.bfloat16)
+    slopes = sequence_slopes(len(CROSS), 4)
+    slopes = slopes if per_sequence else slopes[1]
+    o, lse = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
+                 alibi_slopes=slopes, algorithm=algorithm, offsets_device=offsets_on)
+    assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
+    win = None if window == (-1, -1) else window
+    check_packed(test, q, k, v, cu_q, cu_k, o, lse, causal, win, softcap, slopes)
+    check_varlen_backward(test + " backward", torch.bfloat16, CROSS, causal, (window, softcap),
+                          heads=4, offsets_on=offsets_on, alibi=slopes)
+
+
+def test_varlen_alibi_past_one_launch():
+    """300 sequences with a row of slopes each: the second launch reads its own rows."""
+    rng = random.Random(301)
+    lengths = [(n, n) for n in (rng.randrange(0, 40) for _ in range(300))]
+    test = "varlen alibi 300 sequences"
+    q, k, v, cu_q, cu_k = packed_inputs(test, lengths, 2, 2, 64, torch.bfloat16)
+    slopes = sequence_slopes(300, 2)
+    o, lse = run(q, k, v, cu_q, cu_k, causal=True, alibi_slopes=slopes)
+    check_packed(test, q, k, v, cu_q, cu_k, o, lse, True, alibi=slopes)
+    check_varlen_backward(test + " backward", torch.float16, lengths, True, ((-1, -1), 0.0),
+                          heads=2, alibi=slopes)
 
 
 @pytest.mark.parametrize("offsets_on", ["cuda", "cpu"])
@@ -206,13 +249,13 @@ def test_varlen_backward_of_more_sequences_than_one_launch_takes():
 
 
 def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, heads=4,
-                          deterministic=False, offsets_on=DEVICE):
+                          deterministic=False, offsets_on=DEVICE, alibi=None):
     window, softcap = scores
     q, k, v, cu_q, cu_k = packed_inputs(test, lengths, heads, 2, d, torch_dtype)
     for t in (q, k, v):
         t.requires_grad_(True)
     o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
-               deterministic=deterministic, offsets_device=offsets_on)
+               deterministic=deterministic, offsets_device=offsets_on, alibi_slopes=alibi)
     win = None if window == (-1, -1) else window
     d_o = randn(o.shape, torch_dtype, generator(seed_of(test) + 1))
     o.backward(d_o)
@@ -227,15 +270,17 @@ def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, head
         return t.detach().to(torch.float64).transpose(0, 1)[None]
 
     scale = d**-0.5
-    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+    for sequence, (q0, q1, k0, k1) in enumerate(zip(cu_q, cu_q[1:], cu_k, cu_k[1:])):
+        slopes = alibi if alibi is None or alibi.dim() == 1 else alibi[sequence]
         if q1 == q0 or k1 == k0:
             assert torch.count_nonzero(q.grad[q0:q1]) == 0
             assert torch.count_nonzero(k.grad[k0:k1]) == 0 and torch.count_nonzero(v.grad[k0:k1]) == 0
             continue
         parts = [sdpa(t[a:b]) for t, (a, b) in zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1),
                                                                       (q0, q1)))]
-        exact = ref.gradients64(*parts, causal, scale, win, softcap)
-        in_dtype = ref.backward_in_dtype(*parts, causal, scale, torch_dtype, win, softcap)
+        exact = ref.gradients64(*parts, causal, scale, win, softcap, slopes)
+        in_dtype = ref.backward_in_dtype(*parts, causal, scale, torch_dtype, win, softcap,
+                                         slopes)
         for name, grad, span, want, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
                                                 ((q0, q1), (k0, k1), (k0, k1)), exact, in_dtype):
             got = grad[span[0]:span[1]].to(torch.float64).transpose(0, 1)[None]
@@ -247,7 +292,7 @@ def check_varlen_backward(test, torch_dtype, lengths, causal, scores, d=64, head
         for t in (q, k, v):
             t.grad = None
         o, _ = run(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
-                   deterministic=True, offsets_device=offsets_on)
+                   deterministic=True, offsets_device=offsets_on, alibi_slopes=alibi)
         o.backward(d_o)
         for before, t in zip(first, (q, k, v)):
             assert torch.equal(before, t.grad)

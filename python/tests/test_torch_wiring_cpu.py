@@ -25,31 +25,32 @@ def to_sdpa(t, layout):
 
 
 def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None,
-                 softcap=0.0, packed=None):
+                 softcap=0.0, packed=None, alibi_slopes=None):
     """The forward launch's contract, in float64 math: O in q's shape and dtype, L f32."""
     assert dtype == _checks.DTYPES[str(q.dtype)]
     if packed is not None:
         assert layout == _checks.PACKED
         return fake_forward_packed(q, k, v, *packed, dtype, softmax_scale, causal, algorithm,
-                                   window, softcap)
+                                   window, softcap, alibi_slopes)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64 = (to_sdpa(t, layout).detach().double() for t in (q, k, v))
-    o, lse = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
+    o, lse = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi_slopes)
     _launch.plans["forward"] = f"fake {algorithm}"
     return to_sdpa(o, layout).to(q.dtype).contiguous(), lse.float()
 
 
 def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
-                  softcap=0.0, deterministic=False):
+                  softcap=0.0, deterministic=False, alibi_slopes=None):
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64, d_o64 = (to_sdpa(t, layout).double() for t in (q, k, v, d_o))
-    o64, lse64 = ref.attention64(q64, k64, v64, causal, scale, window, softcap)
+    o64, lse64 = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi_slopes)
     assert torch.allclose(to_sdpa(o, layout).double(), o64, atol=1e-2), "saved O is not O"
     finite = torch.isfinite(lse64)
     assert torch.equal(torch.isfinite(lse), finite), "saved L is not L"
     assert torch.allclose(lse.double()[finite], lse64[finite], atol=1e-4), "saved L is not L"
     # By formula: this runs inside the backward operator, where autograd records nothing.
-    grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale, window, softcap)
+    grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale, window, softcap,
+                                       alibi_slopes)
     _launch.plans["backward"] = "fake deterministic backward" if deterministic else \
         "fake backward"
     # Into tensors allocated as the launch allocates them (`empty_like` its input), so the
@@ -58,7 +59,7 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
 
 
 def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
-                        causal, algorithm, window, softcap):
+                        causal, algorithm, window, softcap, alibi_slopes=None):
     """The packed launch's contract: the native forward's real checks on what the real launch
     passes it (the same keywords and statistics; without a device nothing launches), then float64
     math sequence by sequence: O in q's shape and dtype, L f32 (heads, total_q)."""
@@ -68,19 +69,21 @@ def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
     assert [s.shape for s in stats] == [(1, heads, total_q)]
     packed = (cu_seqlens_q, cu_seqlens_k, max_seqlens)
     arguments = _launch.forward_arguments(q, k, v, o, stats, _checks.PACKED, dtype, softmax_scale,
-                                          causal, algorithm, window, softcap, packed)
+                                          causal, algorithm, window, softcap, packed,
+                                          alibi_slopes)
     assert _native.forward(**arguments) is None
     scale = d**-0.5 if softmax_scale is None else softmax_scale
     o64, lse64 = ref.packed_attention64(
         *(t.detach().double() for t in (q, k, v)), arguments["cu_seqlens_q"],
-        arguments["cu_seqlens_k"], causal, scale, window, softcap,
+        arguments["cu_seqlens_k"], causal, scale, window, softcap, alibi_slopes,
     )
     _launch.plans["forward"] = f"fake packed {algorithm}"
     return o64.to(q.dtype), lse64.float()
 
 
 def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
-                         softmax_scale, causal, window=None, softcap=0.0, deterministic=False):
+                         softmax_scale, causal, window=None, softcap=0.0, deterministic=False,
+                         alibi_slopes=None):
     """The packed backward launch's contract: the native backward's real checks on what the real
     launch passes it (without a device nothing launches), then float64 gradients by formula
     sequence by sequence into tensors allocated as the launch allocates them; zeros for a
@@ -88,18 +91,20 @@ def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_s
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     arguments = _launch.varlen_backward_arguments(
         q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
-        softmax_scale, causal, window, softcap, deterministic)
+        softmax_scale, causal, window, softcap, deterministic, alibi_slopes)
     assert _native.backward(**arguments) is None
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     for grad in (dq, dk, dv):
         grad.zero_()
     cu_q, cu_k = arguments["cu_seqlens_q"], arguments["cu_seqlens_k"]
-    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+    for sequence, (q0, q1, k0, k1) in enumerate(zip(cu_q, cu_q[1:], cu_k, cu_k[1:])):
         if q1 == q0 or k1 == k0:
             continue
         parts = [t.detach()[a:b].double().transpose(0, 1)[None] for t, (a, b) in
                  zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1), (q0, q1)))]
-        grads = ref.gradients64_by_formula(*parts, causal, scale, window, softcap)
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 \
+            else alibi_slopes[sequence]
+        grads = ref.gradients64_by_formula(*parts, causal, scale, window, softcap, slopes)
         for whole, part, (a, b) in zip((dq, dk, dv), grads, ((q0, q1), (k0, k1), (k0, k1))):
             whole[a:b] = part[0].transpose(0, 1).to(whole.dtype)
     _launch.plans["backward"] = "fake packed deterministic backward" if deterministic else \
@@ -502,6 +507,123 @@ def test_reference_gradients_by_formula_are_autograds(causal):
         assert torch.allclose(got, want, atol=1e-12)
 
 
+# -- ALiBi -----------------------------------------------------------------------------------
+
+def alibi_slopes(*shape):
+    """Slopes as ALiBi's geometric sequence draws them, in (0, 1), float32."""
+    torch.manual_seed(8)
+    return torch.rand(*shape) * 0.5 + 0.05
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("per_batch", [False, True], ids=["heads", "batch_heads"])
+def test_alibi_reaches_the_forward_and_the_backward(cpu_launches, causal, per_batch):
+    """flash_attn_func's alibi_slopes, (heads,) or (batch, heads), with grouped K/V heads and
+    soft-capping: O and L are the biased attention's, and the gradients too (the bias moves P, so
+    every gradient moves), not the unbiased call's."""
+    torch.manual_seed(7)
+    b, h, h_kv, sq, sk, d = 2, 4, 2, 9, 12, 8
+    q = torch.randn(b, sq, h, d, requires_grad=True)
+    k, v = (torch.randn(b, sk, h_kv, d, requires_grad=True) for _ in range(2))
+    slopes = alibi_slopes(b, h) if per_batch else alibi_slopes(h)
+    o, lse = flash_attn_rs.flash_attn_func(q, k, v, causal=causal, softcap=3.0,
+                                           alibi_slopes=slopes, return_lse=True)
+    q64, k64, v64 = (t.detach().transpose(1, 2).double() for t in (q, k, v))
+    want, want_lse = ref.attention64(q64, k64, v64, causal, d**-0.5, None, 3.0, slopes)
+    assert torch.allclose(o.transpose(1, 2).double(), want, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+    plain, _ = ref.attention64(q64, k64, v64, causal, d**-0.5, None, 3.0)
+    assert not torch.allclose(want, plain, atol=1e-3)
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    d_o64 = d_o.transpose(1, 2).double()
+    want = ref.gradients64(q64, k64, v64, d_o64, causal, d**-0.5, None, 3.0, slopes)
+    plain = ref.gradients64(q64, k64, v64, d_o64, causal, d**-0.5, None, 3.0)
+    for leaf, w, p in zip((q, k, v), want, plain):
+        got = leaf.grad.transpose(1, 2).double()
+        assert torch.allclose(got, w, atol=1e-5)
+        assert not torch.allclose(got, p, atol=1e-3)
+
+
+def test_alibi_bias_is_flash_attns_rule():
+    """-slope * |i + seqlen_k - seqlen_q - j|, per head, bottom-right aligned."""
+    bias = ref.alibi_bias(torch.tensor([0.5, 2.0]), 2, 4, "cpu")
+    assert bias.shape == (1, 2, 2, 4)
+    assert bias[0, 0].tolist() == [[-1.0, -0.5, 0.0, -0.5], [-1.5, -1.0, -0.5, 0.0]]
+    assert torch.equal(bias[0, 1], 4 * bias[0, 0])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_alibi_is_each_sequences_own(cpu_launches, causal):
+    """Packed sequences with (sequences, heads) slopes: each sequence's O and gradients are the
+    dense call's on it alone with its own row of slopes, aligned to its own corner."""
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    slopes = alibi_slopes(len(cu_q) - 1, q.shape[1])
+    o = flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                             alibi_slopes=slopes)
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    for sequence, (q0, q1, k0, k1) in enumerate(zip(cu_q, cu_q[1:], cu_k, cu_k[1:])):
+        if q1 == q0 or k1 == k0:
+            continue
+        parts = [t.detach()[None, a:b].clone().requires_grad_(True)
+                 for t, (a, b) in zip((q, k, v), ((q0, q1), (k0, k1), (k0, k1)))]
+        want = flash_attn_rs.flash_attn_func(*parts, causal=causal,
+                                             alibi_slopes=slopes[sequence])
+        assert torch.allclose(o[q0:q1].float(), want[0].float(), atol=1e-2)
+        want.backward(d_o[None, q0:q1])
+        assert torch.allclose(q.grad[q0:q1].float(), parts[0].grad[0].float(), atol=2e-2)
+
+
+@pytest.mark.parametrize("slopes, error, match", [
+    ("0.5", TypeError, "alibi_slopes must be a torch.Tensor"),
+    (torch.ones(2, dtype=torch.float64), TypeError, "torch.float32"),
+    (torch.ones(3), ValueError, r"\(heads,\) = \(2,\)"),
+    (torch.ones(3, 2), ValueError, r"\(batch, heads\) = \(1, 2\)"),
+    (torch.ones(1, 1, 2), ValueError, "alibi_slopes has shape"),
+])
+def test_bad_alibi_slopes_are_named(cpu_launches, slopes, error, match):
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(error, match=match):
+        flash_attn_rs.flash_attn_func(q, q, q, alibi_slopes=slopes)
+
+
+def test_varlen_alibi_slopes_have_a_row_per_sequence(cpu_launches):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed_batch()
+    with pytest.raises(ValueError, match=r"\(batch, heads\) = \(5, 4\)"):
+        flash_attn_rs.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
+                                             alibi_slopes=torch.ones(1, 4))
+
+
+def test_softcap_and_alibi_gradients_match_finite_differences():
+    """The backward's formulas (dS = P ∘ (dP − D) times the cap's slope 1 − tanh², the bias
+    constant in Q and K) against central differences of the float64 forward, on a tiny problem
+    with soft-capping, ALiBi, a window and grouped heads: independent of autograd."""
+    torch.manual_seed(9)
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    k, v = (torch.randn(1, 1, 5, 4, dtype=torch.float64) for _ in range(2))
+    d_o = torch.randn_like(q)
+    slopes = torch.tensor([0.3, 0.7])
+    options = (True, 0.6, (3, -1), 1.5, slopes)
+
+    def loss(q, k, v):
+        return (ref.attention64(q, k, v, *options)[0] * d_o).sum()
+
+    step = 1e-6
+    for index, grad in enumerate(ref.gradients64_by_formula(q, k, v, d_o, *options)):
+        tensors = [q, k, v]
+        numeric = torch.zeros_like(tensors[index])
+        for position in range(numeric.numel()):
+            shifted = [[t.clone() for t in tensors] for _ in range(2)]
+            for sign, inputs in zip((1, -1), shifted):
+                inputs[index].view(-1)[position] += sign * step
+            numeric.view(-1)[position] = (loss(*shifted[0]) - loss(*shifted[1])) / (2 * step)
+        assert torch.allclose(grad, numeric, atol=1e-7), (index, (grad - numeric).abs().max())
+
+
 # -- custom operators: torch.compile ---------------------------------------------------------
 
 
@@ -536,20 +658,23 @@ def test_operators_pass_opcheck(cpu_launches):
     forward, varlen_forward, backward, varlen_backward, _ = flash_attn_rs._ops.ops()
     q, k, v = (torch.randn(1, 5, 2, 8, requires_grad=True) for _ in range(3))
     flash = _checks.FLASH_ATTN
-    torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0, False))
-    o, lse = forward(q, k, v, flash, "f32", None, True, None, None, 0.0, False)
+    slopes = alibi_slopes(2)
+    for alibi in (None, slopes):
+        torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0,
+                                        alibi, False))
+    o, lse = forward(q, k, v, flash, "f32", None, True, None, None, 0.0, slopes, False)
     torch.library.opcheck(backward, (q.detach(), k.detach(), v.detach(), o.detach(), lse,
                                      torch.randn_like(o), flash, "f32", None, True, None, 0.0,
-                                     False))
+                                     slopes, False))
     pq, pk, pv, cu_q, cu_k, max_q, max_k = packed_batch(heads=2, heads_kv=2)
     torch.library.opcheck(varlen_forward, (pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None,
-                                           True, None, None, 0.0, False),
+                                           True, None, None, 0.0, slopes, False),
                           test_utils=("test_schema", "test_faketensor"))
     po, plse = varlen_forward(pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None, True, None,
-                              None, 0.0, False)
+                              None, 0.0, None, False)
     torch.library.opcheck(varlen_backward, (pq, pk, pv, po, plse, torch.randn_like(po), cu_q,
                                             cu_k, max_q, max_k, "bf16", None, True, None, 0.0,
-                                            False),
+                                            None, False),
                           test_utils=("test_schema", "test_faketensor"))
 
 

@@ -196,7 +196,7 @@ fn launch_main<P: ParamBlock>(
     let flags_per_sequence = problem.heads * problem.seqlen_q.div_ceil(plan.block_rows as usize);
     launch_sequences(gpu, &[main], problem, batch, family, |p, first, n| {
         let (shape, flags) = fields(p);
-        shape.batch = n;
+        problem.shape_for_launch(shape, first, n);
         if *flags != 0 {
             *flags += (first as usize * flags_per_sequence * std::mem::size_of::<u32>()) as u64;
         }

@@ -186,12 +186,13 @@ impl BackwardPlan {
             if problem.is_packed() {
                 return Err(packed_refused("the standard backward was asked for"));
             }
-            if let Some((name, value)) = problem.window_or_softcap() {
-                // Its dS kernel has no soft-cap slope, and its window was never checked.
+            if let Some((name, value)) = problem.local_option() {
+                // Its dS kernel has no soft-cap slope, and its window and ALiBi were never
+                // checked.
                 return Err(Error::invalid(
                     name,
                     value,
-                    "the standard backward takes neither a window nor soft-capping; fa3 and \
+                    "the standard backward takes no window, soft-capping or ALiBi; fa3 and \
                      fa2-tc do (f16/bf16, head dims that are multiples of 8 up to 256)",
                 ));
             }
@@ -271,12 +272,12 @@ impl BackwardPlan {
                                 .unwrap_or("the scalar fa2 was asked for"),
                         ));
                     }
-                    if let Some((name, value)) = problem.window_or_softcap() {
+                    if let Some((name, value)) = problem.local_option() {
                         return Err(Error::invalid(
                             name,
                             value,
                             format!(
-                                "the backward with a window or soft-capping runs on the \
+                                "the backward with a window, soft-capping or ALiBi runs on the \
                                  tensor-core kernels only (fa3, fa2-tc: f16/bf16, head dims that \
                                  are multiples of 8 up to 256, 16-byte-aligned rows); here {}",
                                 fallback

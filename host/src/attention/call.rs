@@ -16,6 +16,7 @@
 
 use flash_kernels::common::params::Operands;
 
+use super::alibi::AlibiSlopes;
 use super::decode::{BlockTable, CacheSeqlens, DecodeOptions, DecodeProblem, DecodeShapes};
 use super::packed::{DeviceOffsets, PackedBatch, PackedOffsets};
 use super::problem::{Algorithm, AttentionOptions, Problem};
@@ -95,6 +96,13 @@ impl<'a, T: Element> Attention<'a, T> {
         self
     }
 
+    /// ALiBi: scores s = scale·q·k − slope·|i + seqlen_k − seqlen_q − j| with `slopes` (one
+    /// per query head, or per sequence and head).
+    pub fn alibi(mut self, slopes: AlibiSlopes) -> Self {
+        self.options.alibi = Some(slopes);
+        self
+    }
+
     /// Multiplies Q·Kᵀ instead of 1/√head_dim.
     pub fn softmax_scale(mut self, scale: f32) -> Self {
         self.options.softmax_scale = Some(scale);
@@ -164,11 +172,11 @@ impl<'a, T: Element> Attention<'a, T> {
                         "a KV-cache call runs the split-KV decode kernels: auto",
                     ));
                 }
-                if let Some((name, value)) = self.window_or_softcap() {
+                if let Some((name, value)) = self.local_option() {
                     return Err(Error::invalid(
                         name,
                         value,
-                        "decoding takes neither a window nor soft-capping yet",
+                        "decoding takes no window, soft-capping or ALiBi yet",
                     ));
                 }
                 let shapes = DecodeShapes {
@@ -194,13 +202,18 @@ impl<'a, T: Element> Attention<'a, T> {
         })
     }
 
-    /// The window or softcap a call asks for, named for a refusal.
-    fn window_or_softcap(&self) -> Option<(&'static str, String)> {
-        match (self.options.window, self.options.softcap) {
-            (Some((left, right)), _) if (left, right) != (-1, -1) => {
+    /// The window, softcap or ALiBi slopes a call asks for, named for a refusal.
+    fn local_option(&self) -> Option<(&'static str, String)> {
+        match (
+            self.options.window,
+            self.options.softcap,
+            self.options.alibi,
+        ) {
+            (Some((left, right)), _, _) if (left, right) != (-1, -1) => {
                 Some(("window", format!("({left}, {right})")))
             }
-            (_, softcap) if softcap != 0.0 => Some(("softcap", softcap.to_string())),
+            (_, softcap, _) if softcap != 0.0 => Some(("softcap", softcap.to_string())),
+            (_, _, Some(slopes)) => Some(("alibi_slopes", format!("of shape {:?}", slopes.dims()))),
             _ => None,
         }
     }

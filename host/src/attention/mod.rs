@@ -9,10 +9,12 @@
 //! - [`problem`]: the algorithm, the options and the problem's shape, checked;
 //! - [`plan`]: the forward's kernels and launches, checked against the device;
 //! - [`backward_plan`], [`backward`], [`backward_gpu`]: the backward's plan, checks, launches;
+//! - [`alibi`]: ALiBi's slopes;
 //! - [`packed`]: packed batches of sequences of different lengths (flash-attn's varlen call);
 //! - [`decode`]: decoding against a (paged) KV cache (split-KV, GQA, appended keys);
 //! - this file: the forward's parameter blocks and launches.
 
+pub mod alibi;
 pub mod backward;
 pub mod backward_gpu;
 pub mod backward_kernels;
@@ -31,6 +33,7 @@ use flash_kernels::common::params::{Fa1Params, Fa2Params, Fa3Params, Operands, S
 use flash_kernels::fwd::fa3::config::O_STORE_ROWS;
 use flash_kernels::registry::ElementType;
 
+pub use alibi::AlibiSlopes;
 pub use backward::{BackwardArguments, BackwardProblem, Gradients, TensorSpec};
 pub use backward_plan::{BackwardAlgorithm, BackwardPlan};
 pub use call::{Attention, Form, KvCache};

@@ -362,16 +362,16 @@ pub(crate) fn launch_packed<T: Element>(
     match plan.blocks {
         Blocks::Fa2Tc(tiling) => {
             let family = fa2_params(operands, problem, logsumexp, tiling.block_rows());
-            launch_sequences(gpu, launches, problem, batch, family, |p, _, n| {
-                p.shape.batch = n
+            launch_sequences(gpu, launches, problem, batch, family, |p, first, n| {
+                problem.shape_for_launch(&mut p.shape, first, n)
             })?
         }
         Blocks::Fa3 { tiling, .. } => {
             // The tensor maps span the packed tensors (batch 1, every sequence's rows).
             let shape = problem.shape();
             let family = fa3_params::<T>(gpu, &operands, dims, tiling, shape, logsumexp)?;
-            launch_sequences(gpu, launches, problem, batch, family, |p, _, n| {
-                p.shape.batch = n
+            launch_sequences(gpu, launches, problem, batch, family, |p, first, n| {
+                problem.shape_for_launch(&mut p.shape, first, n)
             })?
         }
         _ => unreachable!("a packed batch plans FA3 or FA2-TC, or fails"),

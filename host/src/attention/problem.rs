@@ -8,6 +8,7 @@ use flash_kernels::fwd::fa3::config::Fa3Tiling;
 use flash_kernels::fwd::standard::config::MATMUL_TILE;
 use flash_kernels::registry::KernelForm;
 
+use super::alibi::{self, AlibiSlopes};
 use crate::error::{Error, Result};
 use crate::scoring::Scoring;
 
@@ -125,6 +126,11 @@ pub struct AttentionOptions {
     /// softcap·tanh(s / softcap) before the mask and the softmax; 0 (the default) is off. Finite
     /// and ≥ 0; taken by the same algorithms as `window`.
     pub softcap: f32,
+    /// ALiBi (flash-attn's `alibi_slopes`): scores s = scale·q·k − slope·|i + seqlen_k −
+    /// seqlen_q − j|, one slope per query head (or per sequence and head), after soft-capping;
+    /// `None` (the default) is off. Taken by `fa3` and `fa2-tc`, forward and backward, and
+    /// `standard`'s forward.
+    pub alibi: Option<AlibiSlopes>,
     /// Multiplies Q·Kᵀ; default 1/√head_dim.
     pub softmax_scale: Option<f32>,
     /// FA1's SRAM budget M in f32 elements (B_c = ⌈M/4d⌉, B_r = min(B_c, d)); default: the largest
@@ -164,6 +170,8 @@ pub struct Problem {
     pub window: KeyWindow,
     /// 0: off.
     pub softcap: f32,
+    /// ALiBi's slopes, checked against the batch and the query heads.
+    pub alibi: Option<AlibiSlopes>,
     /// A packed batch of sequences of different lengths (`attention::packed`): `batch` counts
     /// the sequences and the seqlens are the longest ones; each sequence's own lengths reach
     /// the kernels through `PackedSequences`. The tensors' rows in all.
@@ -253,6 +261,10 @@ impl Problem {
             causal: options.causal,
             window,
             softcap,
+            alibi: options
+                .alibi
+                .map(|slopes| slopes.checked(q[0], q[1]))
+                .transpose()?,
             packed: None,
         };
         problem.check_index_ranges()?;
@@ -278,7 +290,20 @@ impl Problem {
                 ));
             }
         }
-        let whole = Self::new(q, k, v, options)?;
+        // The slopes' rows are the sequences, not the packed tensors' batch of 1.
+        let whole = Self::new(
+            q,
+            k,
+            v,
+            &AttentionOptions {
+                alibi: None,
+                ..*options
+            },
+        )?;
+        let alibi = options
+            .alibi
+            .map(|slopes| slopes.checked(sequences, q[1]))
+            .transpose()?;
         let problem = Self {
             batch: sequences,
             seqlen_q: max_seqlen_q,
@@ -287,6 +312,7 @@ impl Problem {
                 total_q: q[2],
                 total_k: k[2],
             }),
+            alibi,
             ..whole
         };
         problem.check_index_ranges()?;
@@ -344,11 +370,14 @@ impl Problem {
     /// any other problem itself.
     pub fn whole(&self) -> Problem {
         match self.packed {
+            // ALiBi's slopes have a row per sequence, which the whole tensors do not have: the
+            // passes that walk them bias no score.
             Some(rows) => Problem {
                 batch: 1,
                 seqlen_q: rows.total_q,
                 seqlen_k: rows.total_k,
                 packed: None,
+                alibi: None,
                 ..*self
             },
             None => *self,
@@ -413,23 +442,26 @@ impl Problem {
         }
     }
 
-    /// Whether the call asks for a window or soft-capping, which only `fa2-tc`, `fa3` and
-    /// `standard` run: the argument and its value to name in the others' refusal.
-    pub fn window_or_softcap(&self) -> Option<(&'static str, String)> {
+    /// Whether the call asks for a window, soft-capping or ALiBi, which only `fa2-tc`, `fa3`
+    /// and `standard` run (their `local` forms): the argument and its value to name in the
+    /// others' refusal.
+    pub fn local_option(&self) -> Option<(&'static str, String)> {
         if self.window.is_bounded() {
             let (left, right) = self.window_size();
             Some(("window", format!("({left}, {right})")))
         } else if self.softcap > 0.0 {
             Some(("softcap", self.softcap.to_string()))
         } else {
-            None
+            self.alibi
+                .map(|slopes| ("alibi_slopes", format!("of shape {:?}", slopes.dims())))
         }
     }
 
     /// Which form of the tensor-core forward kernels serves this call: a packed batch's, a
-    /// window's or soft-capping's (`local`), both, or the dense one, which has none compiled in.
+    /// window's, soft-capping's or ALiBi's (`local`), both, or the dense one, which has none
+    /// compiled in.
     pub fn kernel_form(&self) -> KernelForm {
-        KernelForm::of(self.is_packed(), self.window_or_softcap().is_some())
+        KernelForm::of(self.is_packed(), self.local_option().is_some())
     }
 
     pub(crate) fn shape(&self) -> AttentionShape {
@@ -438,6 +470,7 @@ impl Problem {
         let widest = self.seqlen_q + self.seqlen_k;
         let side = |bound: Option<u32>| bound.map_or(-1, |n| (n as usize).min(widest) as i32);
         let softcap = Softcap::new(self.softmax_scale, self.softcap);
+        let (alibi_slopes, alibi_batch_stride) = alibi::kernel_fields(self.alibi, 0);
         AttentionShape {
             batch: self.batch as u32,
             heads: self.heads as u32,
@@ -451,7 +484,23 @@ impl Problem {
             window_right: side(self.window.right),
             softcap_inside: softcap.inside,
             softcap_outside: softcap.outside,
+            alibi_slopes,
+            alibi_batch_stride,
+            _pad: 0,
         }
+    }
+
+    /// `shape` (this problem's) for a packed launch of `sequences` sequences from
+    /// `first_sequence` on: its batch, and ALiBi's slopes from the launch's first row.
+    pub(crate) fn shape_for_launch(
+        &self,
+        shape: &mut AttentionShape,
+        first_sequence: u32,
+        sequences: u32,
+    ) {
+        shape.batch = sequences;
+        (shape.alibi_slopes, shape.alibi_batch_stride) =
+            alibi::kernel_fields(self.alibi, first_sequence as usize);
     }
 
     /// Elements of a per-row statistics vector: batch·heads·seqlen_q.

@@ -11,7 +11,7 @@ use super::call_plan::{PassPlan, Plan};
 use super::decode::{DecodePlan, DecodeWorkspace, launch_decode};
 use super::packed::launch_packed;
 use super::plan::{CompiledLimits, ForwardPlan, LaunchLimits, StatisticsKind, misaligned_view};
-use super::problem::{Algorithm, Problem};
+use super::problem::{Algorithm, AttentionOptions, Problem};
 use super::tensors::{
     AttentionOutput, BackwardOutput, BackwardTensors, ForwardTensors, Pass, RowStatistics,
     Statistics, Workspace,
@@ -291,7 +291,13 @@ impl<'a, T: Element> Attention<'a, T> {
             }),
             forward: forward.map(|f| f.whole()),
         };
-        let checked = BackwardProblem::new(&arguments, &self.options)?;
+        // A packed batch's slopes were checked against its sequences (`problem`); the whole
+        // tensors are one sequence, which `Problem::whole` gives no slopes.
+        let options = AttentionOptions {
+            alibi: self.options.alibi.filter(|_| !problem.is_packed()),
+            ..self.options
+        };
+        let checked = BackwardProblem::new(&arguments, &options)?;
         if let Some(t) = tensors {
             let Gradients { dq, dk, dv } = &t.gradients;
             checked.check_gradients(&Gradients {

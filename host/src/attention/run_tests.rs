@@ -4,6 +4,7 @@
 use half::{bf16, f16};
 
 use super::*;
+use crate::attention::alibi::AlibiSlopes;
 use crate::attention::packed::PackedBatch;
 use crate::attention::problem::AttentionOptions;
 use crate::error::Error;
@@ -477,6 +478,65 @@ fn a_window_or_softcap_backward_runs_the_local_kernels_and_f32_is_refused_by_nam
     let mut call = Backward::<f32>::new();
     call.forward.options.softcap = 5.0;
     assert_eq!(named(call.check()), "softcap");
+}
+
+/// ALiBi slopes of `dims` at a fake aligned address (no kernel runs in these tests).
+fn slopes(dims: &[usize]) -> AlibiSlopes {
+    // SAFETY: only checked and planned, never read.
+    unsafe { AlibiSlopes::new(BASE + (9 << 30), dims) }.expect("valid slopes")
+}
+
+#[test]
+fn alibi_runs_the_local_kernels_forward_and_backward_and_is_checked_against_the_call() {
+    // Forward: the `_local` FA3 kernel; the shape is checked against Q's heads and batch.
+    let mut call = Forward::<bf16>::new([2, 8, 100, 64]);
+    for dims in [&[8][..], &[2, 8]] {
+        call.options.alibi = Some(slopes(dims));
+        let plan = call.check().expect("valid");
+        assert!(plan.kernel_names().contains("_local"), "{plan}");
+    }
+    for dims in [&[4][..], &[3, 8], &[8, 2]] {
+        call.options.alibi = Some(slopes(dims));
+        assert_eq!(named(call.check()), "alibi_slopes", "{dims:?}");
+    }
+    // The faithful kernels refuse it by name.
+    call.options.alibi = Some(slopes(&[8]));
+    for algorithm in [Algorithm::Fa2, Algorithm::Fa1] {
+        call.options.algorithm = algorithm;
+        assert_eq!(named(call.check()), "alibi_slopes", "{algorithm}");
+    }
+    // Backward: the local kernels of fa3 (and fa2-tc in deterministic mode); the standard
+    // backward and f32 refuse it by name.
+    let mut call = Backward::<bf16>::new();
+    call.forward.options.alibi = Some(slopes(&[2, 3]));
+    assert!(main_form(&backward_plan(&call)) == KernelForm::Local);
+    call.forward.options.deterministic = true;
+    let plan = backward_plan(&call);
+    assert_eq!(plan.algorithm, BackwardAlgorithm::Fa2Tc);
+    assert!(main_form(&plan) == KernelForm::Local);
+    call.forward.options.deterministic = false;
+    call.forward.options.backward_algorithm = Algorithm::Standard;
+    assert_eq!(named(call.check()), "alibi_slopes");
+    let mut call = Backward::<f32>::new();
+    call.forward.options.alibi = Some(slopes(&[3]));
+    assert_eq!(named(call.check()), "alibi_slopes");
+    // A packed batch's slopes have a row per sequence (3 here), not per packed tensor.
+    let (mut call, batch) = packed_call();
+    call.options.alibi = Some(slopes(&[3, 4]));
+    let packed = |call: &Forward<bf16>| {
+        Attention::new(call.q, call.k, call.v)
+            .options(call.options)
+            .packed(&batch)
+            .check_forward(ForwardTensors {
+                o: call.o,
+                stats: Statistics::LogSumExp(call.lse),
+            })
+    };
+    let plan = packed(&call).expect("valid");
+    assert!(plan.kernel_names().contains("_varlen_local"), "{plan}");
+    assert!(packed_backward(&call, &batch).is_ok());
+    call.options.alibi = Some(slopes(&[1, 4]));
+    assert_eq!(named(packed(&call)), "alibi_slopes");
 }
 
 /// The form of a backward plan's main kernel.

@@ -3,6 +3,7 @@
 //! coordinates, the causal mask, the online softmax, hardware limits. `element` (loads and
 //! stores of f32/f16/bf16) exists on the GPU only.
 
+pub mod alibi;
 pub mod block;
 pub mod decode_block;
 pub mod form;

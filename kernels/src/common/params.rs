@@ -22,9 +22,10 @@ impl TensorView {
     }
 }
 
-/// The problem every attention kernel solves: O = softmax(mask(cap(scale·Q·Kᵀ)))·V for each of
-/// `batch × heads` query heads, each against its K/V head (`kv_group` query heads share one),
-/// where cap is the optional soft-capping and mask the causal or sliding-window mask.
+/// The problem every attention kernel solves: O = softmax(mask(cap(scale·Q·Kᵀ) + bias))·V for
+/// each of `batch × heads` query heads, each against its K/V head (`kv_group` query heads share
+/// one), where cap is the optional soft-capping, bias the optional ALiBi and mask the causal or
+/// sliding-window mask.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
@@ -51,6 +52,12 @@ pub struct AttentionShape {
     /// scale / softcap, softcap_outside = softcap / scale, both 0 when capping is off.
     pub softcap_inside: f32,
     pub softcap_outside: f32,
+    /// ALiBi (`common::alibi`): device address of the f32 slopes, one per query head, the row of
+    /// sequence b at b·`alibi_batch_stride` (0: one row for every sequence); 0 when ALiBi is
+    /// off. Read by the window's and soft-capping's kernels (the `local` forms) only.
+    pub alibi_slopes: u64,
+    pub alibi_batch_stride: u32,
+    pub _pad: u32,
 }
 
 impl Default for AttentionShape {
@@ -70,6 +77,9 @@ impl Default for AttentionShape {
             window_right: -1,
             softcap_inside: 0.0,
             softcap_outside: 0.0,
+            alibi_slopes: 0,
+            alibi_batch_stride: 0,
+            _pad: 0,
         }
     }
 }

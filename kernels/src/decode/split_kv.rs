@@ -26,6 +26,7 @@
 use super::combine::combine_row;
 use super::config::{DecodeConfig, STEP_KEYS, SplitPlan, TILE_ROWS, WARPS};
 use crate::arch;
+use crate::common::alibi::Alibi;
 use crate::common::decode_block::{DecodeBlock, DecodeRow};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::DecodeParams;
@@ -196,8 +197,9 @@ fn step<T: TensorCoreElement, C: DecodeConfig, const MASK: bool>(
         key_start,
         seqlen_k: block.seqlen,
         mask: block.mask(),
-        // Decoding takes no soft-capping (yet).
+        // Decoding takes no soft-capping or ALiBi (yet).
         softcap: Softcap::OFF,
+        alibi: Alibi::OFF,
         score_scale: inputs.score_scale,
         exp2_split: Exp2Split::SFU_ONLY,
     };

@@ -10,6 +10,7 @@
 //! ```
 
 use crate::arch;
+use crate::common::alibi::Alibi;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::softcap::Softcap;
@@ -20,14 +21,15 @@ use crate::tile::fragment::{LDMATRIX_SIDE, MMA_N, accumulator_col, accumulator_r
 use crate::tile::global::{HeadRows16, HeadVector};
 
 /// Where a block of scores S = Q_i·K_jᵀ sits and how it becomes probabilities: its first key,
-/// the keys that exist, the mask, soft-capping, scale·log2 e (the softmax runs in the exp2
-/// domain), and which of its exponentials run on the FMA units rather than the SFU.
+/// the keys that exist, the mask, soft-capping, ALiBi, scale·log2 e (the softmax runs in the
+/// exp2 domain), and which of its exponentials run on the FMA units rather than the SFU.
 #[derive(Clone, Copy)]
 pub struct ScoreBlock {
     pub key_start: u32,
     pub seqlen_k: u32,
     pub mask: AttentionMask,
     pub softcap: Softcap,
+    pub alibi: Alibi,
     pub score_scale: f32,
     pub exp2_split: Exp2Split,
 }
@@ -42,6 +44,26 @@ impl ScoreBlock {
             for values in scores.iter_mut() {
                 for value in values.iter_mut() {
                     *value = self.softcap.apply(*value, arch::tanh);
+                }
+            }
+        }
+    }
+
+    /// ALiBi, when on: each raw product gains −(slope / scale)·|row + seqlen_k − seqlen_q − key|
+    /// (`common::alibi`), after soft-capping and before the mask, for the warp's 16 rows
+    /// starting at row `first_row` of the sequence. Every visited block needs it, masked or
+    /// not; the test is uniform, so with ALiBi off it costs one compare per block.
+    #[inline(always)]
+    pub fn apply_alibi<const TILES: usize>(&self, scores: &mut [[f32; 4]; TILES], first_row: u32) {
+        if self.alibi.is_on() {
+            let lane = arch::lane_idx();
+            let lane_row = first_row + accumulator_row(lane);
+            let lane_key = self.key_start + accumulator_col(lane);
+            for (tile, values) in scores.iter_mut().enumerate() {
+                for (e, value) in values.iter_mut().enumerate() {
+                    let row = lane_row + (e as u32 / 2) * LDMATRIX_SIDE;
+                    let key = lane_key + tile as u32 * MMA_N + e as u32 % 2;
+                    *value += self.alibi.bias(row, key);
                 }
             }
         }
@@ -323,6 +345,8 @@ pub struct TransposedScores {
     /// Soft-capping of the raw products ([`Softcap::OFF`] as a constant in the kernels compiled
     /// without it, so the cap and its slope compile away).
     pub softcap: Softcap,
+    /// ALiBi's bias ([`Alibi::OFF`] as a constant in the kernels compiled without it).
+    pub alibi: Alibi,
     /// The mask as two query ends per key of the lane (each element one compare of its constant
     /// column against them, as [`ScoreBlock::apply_mask_by_row_ends`]), or element by element
     /// from the query and key indices. A constant at each call site: FA3's backward takes the
@@ -385,17 +409,30 @@ impl TransposedScores {
     ) -> Probabilities<TILES> {
         // One branch for the whole tile, not a select per element: LLVM speculated the per-pair
         // test, so the `local` kernels paid a tanh per pair without capping (12–16% of the
-        // backward on an H100, call 3 of the twenty-first session).
-        if self.softcap.is_on() {
-            self.probabilities_capped::<TILES, MASK, true>(scores, logsumexp)
-        } else {
-            self.probabilities_capped::<TILES, MASK, false>(scores, logsumexp)
+        // backward on an H100, call 3 of the twenty-first session). ALiBi likewise.
+        match (self.softcap.is_on(), self.alibi.is_on()) {
+            (false, false) => {
+                self.probabilities_scored::<TILES, MASK, false, false>(scores, logsumexp)
+            }
+            (true, false) => {
+                self.probabilities_scored::<TILES, MASK, true, false>(scores, logsumexp)
+            }
+            (false, true) => {
+                self.probabilities_scored::<TILES, MASK, false, true>(scores, logsumexp)
+            }
+            (true, true) => self.probabilities_scored::<TILES, MASK, true, true>(scores, logsumexp),
         }
     }
 
-    /// [`Self::probabilities`] with soft-capping (`CAPPED`) or without, as a constant.
+    /// [`Self::probabilities`] with soft-capping (`CAPPED`) or without, and with ALiBi's bias
+    /// (`BIASED`) or without, as constants.
     #[inline(always)]
-    fn probabilities_capped<const TILES: usize, const MASK: bool, const CAPPED: bool>(
+    fn probabilities_scored<
+        const TILES: usize,
+        const MASK: bool,
+        const CAPPED: bool,
+        const BIASED: bool,
+    >(
         &self,
         scores: &[[f32; 4]; TILES],
         logsumexp: impl Fn(u32) -> f32,
@@ -423,6 +460,12 @@ impl TransposedScores {
                     self.softcap.apply_with_slope(scores[t][e], arch::tanh)
                 } else {
                     (scores[t][e], 1.0)
+                };
+                // The bias does not depend on Q or K: dSᵀ is unchanged, only P moves.
+                let score = if BIASED {
+                    score + self.alibi.bias(row, key)
+                } else {
+                    score
                 };
                 let probability = arch::exp2(arch::fma(score, self.score_scale, -base));
                 p[t][e] = if visible { probability } else { 0.0 };

@@ -325,6 +325,15 @@ impl HeadRows16 {
     }
 }
 
+/// Element `index` of an f32 table in device memory at `addr` (ALiBi's slopes,
+/// `common::alibi`).
+#[inline(always)]
+pub fn read_f32(addr: u64, index: u32) -> f32 {
+    // SAFETY: the host checked that the table holds every index a launch reads (one per query
+    // head of each of its sequences) and that `addr` is 4-byte aligned.
+    unsafe { arch::load((addr as *const f32).wrapping_add(index as usize)) }
+}
+
 /// The persistent grid's two counters, consecutive u32s in global memory that start a launch at
 /// zero: the next tile to hand out (past the first `grid` tiles, which the blocks' indices name)
 /// and the blocks that have finished taking tiles. The last block to finish sets both back to

@@ -175,7 +175,7 @@ impl ForwardPlan {
         match algorithm {
             Algorithm::Standard => plan.launches = standard_launches(problem, element),
             Algorithm::Fa1 => {
-                plan.refuse_window_or_softcap(Algorithm::Fa1)?;
+                plan.refuse_local_options(Algorithm::Fa1)?;
                 let (sram_floats, blocks) =
                     fa1_blocks(problem.head_dim, shared_limit, options.fa1_sram_floats)?;
                 let kernel = KernelId::new(Family::Fa1, element);
@@ -327,9 +327,9 @@ impl ForwardPlan {
     }
 
     /// The faithful kernels (`fa1`, `fa2`) run the articles' algorithms as written: no window,
-    /// no soft-capping. An error naming the option, and the fallback that led here if one did.
-    fn refuse_window_or_softcap(&self, family: Algorithm) -> Result<()> {
-        let Some((name, value)) = self.problem.window_or_softcap() else {
+    /// no soft-capping, no ALiBi. An error naming the option, and the fallback that led here if one did.
+    fn refuse_local_options(&self, family: Algorithm) -> Result<()> {
+        let Some((name, value)) = self.problem.local_option() else {
             return Ok(());
         };
         let route = self.fallback.as_deref().map_or(String::new(), |reason| {
@@ -339,8 +339,8 @@ impl ForwardPlan {
             name,
             value,
             format!(
-                "`{family}` takes neither a window nor soft-capping{route}; `fa2-tc` and `fa3` \
-                 (f16/bf16 at their compiled head dims) and `standard` take both"
+                "`{family}` takes no window, soft-capping or ALiBi{route}; `fa2-tc` and `fa3` \
+                 (f16/bf16 at their compiled head dims) and `standard` take all three"
             ),
         ))
     }
@@ -387,7 +387,7 @@ impl ForwardPlan {
         element: ElementType,
         options: &AttentionOptions,
     ) -> Result<()> {
-        self.refuse_window_or_softcap(Algorithm::Fa2)?;
+        self.refuse_local_options(Algorithm::Fa2)?;
         let problem = self.problem;
         let d = problem.head_dim as u32;
         let kernel_for = |block_cols: u32| -> Result<KernelId> {

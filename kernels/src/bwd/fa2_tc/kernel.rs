@@ -33,6 +33,7 @@
 
 use super::config::{Fa2TcBackwardConfig, ds_row_stride, shared_row_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
+use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
@@ -128,6 +129,7 @@ struct BackwardTcBlock {
     sram: BackwardTcSram,
     mask: AttentionMask,
     softcap: Softcap,
+    alibi: Alibi,
     key_block: u32,
     key_start: u32,
     head_dim: u32,
@@ -189,6 +191,7 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(
         sram: BackwardTcSram::carve::<C>(),
         mask: info.mask(),
         softcap: Softcap::of_form(shape, C::LOCAL),
+        alibi: Alibi::of_block(shape, &info, C::LOCAL),
         key_block,
         key_start,
         head_dim: shape.head_dim,
@@ -375,6 +378,7 @@ impl BackwardTcBlock {
             mask: self.mask,
             score_scale: self.score_scale,
             softcap: self.softcap,
+            alibi: self.alibi,
             mask_by_key_ends: false,
         };
         block.gradients::<T, _, _, MASK>(

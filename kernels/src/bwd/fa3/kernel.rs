@@ -52,6 +52,7 @@ use super::dq_writer::{DqAccumulator, DqHandOff, write_dq};
 use super::key_block::KeyBlock;
 use super::sram::Fa3BackwardSram;
 use crate::arch::{self, L2Priority};
+use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3BackwardParams;
@@ -167,6 +168,7 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
         warp_key: group_key + arch::warp_idx() % 4 * MMA_M,
         key_start: block.key_start,
         info,
+        alibi: Alibi::of_block(shape, &info, C::LOCAL),
         score_scale: shape.softmax_scale * LOG2_E,
         logsumexp: block.statistics::<C>(p.base.logsumexp),
         delta: block.statistics::<C>(p.base.delta),
@@ -295,6 +297,8 @@ struct Consumer<'a> {
     warp_key: u32,
     key_start: u32,
     info: BlockInfo,
+    /// ALiBi's bias of the block's head (read once: `Alibi::of_block` loads its slope).
+    alibi: Alibi,
     score_scale: f32,
     logsumexp: HeadVector,
     delta: HeadVector,
@@ -368,6 +372,7 @@ impl Consumer<'_> {
             mask: self.info.mask(),
             score_scale: self.score_scale,
             softcap: Softcap::of_form(&self.params.base.shape, C::LOCAL),
+            alibi: self.alibi,
             mask_by_key_ends: true,
         };
         let (logsumexp, delta) = (

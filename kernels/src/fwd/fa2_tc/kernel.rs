@@ -37,6 +37,7 @@
 
 use super::config::{Fa2TcConfig, shared_row_stride as fa2_tc_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
+use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
@@ -189,6 +190,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
         row_start,
         mask: blocks.mask(),
         softcap: Softcap::of_form(shape, LOCAL),
+        alibi: Alibi::of_block(shape, &info, LOCAL),
         seqlen_k: info.seqlen_k,
         score_scale: shape.softmax_scale * LOG2_E,
     };
@@ -290,6 +292,7 @@ struct BlockStep<'a> {
     row_start: u32,
     mask: AttentionMask,
     softcap: Softcap,
+    alibi: Alibi,
     seqlen_k: u32,
     score_scale: f32,
 }
@@ -298,7 +301,7 @@ impl BlockStep<'_> {
     /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S) when the max jumps by more than
     /// `RESCALE_THRESHOLD` for some row of the warp (else m^(j) = m^(j−1)); P̃ = exp2(S − m^(j));
     /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles, S soft-capped first
-    /// when capping is on. `MASK`: apply the mask (causal or a window) and the seqlen_k tail
+    /// when capping is on, then ALiBi's bias. `MASK`: apply the mask (causal or a window) and the seqlen_k tail
     /// element-wise. `before_pv` runs between the softmax and P̃·V_j: the
     /// one-stage pipeline waits for V_j and refills K there.
     #[inline(always)]
@@ -315,15 +318,18 @@ impl BlockStep<'_> {
             seqlen_k: self.seqlen_k,
             mask: self.mask,
             softcap: self.softcap,
+            alibi: self.alibi,
             score_scale: self.score_scale,
             exp2_split: Exp2Split::SFU_ONLY,
         };
         let mut block_max = [[0.0f32; 2]; C::ROW_TILES];
         let mut any_row_needs_rescale = false;
         for (tile, tile_scores) in scores.iter_mut().enumerate() {
+            let first_row = self.row_start + rows.tile_row(tile);
             block.apply_softcap(tile_scores);
+            block.apply_alibi(tile_scores, first_row);
             if MASK {
-                block.apply_mask(tile_scores, self.row_start + rows.tile_row(tile));
+                block.apply_mask(tile_scores, first_row);
             }
             for (h, max) in block_max[tile].iter_mut().enumerate() {
                 *max = block.row_max(tile_scores, h);

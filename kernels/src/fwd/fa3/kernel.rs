@@ -31,6 +31,7 @@ use super::scheduler::{Tile, TileScheduler};
 use super::sram::Fa3Sram;
 use super::turns::GemmTurns;
 use crate::arch::{self, L2Priority, MBarrier};
+use crate::common::alibi::Alibi;
 use crate::common::block::{BlockInfo, KeyBlocks};
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
@@ -279,6 +280,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         },
         seqlen_k: info.seqlen_k,
         softcap: Softcap::of_form(&p.shape, C::LOCAL),
+        alibi: Alibi::of_block(&p.shape, &info, C::LOCAL),
         score_scale: p.shape.softmax_scale * LOG2_E,
         turns,
         ring_base: walk.ring_base,
@@ -400,6 +402,7 @@ struct Consumer<'a> {
     rescale_thresholds: [f32; 2],
     seqlen_k: u32,
     softcap: Softcap,
+    alibi: Alibi,
     score_scale: f32,
     turns: GemmTurns,
     /// The ring blocks of earlier tiles: block j of this tile is ring block `ring_base + j`.
@@ -556,6 +559,7 @@ impl Consumer<'_> {
             seqlen_k: self.seqlen_k,
             mask: self.blocks.mask(),
             softcap: self.softcap,
+            alibi: self.alibi,
             score_scale: self.score_scale,
             exp2_split: C::EXP2_SPLIT,
         };
@@ -572,7 +576,7 @@ impl Consumer<'_> {
     }
 
     /// [`Consumer::softmax`] for one `MASK`: apply the mask (causal or a window) and the
-    /// seqlen_k tail element-wise, or not; soft-capping first when it is on. S's registers are only read: the next block's S = Q_i·K_jᵀ
+    /// seqlen_k tail element-wise, or not; soft-capping and ALiBi first when they are on. S's registers are only read: the next block's S = Q_i·K_jᵀ
     /// accumulates into them while this block's P̃·V runs, and ptxas serializes the products when
     /// other instructions write a wgmma's accumulators inside its pipeline stage.
     #[inline(always)]
@@ -584,6 +588,7 @@ impl Consumer<'_> {
     ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
         let mut probabilities = *scores;
         block.apply_softcap(&mut probabilities);
+        block.apply_alibi(&mut probabilities, self.warp_row);
         if MASK {
             block.apply_mask_by_row_ends(&mut probabilities, self.warp_row);
         }

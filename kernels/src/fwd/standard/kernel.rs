@@ -12,6 +12,7 @@
 
 use super::config::{MATMUL_DEPTH, MATMUL_TILE};
 use crate::arch;
+use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
 use crate::common::element::Element;
 use crate::common::params::StandardParams;
@@ -79,7 +80,7 @@ pub(crate) fn tile_product(
 }
 
 /// Kernel 1: S = scale·Q·Kᵀ, soft-capped when capping is on (softcap·tanh(S / softcap),
-/// computed as `common::softcap` does). Grid (⌈seqlen_k/16⌉, ⌈seqlen_q/16⌉, batch·heads), 256 threads.
+/// computed as `common::softcap` does), then ALiBi's bias when it is on. Grid (⌈seqlen_k/16⌉, ⌈seqlen_q/16⌉, batch·heads), 256 threads.
 #[inline(always)]
 pub fn scores<T: Element>(p: &StandardParams) {
     let shape = &p.shape;
@@ -107,6 +108,12 @@ pub fn scores<T: Element>(p: &StandardParams) {
         let softcap = Softcap::of(shape);
         let dot = if softcap.is_on() {
             softcap.apply(dot, |x| tanh_precise(x, arch::exp2))
+        } else {
+            dot
+        };
+        let alibi = Alibi::of_block(shape, &blk, true);
+        let dot = if alibi.is_on() {
+            dot + alibi.bias(tile_row + ty, tile_col + tx)
         } else {
             dot
         };

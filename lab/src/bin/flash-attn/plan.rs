@@ -90,7 +90,7 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
                 }
             }
             // A window or soft-capping that the faithful kernels refuse: say so, plan the rest.
-            Err(e) if problem.window_or_softcap().is_some() => println!("{algorithm}: {e}"),
+            Err(e) if problem.local_option().is_some() => println!("{algorithm}: {e}"),
             Err(e) => return Err(e),
         }
     }
@@ -103,7 +103,7 @@ pub fn main(device: usize, args: &PlanArgs) -> flash_attn::Result<ExitCode> {
             match with_element!(args.dtype, T => plan_shapes::<T>(limits, [q, kv], options, true)) {
                 Ok(plan) => println!("{plan}"),
                 // A window or soft-capping that the scalar and standard backwards refuse: say so.
-                Err(e) if problem.window_or_softcap().is_some() => {
+                Err(e) if problem.local_option().is_some() => {
                     println!("{backward_algorithm} backward: {e}")
                 }
                 Err(e) => return Err(e),
