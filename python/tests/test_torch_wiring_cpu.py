@@ -192,6 +192,94 @@ def test_transformers_padding_mask_is_refused(cpu_launches):
         model(input_ids=ids, attention_mask=mask)
 
 
+def gemma2(attention):
+    """A Gemma 2 with random weights: sliding-window layers (window 6) between full ones, logit
+    soft-capping (5.0), grouped K/V heads."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Gemma2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        sliding_window=6, attn_logit_softcapping=5.0, query_pre_attn_scalar=16,
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(config)
+    model.set_attn_implementation(attention)
+    return model
+
+
+def test_transformers_gemma2_window_and_softcap_match_eager(cpu_launches):
+    """Gemma 2 through the registration: each sliding layer's window and the logit soft-cap
+    reach the kernels, and the logits and every gradient equal transformers' eager attention's
+    (the reference implementation for Gemma 2; SDPA takes no soft-cap)."""
+    from flash_attn_rs.transformers_attention import register
+
+    ours, eager = gemma2(register()), gemma2("eager")
+    ids = torch.randint(0, 97, (2, 19), generator=torch.Generator().manual_seed(3))
+    out_ours, out_eager = ours(input_ids=ids, labels=ids), eager(input_ids=ids, labels=ids)
+    assert torch.allclose(out_ours.logits, out_eager.logits, atol=1e-5)
+    out_ours.loss.backward()
+    out_eager.loss.backward()
+    for (name, p), q in zip(ours.named_parameters(), eager.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
+    # Without the window and the cap the logits differ: both were taken.
+    plain = gemma2(register())
+    for layer in plain.model.layers:
+        layer.self_attn.sliding_window, layer.self_attn.attn_logit_softcapping = None, None
+    logits = plain(input_ids=ids, use_cache=False).logits
+    assert not torch.allclose(logits, out_eager.logits, atol=1e-3)
+
+
+# A row of three packed documents (5, 9 and 5 tokens).
+DOCUMENTS = [5, 9, 5]
+
+
+@pytest.mark.parametrize("how", ["position_ids", "flash_kwargs"])
+def test_transformers_packed_documents_attend_within_each(cpu_launches, how):
+    """Packed documents in one row (DataCollatorWithFlattening's batch; bf16, as packed batches
+    run on the tensor cores): with position_ids that restart at 0, or with transformers' four
+    flash-attention kwargs, each document's logits are the model's on that document alone, and
+    the gradients of the packed row's sum are the sum of theirs."""
+    from flash_attn_rs.transformers_attention import register
+
+    ours, alone_model = (llama(register()).to(torch.bfloat16) for _ in range(2))
+    ids = torch.randint(0, 97, (1, sum(DOCUMENTS)), generator=torch.Generator().manual_seed(4))
+    positions = torch.cat([torch.arange(n) for n in DOCUMENTS])[None]
+    kwargs = {"position_ids": positions}
+    if how == "flash_kwargs":
+        cu = torch.tensor([0, *torch.tensor(DOCUMENTS).cumsum(0).tolist()], dtype=torch.int32)
+        kwargs |= dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(DOCUMENTS),
+                       max_length_k=max(DOCUMENTS))
+    logits = ours(input_ids=ids, **kwargs).logits
+    assert flash_attn_rs.last_plan() == "fake packed None"
+    start = 0
+    for n in DOCUMENTS:
+        alone = alone_model(input_ids=ids[:, start:start + n]).logits
+        assert flash_attn_rs.last_plan() == "fake None"
+        assert torch.allclose(logits[:, start:start + n].float(), alone.float(), atol=2e-2)
+        alone.float().sum().backward()
+        start += n
+    logits.float().sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), alone_model.parameters()):
+        scale = q.grad.float().abs().max().item()
+        assert torch.allclose(p.grad.float(), q.grad.float(), atol=2e-2 * scale), name
+
+
+def test_transformers_one_run_of_positions_is_one_sequence(cpu_launches):
+    """position_ids of one run (a whole sequence, or a prefill that starts past 0) are the dense
+    call, not packed documents; only three of the four flash kwargs is refused by name."""
+    from flash_attn_rs.transformers_attention import register
+
+    model = llama(register())
+    ids = torch.randint(0, 97, (1, 12))
+    model(input_ids=ids, position_ids=torch.arange(12)[None])
+    assert flash_attn_rs.last_plan() == "fake None"
+    model(input_ids=ids, position_ids=torch.arange(7, 19)[None])
+    assert flash_attn_rs.last_plan() == "fake None"
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    with pytest.raises(ValueError, match="max_length_k"):
+        model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=7)
+
+
 def test_example_agreement_runs(cpu_launches):
     """The example's agreement step on a tiny model (its own CLI defaults otherwise)."""
     pytest.importorskip("transformers")
