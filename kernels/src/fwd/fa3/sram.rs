@@ -64,12 +64,25 @@ impl Fa3Sram {
         unsafe { self.tile_slots.offset(8 * stage).store_u32(t) }
     }
 
-    /// The number of the tile in `stage`, once its q_full phase has completed.
+    /// The number of the tile in `stage`, once its q_full phase has completed; the whole warp
+    /// calls it. Lane 0 alone reads the word and the other lanes take it by a shuffle: lane 0 is
+    /// the lane that later arrives on q_empty for the warp ([`super::roles::release`]), whose
+    /// release semantics order only lane 0's own earlier accesses, so under PTX's memory model
+    /// a read by lanes 1–31 had no order against the producer's rewrite (nothing like a
+    /// `bar.warp.sync` joined them to lane 0's arrival). racecheck's report on this word
+    /// (issue #31; docs/perf/fa3-forward.md, "The persistent grid under racecheck") is the
+    /// mbarrier hand-off itself, which it does not take as ordering.
     #[inline(always)]
     pub(super) fn tile(&self, stage: u32) -> u32 {
-        // SAFETY: as for `set_tile`; the producer rewrites it only after every consumer warp has
-        // arrived on the stage's q_empty, after this read.
-        unsafe { self.tile_slots.offset(8 * stage).load_u32() }
+        let t = if arch::lane_idx() == 0 {
+            // SAFETY: as for `set_tile`; the producer rewrites it only after every consumer
+            // warp's lane 0 has arrived on the stage's q_empty, after this read.
+            unsafe { self.tile_slots.offset(8 * stage).load_u32() }
+        } else {
+            0
+        };
+        // Lane 0's number on every lane (and in a uniform register).
+        arch::warp_uniform(t)
     }
 
     #[inline(always)]
