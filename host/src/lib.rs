@@ -33,9 +33,9 @@ pub mod tensor;
 
 pub use attention::{
     Algorithm, AlibiSlopes, Attention, AttentionOptions, AttentionOutput, BackwardOutput,
-    BackwardTensors, BlockTable, CacheSeqlens, CompiledLimits, DeviceOffsets, Form, ForwardTensors,
-    Gradients, KvCache, PackedBatch, PackedOffsets, Pass, Plan, Problem, RowStatistics, Statistics,
-    Workspace,
+    BackwardTensors, BlockTable, CacheSeqlens, CompiledLimits, DeviceOffsets, Dropout, Form,
+    ForwardTensors, Gradients, KvCache, PackedBatch, PackedOffsets, Pass, Plan, Problem,
+    RowStatistics, Statistics, Workspace,
 };
 pub use device::{DeviceInfo, Gpu};
 pub use dtype::{DType, Element};

@@ -16,7 +16,7 @@ first two functions are differentiable: the forward saves Q, K, V, O and L, and
 ``loss.backward()`` runs the GPU backward into gradients PyTorch allocates.
 Under ``torch.autocast`` float32 inputs run in the autocast dtype, as SDPA's do.
 ``flash_attn_func`` and ``flash_attn_varlen_func`` also take flash-attn's ``window_size``,
-``softcap`` and ``alibi_slopes``, forward and backward. ``flash_attn_varlen_func`` is
+``softcap``, ``alibi_slopes`` and ``dropout_p``, forward and backward. ``flash_attn_varlen_func`` is
 differentiable too: its backward is the packed backward kernels' (one launch for up to 255
 sequences).
 ``flash_attn_rs.transformers_attention.register()`` routes a ``transformers`` model's attention
@@ -27,7 +27,7 @@ The flash-attn functions take flash-attn's arguments in flash-attn's order (``dr
 runs by changing its import; so do its packed forms, ``flash_attn_qkvpacked_func``,
 ``flash_attn_kvpacked_func``, ``flash_attn_varlen_qkvpacked_func`` and
 ``flash_attn_varlen_kvpacked_func`` (views of the packed tensor, no copies). What the kernels
-do not have yet (dropout, a paged cache in the varlen call) is refused by name.
+do not have yet (a paged cache in the varlen call) is refused by name.
 
 How: this half checks the tensors (``_checks``), allocates outputs and gradients with PyTorch and
 passes addresses, dims, strides and the stream to the native half (``_native``, Rust) as plain
@@ -39,7 +39,7 @@ import importlib.util
 import math
 import operator
 
-from . import _launch, _native
+from . import _dropout, _launch, _native
 from ._autograd import attention_function, packed_attention_function
 from ._ops import ops
 from ._checks import (
@@ -143,25 +143,33 @@ def _check_all_options(softmax_scale, causal, algorithm, window_size, softcap):
 
 
 def _attention(q, k, v, layout, softmax_scale, causal, algorithm, window_size=(-1, -1),
-               softcap=0.0, deterministic=False, alibi_slopes=None):
-    """Checks every argument, then runs the autograd Function; returns (O, L)."""
+               softcap=0.0, deterministic=False, alibi_slopes=None, dropout_p=0.0,
+               return_attn_probs=False):
+    """Checks every argument, then runs the autograd Function; returns (O, L, S_dmask), S_dmask
+    None unless ``return_attn_probs`` with dropout (``_attention_probs``)."""
     dtype = check_inputs(q, k, v, layout)
     q, k, v, dtype = _under_autocast(q, k, v, dtype, layout)
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     _check_bool("deterministic", deterministic)
     alibi_slopes = check_alibi_slopes(alibi_slopes, q, layout, q.shape[0])
-    head_dim = q.shape[-1]
-    q, k, v, softmax_scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
+    head_dim, unpadded = q.shape[-1], (q, k)
+    q, k, v, scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
     if _compiling():
-        o, lse = ops()[0](q, k, v, layout, dtype, softmax_scale, causal, algorithm,
-                          None if window is None else list(window), softcap, alibi_slopes,
-                          deterministic)
+        o, lse, rng_state = ops()[0](q, k, v, layout, dtype, scale, causal, algorithm,
+                                     None if window is None else list(window), softcap,
+                                     alibi_slopes, dropout_p, deterministic)
     else:
-        o, lse = attention_function().apply(q, k, v, layout, dtype, softmax_scale, causal,
-                                            algorithm, window, softcap, alibi_slopes,
-                                            deterministic)
-    return _unpadded(o, head_dim), lse
+        o, lse, rng_state = attention_function().apply(q, k, v, layout, dtype, scale, causal,
+                                                       algorithm, window, softcap, alibi_slopes,
+                                                       dropout_p, deterministic)
+    probs = None
+    if return_attn_probs and dropout_p:
+        q, k = (t.transpose(1, 2) if layout == SDPA else t for t in unpadded)
+        probs = _dropout.attention_probs(q.detach(), k.detach(), softmax_scale, causal, window,
+                                         softcap, alibi_slopes, dropout_p,
+                                         *_dropout.from_state_tensor(rng_state))
+    return _unpadded(o, head_dim), lse, probs
 
 
 def _unpadded(o, head_dim):
@@ -245,27 +253,35 @@ def _check_bool(name, value):
 def _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
                                 return_lse, block_table=None):
     """flash-attn's arguments beyond the tensors and the scores, checked before anything else
-    (``alibi_slopes`` is checked against the tensors later: ``check_alibi_slopes``). Those for
-    what the kernels do not have yet (dropout, and in the varlen call a paged KV cache) pass at
-    their off values; anything else is refused by name, never ignored."""
+    (``alibi_slopes`` is checked against the tensors later: ``check_alibi_slopes``). What the
+    kernels do not have yet (in the varlen call a paged KV cache) passes at its off value;
+    anything else is refused by name, never ignored. Returns ``dropout_p`` as a float."""
     for name, value in (("deterministic", deterministic),
                         ("return_attn_probs", return_attn_probs), ("return_lse", return_lse)):
         _check_bool(name, value)
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if dropout_p != 0:
-        raise ValueError(f"dropout_p is {dropout_p}; allowed: 0.0 (the kernels have no dropout "
-                         "yet: pass 0.0, e.g. in eval mode or with attention_dropout = 0)")
+    dropout_p = _check_dropout_p(dropout_p)
     if block_table is not None:
         raise ValueError("block_table is given; allowed: None (flash_attn_varlen_func reads no "
                          "paged KV cache here yet)")
+    return dropout_p
 
 
-def _returns(o, lse, return_attn_probs, return_lse):
+def _check_dropout_p(dropout_p):
+    """flash-attn's ``dropout_p``: a float in [0, 1) (an int 0 too); returned as a float."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p is {dropout_p}; allowed: a probability in [0, 1) (0.0: no "
+                         "dropout, as in eval mode)")
+    return float(dropout_p)
+
+
+def _returns(o, lse, probs, return_attn_probs, return_lse):
     """flash-attn's return convention: O, or with ``return_attn_probs`` (O, softmax_lse,
-    S_dmask), S_dmask None as flash-attn's is without dropout; ``return_lse`` (ours): (O, L)."""
+    S_dmask), S_dmask None without dropout (flash-attn fills it only with dropout);
+    ``return_lse`` (ours): (O, L)."""
     if return_attn_probs:
-        return o, lse, None
+        return o, lse, probs
     return (o, lse) if return_lse else o
 
 
@@ -321,25 +337,36 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     (after soft-capping), forward and backward, on auto, fa3 and fa2-tc (float16 and bfloat16;
     float32 on ``algorithm="standard"``'s forward only). The slopes get no gradient.
 
+    ``dropout_p`` in [0, 1): flash-attn's dropout on the attention probabilities,
+    O = (P * Z) V / (1 - p) with Z kept with probability 1 - p (p rounded to 1/65536), on auto,
+    fa3 and fa2-tc (float16, bfloat16), forward and backward. The mask comes from Philox with the
+    seed and offset of PyTorch's CUDA generator (each call advances its offset), so
+    ``torch.manual_seed`` repeats a run and ``torch.utils.checkpoint`` recomputes the same mask;
+    the backward recomputes it rather than storing it. Pass 0.0 in evaluation, as flash-attn's
+    modules do (``dropout_p if self.training else 0.0``).
+
     flash-attn's signature, argument for argument and in its order, so code written for it runs
-    by changing the import: ``dropout_p`` must be 0.0 (the kernels have no dropout yet: anything
-    else is a ValueError naming it); ``deterministic=True`` makes the
+    by changing the import; ``deterministic=True`` makes the
     backward's dQ the same bits on every run (dQ's additions in key-block order, on fa3 or
     fa2-tc; the backward's plan says so). ``algorithm`` and ``return_lse`` are ours, keyword-only.
 
     Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` flash-attn's
-    (O, softmax_lse, S_dmask), S_dmask None (flash-attn's is only filled with dropout), and with
+    (O, softmax_lse, S_dmask): with dropout S_dmask is flash-attn's (batch, heads, seqlen_q and
+    seqlen_k rounded up to 128) in q's dtype, each score's probability scaled per key block as
+    flash-attn's kernel leaves it and negated where dropout dropped it (computed in PyTorch for
+    inspection and tests: ``_dropout.attention_probs``), None without dropout; with
     ``return_lse`` (O, L). L = logsumexp of the scaled scores, float32
     (batch, heads, seqlen_q), -inf for a row that sees no key. Differentiable in q, k and v
     (``loss.backward()`` runs the backward on the GPU: FA3's on compute capability 9.0); L is
     not. Raises TypeError or ValueError naming the argument before
     anything is launched, RuntimeError inside a CUDA graph capture.
     """
-    _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
-                                return_lse)
-    o, lse = _attention(q, k, v, FLASH_ATTN, softmax_scale, causal, algorithm, window_size,
-                        softcap, deterministic, alibi_slopes)
-    return _returns(o, lse, return_attn_probs, return_lse)
+    dropout_p = _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic,
+                                            return_attn_probs, return_lse)
+    o, lse, probs = _attention(q, k, v, FLASH_ATTN, softmax_scale, causal, algorithm,
+                               window_size, softcap, deterministic, alibi_slopes, dropout_p,
+                               return_attn_probs)
+    return _returns(o, lse, probs, return_attn_probs, return_lse)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -406,12 +433,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     be empty: without keys its rows get O = 0 and L = -inf, without queries it writes nothing;
     q and k need at least one row each.
 
-    flash-attn's signature, in its order: ``dropout_p`` must be 0.0 and ``block_table`` None
-    (ValueError naming them otherwise); ``deterministic`` is the
-    backward's; ``algorithm`` and ``return_lse`` are ours, keyword-only.
+    flash-attn's signature, in its order: ``dropout_p`` is ``flash_attn_func``'s (each sequence's
+    mask drawn for its own rows and keys); ``block_table`` must be None (ValueError naming it
+    otherwise); ``deterministic`` is the backward's; ``algorithm`` and ``return_lse`` are ours,
+    keyword-only.
 
     Returns O (q's shape, allocated by PyTorch); with ``return_attn_probs`` (O, softmax_lse,
-    None) as flash-attn's, with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
+    S_dmask) as flash-attn's (S_dmask (batch, heads, max_seqlen_q and max_seqlen_k rounded up to
+    128), each sequence at the top left of its row, with dropout; None without; reading the
+    offsets on the host), with ``return_lse`` (O, L). L = logsumexp of the scaled scores,
     float32 (heads, total_q) as flash-attn's varlen L, -inf for a row that sees no key.
     Differentiable in q, k and v, windows, soft-capping and ALiBi included: ``loss.backward()`` runs the
     packed GPU backward (FA3's on Hopper, fa2-tc's elsewhere or in deterministic mode; each
@@ -420,8 +450,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Raises TypeError or ValueError naming the argument before anything is launched, and
     RuntimeError inside a CUDA graph capture.
     """
-    _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic, return_attn_probs,
-                                return_lse, block_table)
+    dropout_p = _check_flash_attn_arguments(dropout_p, alibi_slopes, deterministic,
+                                            return_attn_probs, return_lse, block_table)
     dtype = check_inputs(q, k, v, PACKED)
     q, k, v, dtype = _under_autocast(q, k, v, dtype, PACKED)
     check_offsets("cu_seqlens_q", cu_seqlens_q, q)
@@ -432,18 +462,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     softmax_scale, window, softcap = _check_all_options(softmax_scale, causal, algorithm,
                                                         window_size, softcap)
     alibi_slopes = check_alibi_slopes(alibi_slopes, q, PACKED, cu_seqlens_q.shape[0] - 1)
-    head_dim = q.shape[-1]
-    q, k, v, softmax_scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
+    head_dim, unpadded = q.shape[-1], (q, k)
+    q, k, v, scale = _padded_for_tensor_cores(q, k, v, dtype, algorithm, softmax_scale)
     if _compiling():
-        o, lse = ops()[1](q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype, softmax_scale,
-                          causal, algorithm, None if window is None else list(window), softcap,
-                          alibi_slopes, deterministic)
+        o, lse, rng_state = ops()[1](q, k, v, cu_seqlens_q, cu_seqlens_k, *max_seqlens, dtype,
+                                     scale, causal, algorithm,
+                                     None if window is None else list(window), softcap,
+                                     alibi_slopes, dropout_p, deterministic)
     else:
-        o, lse = packed_attention_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                                   max_seqlens, dtype, softmax_scale, causal,
-                                                   algorithm, window, softcap, alibi_slopes,
-                                                   deterministic)
-    return _returns(_unpadded(o, head_dim), lse, return_attn_probs, return_lse)
+        o, lse, rng_state = packed_attention_function().apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, scale, causal, algorithm,
+            window, softcap, alibi_slopes, dropout_p, deterministic)
+    probs = None
+    if return_attn_probs and dropout_p:
+        sequences = (cu_seqlens_q.tolist(), cu_seqlens_k.tolist())
+        probs = _dropout.attention_probs(*(t.detach() for t in unpadded), softmax_scale, causal,
+                                         window, softcap, alibi_slopes, dropout_p,
+                                         *_dropout.from_state_tensor(rng_state),
+                                         sequences=sequences)
+    return _returns(_unpadded(o, head_dim), lse, probs, return_attn_probs, return_lse)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -570,5 +607,5 @@ def scaled_dot_product_attention(q, k, v, is_causal=False, scale=None):
     fastest algorithm for the device; differentiable in q, k and v. One difference: with
     seqlen_q != seqlen_k, ``is_causal`` aligns the mask to the bottom-right corner as
     FlashAttention does (PyTorch's aligns it to the top-left). Returns O (q's shape)."""
-    o, _ = _attention(q, k, v, SDPA, scale, is_causal, None)
+    o, _, _ = _attention(q, k, v, SDPA, scale, is_causal, None)
     return o

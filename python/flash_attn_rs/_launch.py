@@ -31,12 +31,13 @@ def _common(torch, q, k, v, o, layout, dtype):
                 **operands(layout, q=q, k=k, v=v, o=o))
 
 
-def scores(softmax_scale, causal, window, softcap, alibi_slopes=None):
+def scores(softmax_scale, causal, window, softcap, alibi_slopes=None, dropout=None):
     """How every call forms its scores, as the native half's keywords: ALiBi's slopes (checked,
-    contiguous float32 on the call's device) as their address and shape."""
+    contiguous float32 on the call's device) as their address and shape, and dropout as
+    (p, seed, offset) (``_dropout.generator_state``) or None."""
     slopes = None if alibi_slopes is None else (alibi_slopes.data_ptr(), list(alibi_slopes.shape))
     return dict(softmax_scale=softmax_scale, causal=causal, window=window, softcap=softcap,
-                alibi_slopes=slopes)
+                alibi_slopes=slopes, dropout=dropout)
 
 
 def _refuse_graph_capture(torch):
@@ -91,7 +92,7 @@ def statistics(torch, q, layout, algorithm):
 
 
 def forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal, algorithm,
-                      window=None, softcap=0.0, packed=None, alibi_slopes=None):
+                      window=None, softcap=0.0, packed=None, alibi_slopes=None, dropout=None):
     """The native forward's keywords but the device and the stream: Q, K, V, O as (address,
     dims, strides), the statistics' addresses, the options and the form (``form_arguments``)."""
     return dict(
@@ -99,18 +100,18 @@ def forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal, a
         **operands(layout, q=q, k=k, v=v, o=o),
         stats=[s.data_ptr() for s in stats],
         algorithm=algorithm,
-        **scores(softmax_scale, causal, window, softcap, alibi_slopes),
+        **scores(softmax_scale, causal, window, softcap, alibi_slopes, dropout),
         **form_arguments(packed),
     )
 
 
 def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None, softcap=0.0,
-            packed=None, alibi_slopes=None):
+            packed=None, alibi_slopes=None, dropout=None):
     """Allocates O (Q's shape, contiguous) and the row statistics with PyTorch and launches the
     forward on the current stream of Q's device. Returns (O, L): L float32 contiguous,
     (batch, heads, seqlen_q), FA1's m and l turned into L = m + log l. ``window`` is flash-attn's
     ``window_size`` (None: unbounded), ``softcap`` its soft-capping (0: off), ``alibi_slopes``
-    its ALiBi slopes (None: off).
+    its ALiBi slopes (None: off), ``dropout`` (p, seed, offset) its dropout (None: off).
 
     ``packed = (cu_seqlens_q, cu_seqlens_k, (max_seqlen_q, max_seqlen_k))`` makes it flash-attn's
     varlen forward (``layout`` PACKED): q, k, v (total, heads, head_dim), the offsets on the GPU
@@ -123,7 +124,7 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=Non
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         stats = statistics(torch, q, layout, algorithm)
         arguments = forward_arguments(q, k, v, o, stats, layout, dtype, softmax_scale, causal,
-                                      algorithm, window, softcap, packed, alibi_slopes)
+                                      algorithm, window, softcap, packed, alibi_slopes, dropout)
         kept = arguments.pop("_keep", None)  # device offsets converted here: alive until launched
         plans["forward"] = _native.forward(**arguments, **_on_stream(torch, q.device))
         del kept
@@ -138,10 +139,11 @@ def forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=Non
 
 
 def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
-             softcap=0.0, deterministic=False, alibi_slopes=None):
+             softcap=0.0, deterministic=False, alibi_slopes=None, dropout=None):
     """Allocates dQ, dK, dV with PyTorch (each its input's strides where those are dense, else
     contiguous) and launches the backward on the current stream of Q's device. Returns
-    (dQ, dK, dV). The forward's ``window``, ``softcap`` and ``alibi_slopes`` go to the native half (the
+    (dQ, dK, dV). The forward's ``window``, ``softcap``, ``alibi_slopes`` and ``dropout`` (its p,
+    seed and offset: the same mask) go to the native half (the
     tensor-core kernels' `local` form; f32 is refused naming them). ``deterministic``: dQ with
     the same bits on every run (dQ's additions in a fixed order; the plan says which kernel)."""
     import torch
@@ -154,7 +156,7 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
             **_common(torch, q, k, v, o, layout, dtype),
             lse=(lse.data_ptr(), list(lse.shape), list(lse.stride())),
             **operands(layout, d_o=d_o, dq=dq, dk=dk, dv=dv),
-            **scores(softmax_scale, causal, window, softcap, alibi_slopes),
+            **scores(softmax_scale, causal, window, softcap, alibi_slopes, dropout),
             deterministic=deterministic,
         )
     return dq, dk, dv
@@ -162,7 +164,7 @@ def backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=
 
 def varlen_backward_arguments(q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                               max_seqlens, dtype, softmax_scale, causal, window, softcap,
-                              deterministic, alibi_slopes=None):
+                              deterministic, alibi_slopes=None, dropout=None):
     """The native backward's keywords for a packed batch but the device and the stream: Q, K, V,
     O, dO, dQ, dK, dV (total, heads, head_dim) as (address, dims, strides) of (1, heads, total,
     head_dim) views, L (heads, total_q, contiguous) as (1, heads, total_q), the options, and the
@@ -172,7 +174,7 @@ def varlen_backward_arguments(q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu
         dtype=dtype,
         **operands(PACKED, q=q, k=k, v=v, o=o, d_o=d_o, dq=dq, dk=dk, dv=dv),
         lse=(rows.data_ptr(), list(rows.shape), list(rows.stride())),
-        **scores(softmax_scale, causal, window, softcap, alibi_slopes),
+        **scores(softmax_scale, causal, window, softcap, alibi_slopes, dropout),
         deterministic=deterministic,
         **offsets_arguments(cu_seqlens_q, cu_seqlens_k, max_seqlens),
     )
@@ -188,7 +190,7 @@ def _upstream_gradient(d_o, o):
 
 def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
                     softmax_scale, causal, window=None, softcap=0.0, deterministic=False,
-                    alibi_slopes=None):
+                    alibi_slopes=None, dropout=None):
     """The packed batch's dQ, dK, dV (flash-attn's varlen backward): one packed backward on the
     current stream of Q's device, over q, k, v, O, dO (total, heads, head_dim) and L
     (heads, total_q) as the packed forward wrote them, each sequence with its own mask corner
@@ -203,7 +205,7 @@ def varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen
         arguments = varlen_backward_arguments(q, k, v, o, lse.contiguous(), d_o, dq, dk, dv,
                                               cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
                                               softmax_scale, causal, window, softcap,
-                                              deterministic, alibi_slopes)
+                                              deterministic, alibi_slopes, dropout)
         kept = arguments.pop("_keep", None)
         plans["backward"] = _native.backward(**arguments, **_on_stream(torch, q.device))
         del kept

@@ -25,8 +25,9 @@ are found from them on the GPU, as transformers' flash-attention path finds them
 packing and the longest document's length: two synchronizations, once per forward, as every
 layer gets the same position_ids; pass the four kwargs to avoid them).
 
-What the kernels do not have is refused with a ValueError, never silently dropped: a padding or
-custom attention mask, dropout, a position bias, attention sinks (``s_aux``), attention weights
+A layer's ``dropout`` (transformers passes ``attention_dropout`` in training, 0 in evaluation)
+is flash-attn's ``dropout_p``. What the kernels do not have is refused with a ValueError, never
+silently dropped: a padding or custom attention mask, a position bias, attention sinks (``s_aux``), attention weights
 (``output_attentions``).
 """
 
@@ -59,8 +60,6 @@ def make_attention_forward(algorithm=None):
                 "the kernels take no mask: pass unpadded batches (no padding token), or use "
                 "attn_implementation='sdpa' for padded ones",
             )
-        if dropout:
-            _refuse("dropout", dropout, "the kernels have no dropout: set attention_dropout=0")
         if kwargs.get("output_attentions"):
             _refuse("output_attentions", True, "the kernels never form the attention weights")
         for name in ("position_bias", "s_aux"):
@@ -72,7 +71,8 @@ def make_attention_forward(algorithm=None):
         # transformers' rule for flash-attn (`_process_flash_attention_kwargs`): the query and
         # the sliding_window - 1 keys before it (and after it, without the causal mask).
         window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
-        options = dict(softmax_scale=scaling, causal=bool(is_causal), window_size=window,
+        options = dict(dropout_p=float(dropout or 0.0), softmax_scale=scaling,
+                       causal=bool(is_causal), window_size=window,
                        softcap=kwargs.get("softcap") or 0.0, algorithm=algorithm)
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         packed = _packed_documents(q, kwargs)

@@ -17,7 +17,7 @@ use std::sync::{LazyLock, Mutex};
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
     Algorithm, AlibiSlopes, Attention, AttentionOptions, BackwardTensors, BlockTable, CacheSeqlens,
-    CompiledLimits, DType, DeviceOffsets, Element, Error, ForwardTensors, Gpu, Gradients, KvCache,
+    CompiledLimits, DType, DeviceOffsets, Dropout, Element, Error, ForwardTensors, Gpu, Gradients, KvCache,
     PackedBatch, Plan, RowsRef, Statistics, TensorRef,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -77,8 +77,8 @@ pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::Auto;
 pub const PACKED_ALGORITHMS: [Algorithm; 3] = [Algorithm::Auto, Algorithm::Fa3, Algorithm::Fa2Tc];
 
 /// How a call forms its scores: the scale, the causal mask, flash-attn's `window_size` (left,
-/// right; −1 unbounded), `softcap` (0: off) and `alibi_slopes`. The host crate checks each (and
-/// names it).
+/// right; −1 unbounded), `softcap` (0: off), `alibi_slopes` and dropout. The host crate checks
+/// each (and names it).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Scores {
     pub softmax_scale: Option<f64>,
@@ -86,20 +86,26 @@ pub struct Scores {
     pub window: Option<(i64, i64)>,
     pub softcap: f64,
     pub alibi_slopes: Option<AlibiSlopes>,
+    pub dropout: Option<Dropout>,
 }
+
+/// Dropout as the Python half passes it: (p, Philox seed, Philox offset), the seed and offset
+/// taken from PyTorch's CUDA generator.
+type DropoutArgument = (f64, u64, u64);
 
 /// ALiBi's slopes as the Python half passes them: the address of a contiguous float32 CUDA
 /// tensor and its shape, (heads,) or (batch, heads).
 type AlibiArgument = (u64, Vec<usize>);
 
 impl Scores {
-    /// The five keyword arguments of every call, as the Python half passes them.
+    /// The six keyword arguments of every call, as the Python half passes them.
     fn of(
         softmax_scale: Option<f64>,
         causal: bool,
         window: Option<(i64, i64)>,
         softcap: f64,
         alibi_slopes: Option<AlibiArgument>,
+        dropout: Option<DropoutArgument>,
     ) -> flash_attn::Result<Self> {
         Ok(Self {
             softmax_scale,
@@ -111,6 +117,11 @@ impl Scores {
             alibi_slopes: alibi_slopes
                 .map(|(address, dims)| unsafe { AlibiSlopes::new(address, &dims) })
                 .transpose()?,
+            // An f64 that is not a finite f32 in [0, 1) is refused by the check.
+            dropout: match dropout {
+                Some((p, seed, offset)) => Dropout::new(p as f32, seed, offset)?,
+                None => None,
+            },
         })
     }
 
@@ -123,6 +134,7 @@ impl Scores {
             window: self.window.filter(|&w| w != (-1, -1)),
             softcap: self.softcap as f32,
             alibi: self.alibi_slopes,
+            dropout: self.dropout,
             ..Default::default()
         }
     }
@@ -679,7 +691,8 @@ impl BackwardCall {
 /// and returns its plan as one line; without `device`, only checks (returns None; no GPU needed).
 /// `stats` is `[lse]`, or `[m, l]` for FA1: contiguous f32 (batch, heads, seqlen_q), q's first
 /// three dims. `algorithm` is one of `ALGORITHMS` (None: "auto"); `window` is flash-attn's
-/// `window_size`, `softcap` its `softcap`, `alibi_slopes` (address, dims) its `alibi_slopes`.
+/// `window_size`, `softcap` its `softcap`, `alibi_slopes` (address, dims) its `alibi_slopes`,
+/// `dropout` (p, Philox seed, Philox offset) its `dropout_p` with PyTorch's generator state.
 ///
 /// The batch's form comes from the optional keywords: none for a dense batch; for a packed one
 /// (flash-attn's varlen call) all four of `cu_seqlens_q`, `cu_seqlens_k` (the offsets, as
@@ -695,8 +708,8 @@ impl BackwardCall {
 #[pyfunction]
 #[pyo3(signature = (
     *, dtype, q, k, v, o, stats, algorithm=None, softmax_scale=None, causal=false, window=None,
-    softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, device_offsets=None,
-    max_seqlen_q=None, max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
+    softcap=0.0, alibi_slopes=None, dropout=None, cu_seqlens_q=None, cu_seqlens_k=None,
+    device_offsets=None, max_seqlen_q=None, max_seqlen_k=None, cache_seqlens=None, block_table=None, k_new=None, v_new=None,
     num_splits=None, device=None, stream=0,
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -714,6 +727,7 @@ fn forward(
     window: Option<(i64, i64)>,
     softcap: f64,
     alibi_slopes: Option<AlibiArgument>,
+    dropout: Option<DropoutArgument>,
     cu_seqlens_q: Option<Vec<i64>>,
     cu_seqlens_k: Option<Vec<i64>>,
     device_offsets: Option<(u64, u64, usize)>,
@@ -738,7 +752,8 @@ fn forward(
         k_new,
         v_new,
     };
-    let scores = Scores::of(softmax_scale, causal, window, softcap, alibi_slopes).map_err(to_py)?;
+    let scores =
+        Scores::of(softmax_scale, causal, window, softcap, alibi_slopes, dropout).map_err(to_py)?;
     let mut call =
         ForwardCall::parse(dtype, [q, k, v, o], &stats, algorithm, scores, &form).map_err(to_py)?;
     // flash-attn's `num_splits`: 0 (or None) lets the plan choose the split-KV count.
@@ -755,16 +770,16 @@ fn forward(
 /// backward on device `device` on stream `stream`, writing dq, dk, dv, and returns its plan as
 /// one line; without `device`, only checks. `lse` is the forward's L (address, dims, strides).
 /// `algorithm` is the backward's (None: "auto", fa3 falling back to fa2-tc, then fa2; or fa3,
-/// fa2-tc, fa2, standard), `deterministic` makes dQ bitwise reproducible; `window`, `softcap`
-/// and `alibi_slopes` are the forward's. A packed batch takes the forward's four keywords (`cu_seqlens_q`,
+/// fa2-tc, fa2, standard), `deterministic` makes dQ bitwise reproducible; `window`, `softcap`,
+/// `alibi_slopes` and `dropout` (p, seed, offset) are the forward's. A packed batch takes the forward's four keywords (`cu_seqlens_q`,
 /// `cu_seqlens_k` as lists, `max_seqlen_q`, `max_seqlen_k`), with every tensor the packed
 /// (total, heads, d) one viewed as (1, heads, total, d) and L (1, heads, total_q). Private,
 /// like `forward`.
 #[pyfunction]
 #[pyo3(signature = (
     *, dtype, q, k, v, o, lse, d_o, dq, dk, dv, softmax_scale=None, causal=false, window=None,
-    softcap=0.0, alibi_slopes=None, algorithm=None, deterministic=false, cu_seqlens_q=None,
-    cu_seqlens_k=None,
+    softcap=0.0, alibi_slopes=None, dropout=None, algorithm=None, deterministic=false,
+    cu_seqlens_q=None, cu_seqlens_k=None,
     device_offsets=None, max_seqlen_q=None, max_seqlen_k=None, device=None, stream=0,
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -785,6 +800,7 @@ fn backward(
     window: Option<(i64, i64)>,
     softcap: f64,
     alibi_slopes: Option<AlibiArgument>,
+    dropout: Option<DropoutArgument>,
     algorithm: Option<&str>,
     deterministic: bool,
     cu_seqlens_q: Option<Vec<i64>>,
@@ -809,7 +825,7 @@ fn backward(
         lse,
         d_o,
         [dq, dk, dv],
-        Scores::of(softmax_scale, causal, window, softcap, alibi_slopes).map_err(to_py)?,
+        Scores::of(softmax_scale, causal, window, softcap, alibi_slopes, dropout).map_err(to_py)?,
         algorithm,
         deterministic,
         &form,

@@ -12,6 +12,8 @@
 
 Tensors here are in SDPA's layout (batch, heads, seqlen, head_dim); the exact reference is
 float64 PyTorch math (its gradients by autograd), with FlashAttention's bottom-right causal mask.
+Dropout enters as ``dropout = (keep, scale)``: the kept scores (bool, broadcast to
+(batch, heads, seqlen_q, seqlen_k)) and 1 / (1 - p); O = (P * keep * scale) V, L undropped.
 K and V may have fewer heads than Q (grouped-query attention): they are repeated per query head
 (query head h reads K/V head h // group), so autograd sums dK and dV over each group; in the
 dtype, each query head's part is rounded before the group's sum, and the sum rounded again.
@@ -89,10 +91,18 @@ def _probabilities(q, k, causal, scale, window=None, softcap=0.0, alibi=None):
     return p, lse
 
 
-def attention64(q, k, v, causal, scale, window=None, softcap=0.0, alibi=None):
+def dropped(p, dropout):
+    """P with dropout's zeros and 1 / (1 - p) (``dropout = (keep, scale)``), or P itself."""
+    if dropout is None:
+        return p
+    keep, keep_scale = dropout
+    return p * keep.to(p.dtype) * keep_scale
+
+
+def attention64(q, k, v, causal, scale, window=None, softcap=0.0, alibi=None, dropout=None):
     """O and L in float64 (inputs: float64, SDPA layout); differentiable in q, k, v."""
     p, lse = _probabilities(q, k, causal, scale, window, softcap, alibi)
-    return p @ repeat_kv(v, q.shape[1]), lse
+    return dropped(p, dropout) @ repeat_kv(v, q.shape[1]), lse
 
 
 def _per_sequence(attend, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi=None):
@@ -115,12 +125,20 @@ def _packed_rows(per_sequence_o):
 
 
 def packed_attention64(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window=None,
-                       softcap=0.0, alibi=None):
+                       softcap=0.0, alibi=None, dropout=None):
     """O (total_q, heads, d) and L (heads, total_q) of a packed batch in float64, sequence by
-    sequence (each its own mask corner; no keys: O = 0, L = -inf)."""
-    results = _per_sequence(
-        lambda q, k, v, slopes: attention64(q, k, v, causal, scale, window, softcap, slopes),
-        q, k, v, cu_seqlens_q, cu_seqlens_k, alibi)
+    sequence (each its own mask corner; no keys: O = 0, L = -inf); ``dropout(b, seqlen_q,
+    seqlen_k)`` gives sequence b's ``(keep, scale)`` (None: no dropout)."""
+    lengths = iter(list(zip(range(len(cu_seqlens_q) - 1),
+                            (b - a for a, b in zip(cu_seqlens_q, cu_seqlens_q[1:])),
+                            (b - a for a, b in zip(cu_seqlens_k, cu_seqlens_k[1:])))))
+
+    def attend(q, k, v, slopes):
+        sequence = next(lengths)
+        drop = None if dropout is None else dropout(*sequence)
+        return attention64(q, k, v, causal, scale, window, softcap, slopes, drop)
+
+    results = _per_sequence(attend, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi)
     return (_packed_rows(o for o, _ in results),
             torch.cat([lse[0] for _, lse in results], dim=1))
 
@@ -139,10 +157,11 @@ def _round(x, dtype):
     return x.to(dtype).to(torch.float64)
 
 
-def attention_in_dtype(q, k, v, causal, scale, dtype, window=None, softcap=0.0, alibi=None):
+def attention_in_dtype(q, k, v, causal, scale, dtype, window=None, softcap=0.0, alibi=None,
+                       dropout=None):
     """Standard attention as it would run in `dtype`: P and O rounded (the forward baseline)."""
     p, _ = _probabilities(q, k, causal, scale, window, softcap, alibi)
-    return _round(_round(p, dtype) @ repeat_kv(v, q.shape[1]), dtype)
+    return _round(_round(dropped(p, dropout), dtype) @ repeat_kv(v, q.shape[1]), dtype)
 
 
 def _cap_slope(q, k, scale, softcap):
@@ -155,44 +174,50 @@ def _cap_slope(q, k, scale, softcap):
 
 
 def backward_in_dtype(q, k, v, d_o, causal, scale, dtype, window=None, softcap=0.0,
-                      alibi=None):
+                      alibi=None, dropout=None):
     """The backward as a kernel in `dtype` rounds it (the backward baseline)."""
     heads_kv = k.shape[1]
     p, _ = _probabilities(q, k, causal, scale, window, softcap, alibi)
     slope = _cap_slope(q, k, scale, softcap)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
-    o = p @ v
+    p_dropped = dropped(p, dropout)
+    o = p_dropped @ v
     delta = (_round(o, dtype) * d_o).sum(-1, keepdim=True)
-    d_p = d_o @ v.transpose(-1, -2)
+    d_p = dropped(d_o @ v.transpose(-1, -2), dropout)
     d_s = _round(p * (d_p - delta) * slope, dtype)
-    dv = _round(_round(p, dtype).transpose(-1, -2) @ d_o, dtype)
+    dv = _round(_round(p_dropped, dtype).transpose(-1, -2) @ d_o, dtype)
     dq = _round(scale * (d_s @ k), dtype)
     dk = _round(scale * (d_s.transpose(-1, -2) @ q), dtype)
     return dq, _group_sum(dk, heads_kv, dtype), _group_sum(dv, heads_kv, dtype)
 
 
-def gradients64(q, k, v, d_o, causal, scale, window=None, softcap=0.0, alibi=None):
+def gradients64(q, k, v, d_o, causal, scale, window=None, softcap=0.0, alibi=None,
+                dropout=None):
     """dQ, dK, dV of float64 attention by autograd."""
     with torch.enable_grad():  # also inside a custom Function's backward
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        o, _ = attention64(*leaves, causal, scale, window, softcap, alibi)
+        o, _ = attention64(*leaves, causal, scale, window, softcap, alibi, dropout)
         return torch.autograd.grad(o, leaves, d_o)
 
 
-def gradients64_by_formula(q, k, v, d_o, causal, scale, window=None, softcap=0.0, alibi=None):
+def gradients64_by_formula(q, k, v, d_o, causal, scale, window=None, softcap=0.0, alibi=None,
+                           dropout=None):
     """``gradients64`` without autograd, by the backward's formulas (Dao 2023, Algorithm 2):
     dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) (times the soft-cap's slope),
-    dQ = scale·dS·K, dK = scale·dSᵀ·Q, dK and dV summed over each group of query heads. For code
-    that runs where autograd records nothing (inside a custom operator's implementation)."""
+    dQ = scale·dS·K, dK = scale·dSᵀ·Q, dK and dV summed over each group of query heads; with
+    dropout dV = P̃ᵀ·dO and dP is dropped as P̃ is. For code that runs where autograd records
+    nothing (inside a custom operator's implementation)."""
     heads, heads_kv = q.shape[1], k.shape[1]
     p, _ = _probabilities(q, k, causal, scale, window, softcap, alibi)
     slope = _cap_slope(q, k, scale, softcap)
     k_e, v_e = repeat_kv(k, heads), repeat_kv(v, heads)
-    o = p @ v_e
-    d_s = p * (d_o @ v_e.transpose(-1, -2) - (d_o * o).sum(-1, keepdim=True)) * slope
+    p_dropped = dropped(p, dropout)
+    o = p_dropped @ v_e
+    d_p = dropped(d_o @ v_e.transpose(-1, -2), dropout)
+    d_s = p * (d_p - (d_o * o).sum(-1, keepdim=True)) * slope
     d_q = scale * d_s @ k_e
     d_k = scale * d_s.transpose(-1, -2) @ q
-    d_v = p.transpose(-1, -2) @ d_o
+    d_v = p_dropped.transpose(-1, -2) @ d_o
 
     def group_sum(t):
         b, _, n, d = t.shape

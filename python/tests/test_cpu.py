@@ -443,12 +443,13 @@ def test_signatures_are_flash_attns_in_its_order(name):
 
 
 @pytest.mark.parametrize("kwargs, error, name", [
-    ({"dropout_p": 0.1}, ValueError, "dropout_p"),
+    ({"dropout_p": 1.0}, ValueError, "dropout_p"),
+    ({"dropout_p": -0.5}, ValueError, "dropout_p"),
     ({"dropout_p": "0"}, TypeError, "dropout_p"),
     ({"deterministic": 1}, TypeError, "deterministic"),
     ({"return_attn_probs": None}, TypeError, "return_attn_probs"),
 ])
-def test_what_the_kernels_lack_is_refused_by_name_before_the_tensors(kwargs, error, name):
+def test_bad_flash_attn_arguments_are_refused_by_name_before_the_tensors(kwargs, error, name):
     """Checked before anything touches the tensors (here not even tensors)."""
     with pytest.raises(error, match=name):
         flash_attn_rs.flash_attn_func(None, None, None, **kwargs)

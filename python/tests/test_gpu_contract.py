@@ -187,8 +187,12 @@ def test_flash_attn_calls_run_unchanged_on_the_gpu():
         grads.append(qkv.grad.clone())
     assert "deterministic" in flash_attn_rs.last_backward_plan()
     assert torch.equal(grads[0], grads[1])
+    # flash-attn's tests' dropout call: (out, softmax_lse, S_dmask) with S_dmask's sign the mask.
+    out, lse, s_dmask = flash_attn_func(q, k, v, 0.17, return_attn_probs=True)
+    assert out.shape == q.shape and s_dmask.dtype == q.dtype
+    assert abs((s_dmask[:, :, :q.shape[1], :k.shape[1]] < 0).float().mean().item() - 0.17) < 0.01
     with pytest.raises(ValueError, match="dropout_p"):
-        flash_attn_func(q, k, v, 0.1)
+        flash_attn_func(q, k, v, 1.0)
 
 
 def test_torch_compile_fullgraph_on_the_gpu():

@@ -52,24 +52,26 @@ def seed_of(test):
 
 
 def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap=0.0,
-          alibi=None):
+          alibi=None, dropout=None):
     """Runs ``run()`` -> (O, L) in SDPA-layout views, backpropagates a random dO, and checks O, L
     and ``grads_of()`` -> (dQ, dK, dV) (SDPA-layout views) against the f64 reference computed on
     q, k, v (SDPA-layout views of the inputs), with the call's window, soft-capping and ALiBi
-    slopes."""
+    slopes; ``dropout()`` (called after ``run``) gives the reference's ``(keep, scale)``."""
     dtype = q.dtype
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else scale
     o, lse = run()
     forward_plan = flash_attn_rs.last_plan()
+    dropout = dropout() if dropout is not None else None
     d_o = randn(o.shape, dtype, generator(seed_of(test) + 1))
     o.backward(d_o)
     backward_plan = flash_attn_rs.last_backward_plan()
 
     q64, k64, v64, d_o64 = (t.detach().to(torch.float64) for t in (q, k, v, d_o))
-    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi)
+    o_ref, lse_ref = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi,
+                                     dropout)
     o_dtype = ref.attention_in_dtype(q64, k64, v64, causal, scale, dtype, window, softcap,
-                                     alibi)
+                                     alibi, dropout)
     assert_within(test, "o", o.detach(), o_ref, ref.forward_bound(o_ref, o_dtype, dtype),
                   forward_plan)
     if lse is not None:
@@ -77,9 +79,10 @@ def check(test, q, k, v, run, causal, grads_of, scale=None, window=None, softcap
         record(test, "lse", lse_error, ref.LOGSUMEXP_TOLERANCE, forward_plan)
         assert lse_error <= ref.LOGSUMEXP_TOLERANCE, f"{test}: L error {lse_error:.3e}"
 
-    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale, window, softcap, alibi)
+    exact = ref.gradients64(q64, k64, v64, d_o64, causal, scale, window, softcap, alibi,
+                            dropout)
     in_dtype = ref.backward_in_dtype(q64, k64, v64, d_o64, causal, scale, dtype, window, softcap,
-                                     alibi)
+                                     alibi, dropout)
     for name, got, want, base in zip(("dq", "dk", "dv"), grads_of(), exact, in_dtype):
         assert got is not None, f"{test}: no gradient for {name}"
         assert_within(test, name, got, want, ref.backward_bound(want, base, dtype),
@@ -303,6 +306,22 @@ def test_windows_and_softcap(dtype, algorithm, deterministic, scores, head_dim, 
     check(test, view(q), view(k), view(v), run, causal, grads, window=win, softcap=softcap)
 
 
+def sdpa_views(*tensors):
+    """flash-attn-layout tensors as SDPA-layout views."""
+    return [t.transpose(1, 2) for t in tensors]
+
+
+def local_gradients(q, k, v):
+    """``check``'s ``grads_of`` for a call whose backward must run a ``local`` kernel: dQ, dK, dV
+    of flash-attn-layout leaves as SDPA-layout views."""
+    def grads():
+        plan = flash_attn_rs.last_backward_plan()
+        assert "_local" in plan, plan
+        return sdpa_views(q.grad, k.grad, v.grad)
+
+    return grads
+
+
 def alibi_slopes(heads, batch=None):
     """ALiBi's slopes as its paper draws them, 2^(-8 (h + 1) / heads), float32 on the GPU; per
     sequence and head (batch, heads), each row scaled differently, when ``batch`` is given."""
@@ -343,13 +362,7 @@ def test_alibi(dtype, algorithm, deterministic, causal, per_batch, window, softc
         assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
         return o.transpose(1, 2), lse
 
-    def grads():
-        plan = flash_attn_rs.last_backward_plan()
-        assert "_local" in plan, plan
-        return [t.grad.transpose(1, 2) for t in (q, k, v)]
-
-    view = (lambda t: t.transpose(1, 2))
-    check(test, view(q), view(k), view(v), run, causal, grads,
+    check(test, *sdpa_views(q, k, v), run, causal, local_gradients(q, k, v),
           window=None if window == (-1, -1) else window, softcap=softcap, alibi=slopes)
 
 
@@ -401,3 +414,99 @@ def test_odd_head_dims_run_on_the_tensor_cores(head_dim):
 
     view = (lambda t: t.transpose(1, 2))
     check(test, view(q), view(k), view(v), run, True, grads)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("algorithm, deterministic", [(None, False), ("fa2-tc", False),
+                                                      (None, True)],
+                         ids=["auto", "fa2-tc", "deterministic"])
+@pytest.mark.parametrize("causal, window, softcap, with_alibi", [(False, (-1, -1), 0.0, False),
+                                                                 (True, (-1, -1), 0.0, False),
+                                                                 (True, (40, 0), 20.0, True)],
+                         ids=["full", "causal", "causal-w40c20-alibi"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 203, 64), (1, 3, 3, 177, 260, 128),
+                                   (2, 2, 1, 150, 150, 96), (1, 2, 2, 130, 190, 256)],
+                         ids=["d64-gqa", "d128", "d96-mqa", "d256"])
+def test_dropout(dtype, algorithm, deterministic, causal, window, softcap, with_alibi, shape):
+    """flash_attn_func's dropout_p = 0.17 (flash-attn's tests' value): O and dQ, dK, dV against the
+    float64 reference that drops by the mask S_dmask's sign gives (``return_attn_probs``, computed
+    by the Python package from the kernels' definition), so the kernels' mask, forward and
+    backward, is that one; L undropped; the kept fraction 1 - p within flash-attn's 0.01."""
+    (b, h, h_kv, sq, sk, d), p = shape, 0.17
+    test = f"dropout {dtype} {algorithm} det={deterministic} causal={causal} {window} {softcap} " \
+           f"alibi={with_alibi} {shape}"
+    q, k, v = leaves([(b, sq, h, d), (b, sk, h_kv, d), (b, sk, h_kv, d)], DTYPES[dtype], test)
+    slopes = alibi_slopes(h) if with_alibi else None
+    probs = {}
+
+    def run():
+        o, lse, s_dmask = flash_attn_rs.flash_attn_func(
+            q, k, v, p, causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes,
+            algorithm=algorithm, deterministic=deterministic, return_attn_probs=True)
+        assert "_local" in flash_attn_rs.last_plan(), flash_attn_rs.last_plan()
+        probs["s_dmask"] = s_dmask
+        return o.transpose(1, 2), lse
+
+    def dropout():
+        s_dmask = probs["s_dmask"]
+        assert s_dmask.shape == (b, h, -(-sq // 128) * 128, -(-sk // 128) * 128)
+        keep = s_dmask[:, :, :sq, :sk] >= 0
+        visible = ref.window_mask(sq, sk, causal, window, "cuda")
+        fraction = 1 - (keep & visible).sum().item() / (visible.sum().item() * b * h)
+        assert abs(fraction - p) <= 0.01, f"{test}: dropped {fraction}"
+        return keep, flash_attn_rs._dropout.keep_scale(p)
+
+    check(test, *sdpa_views(q, k, v), run, causal, local_gradients(q, k, v),
+          window=None if window == (-1, -1) else window, softcap=softcap, alibi=slopes,
+          dropout=dropout)
+
+
+def test_dropout_masks_differ_per_call_and_repeat_per_seed():
+    """Each call draws a new mask from PyTorch's generator; torch.manual_seed repeats it, and so
+    does restoring the CUDA generator's state (what torch.utils.checkpoint does before it
+    recomputes a forward)."""
+    g = generator(5)
+    q, k, v = (randn((2, 256, 4, 64), torch.bfloat16, g) for _ in range(3))
+    torch.manual_seed(11)
+    first = flash_attn_rs.flash_attn_func(q, k, v, 0.3)
+    second = flash_attn_rs.flash_attn_func(q, k, v, 0.3)
+    assert not torch.equal(first, second)
+    torch.manual_seed(11)
+    assert torch.equal(flash_attn_rs.flash_attn_func(q, k, v, 0.3), first)
+    state = torch.cuda.get_rng_state()
+    third = flash_attn_rs.flash_attn_func(q, k, v, 0.3)
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(flash_attn_rs.flash_attn_func(q, k, v, 0.3), third)
+    # p = 0 is no dropout at all: the dense kernel, the same bits as without the argument.
+    assert torch.equal(flash_attn_rs.flash_attn_func(q, k, v, 0.0), flash_attn_rs.flash_attn_func(q, k, v))
+    assert "_local" not in flash_attn_rs.last_plan()
+
+
+def test_dropout_under_checkpoint_recomputes_the_same_mask():
+    """torch.utils.checkpoint reruns the forward in the backward with the generator's state
+    restored: the gradients equal those of the same call without checkpointing."""
+    g = generator(6)
+    q, k, v = (randn((1, 200, 2, 64), torch.bfloat16, g).requires_grad_(True) for _ in range(3))
+
+    def attend(q, k, v):
+        return flash_attn_rs.flash_attn_func(q, k, v, 0.2, causal=True)
+
+    torch.manual_seed(3)
+    out = torch.utils.checkpoint.checkpoint(attend, q, k, v, use_reentrant=False)
+    out.float().square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch.manual_seed(3)
+    attend(q, k, v).float().square().sum().backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        assert torch.equal(got, want)
+
+
+def test_dropout_in_float32_and_standard_is_refused_by_name():
+    q = torch.randn(1, 64, 2, 32, device="cuda")
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_rs.flash_attn_func(q, q, q, 0.1)
+    qb = q.bfloat16()
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_rs.flash_attn_func(qb, qb, qb, 0.1, algorithm="standard")

@@ -381,3 +381,57 @@ def test_varlen_cuda_graph_capture_is_refused_before_the_offsets_are_read():
             flash_attn_rs.flash_attn_varlen_func(q, k, v, *cu_seqlens, 300, 300)
     o, lse = run(q, k, v, cu_q, cu_k)
     check_packed("varlen after capture", q, k, v, cu_q, cu_k, o, lse, False)
+
+
+@pytest.mark.parametrize("lengths, algorithm, deterministic, offsets_on",
+                         [(CROSS, None, False, "cuda"), (SELF, "fa2-tc", False, "cpu"),
+                          (CROSS, None, True, "cuda"), ("many", None, False, "cuda")],
+                         ids=["cross-auto", "self-fa2-tc", "cross-deterministic",
+                              "300-sequences"])
+def test_varlen_dropout(lengths, algorithm, deterministic, offsets_on):
+    """dropout_p on packed sequences: each sequence's mask drawn for its own rows, keys and global
+    heads (sequence * heads + head; across launches too, 300 sequences), in the forward and the
+    backward alike. O and each sequence's dQ, dK, dV against the float64 reference dropping by
+    the mask S_dmask's sign gives."""
+    if lengths == "many":
+        draw = random.Random(303)
+        lengths = [(n, n) for n in (draw.randrange(0, 40) for _ in range(300))]
+    p, heads, heads_kv, d, dtype = 0.17, 4, 2, 64, torch.bfloat16
+    test = f"varlen dropout {algorithm} det={deterministic} {len(lengths)} sequences"
+    q, k, v, cu_q, cu_k = packed_inputs(test, lengths, heads, heads_kv, d, dtype)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    cu_seqlens = [torch.tensor(c, dtype=torch.int32, device=offsets_on) for c in (cu_q, cu_k)]
+    longest = [max(b - a for a, b in zip(c, c[1:])) for c in (cu_q, cu_k)]
+    o, _, s_dmask = flash_attn_rs.flash_attn_varlen_func(
+        q, k, v, *cu_seqlens, *longest, p, causal=True, algorithm=algorithm,
+        deterministic=deterministic, return_attn_probs=True)
+    plan = flash_attn_rs.last_plan()
+    assert "_varlen_local" in plan, plan
+    d_o = randn(o.shape, dtype, generator(seed_of(test) + 1))
+    o.backward(d_o)
+    backward_plan = flash_attn_rs.last_backward_plan()
+    scale, keep_scale = d**-0.5, flash_attn_rs._dropout.keep_scale(p)
+    kept = visible = 0
+    for b, (q0, q1, k0, k1) in enumerate(zip(cu_q, cu_q[1:], cu_k, cu_k[1:])):
+        if q1 == q0 or k1 == k0:
+            continue
+        keep = (s_dmask[b, :, :q1 - q0, :k1 - k0] >= 0)[None]
+        mask = ref.window_mask(q1 - q0, k1 - k0, True, None, "cuda")
+        kept, visible = kept + (keep[0] & mask).sum().item(), visible + mask.sum().item() * heads
+        dropout = (keep, keep_scale)
+        parts = [t.detach()[a:e].double().transpose(0, 1)[None]
+                 for t, (a, e) in zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1), (q0, q1)))]
+        name = f"{test} sequence {b}"
+        o_ref, _ = ref.attention64(*parts[:3], True, scale, dropout=dropout)
+        o_dtype = ref.attention_in_dtype(*parts[:3], True, scale, dtype, dropout=dropout)
+        got = o.detach()[q0:q1].transpose(0, 1)[None]
+        assert_within(name, "o", got, o_ref, ref.forward_bound(o_ref, o_dtype, dtype), plan)
+        exact = ref.gradients64(*parts, True, scale, dropout=dropout)
+        in_dtype = ref.backward_in_dtype(*parts, True, scale, dtype, dropout=dropout)
+        for grad_name, grad, (a, e), want, base in zip(
+                ("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ((q0, q1), (k0, k1), (k0, k1)),
+                exact, in_dtype):
+            assert_within(name, grad_name, grad[a:e].transpose(0, 1)[None], want,
+                          ref.backward_bound(want, base, dtype), backward_plan)
+    assert abs(1 - kept / visible - p) <= 0.01, (kept, visible)

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import reference as ref  # noqa: E402
 
 import flash_attn_rs  # noqa: E402
-from flash_attn_rs import _checks, _launch, _native  # noqa: E402
+from flash_attn_rs import _checks, _dropout, _launch, _native  # noqa: E402
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "01_train_tiny_llama.py"
 
@@ -24,33 +24,49 @@ def to_sdpa(t, layout):
     return t.transpose(1, 2) if layout == _checks.FLASH_ATTN else t
 
 
+def dropout_of(dropout, batch, heads, seqlen_q, seqlen_k, first_sequence=0):
+    """The reference's ``(keep, scale)`` of a launch's dropout (p, seed, offset), None without:
+    the kernels' mask (``_dropout.keep_mask``) for ``batch`` sequences from ``first_sequence``."""
+    if dropout is None:
+        return None
+    p, seed, offset = dropout
+    heads_global = range(first_sequence * heads, (first_sequence + batch) * heads)
+    keep = _dropout.keep_mask(p, seed, offset, heads_global, seqlen_q, seqlen_k, "cpu")
+    return keep.reshape(batch, heads, seqlen_q, seqlen_k), _dropout.keep_scale(p)
+
+
 def fake_forward(q, k, v, layout, dtype, softmax_scale, causal, algorithm, window=None,
-                 softcap=0.0, packed=None, alibi_slopes=None):
+                 softcap=0.0, packed=None, alibi_slopes=None, dropout=None):
     """The forward launch's contract, in float64 math: O in q's shape and dtype, L f32."""
     assert dtype == _checks.DTYPES[str(q.dtype)]
     if packed is not None:
         assert layout == _checks.PACKED
         return fake_forward_packed(q, k, v, *packed, dtype, softmax_scale, causal, algorithm,
-                                   window, softcap, alibi_slopes)
+                                   window, softcap, alibi_slopes, dropout)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64 = (to_sdpa(t, layout).detach().double() for t in (q, k, v))
-    o, lse = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi_slopes)
+    (b, h, sq, _), sk = q64.shape, k64.shape[2]
+    o, lse = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi_slopes,
+                             dropout_of(dropout, b, h, sq, sk))
     _launch.plans["forward"] = f"fake {algorithm}"
     return to_sdpa(o, layout).to(q.dtype).contiguous(), lse.float()
 
 
 def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, window=None,
-                  softcap=0.0, deterministic=False, alibi_slopes=None):
+                  softcap=0.0, deterministic=False, alibi_slopes=None, dropout=None):
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     q64, k64, v64, d_o64 = (to_sdpa(t, layout).double() for t in (q, k, v, d_o))
-    o64, lse64 = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi_slopes)
+    (b, h, sq, _), sk = q64.shape, k64.shape[2]
+    dropout = dropout_of(dropout, b, h, sq, sk)
+    o64, lse64 = ref.attention64(q64, k64, v64, causal, scale, window, softcap, alibi_slopes,
+                                 dropout)
     assert torch.allclose(to_sdpa(o, layout).double(), o64, atol=1e-2), "saved O is not O"
     finite = torch.isfinite(lse64)
     assert torch.equal(torch.isfinite(lse), finite), "saved L is not L"
     assert torch.allclose(lse.double()[finite], lse64[finite], atol=1e-4), "saved L is not L"
     # By formula: this runs inside the backward operator, where autograd records nothing.
     grads = ref.gradients64_by_formula(q64, k64, v64, d_o64, causal, scale, window, softcap,
-                                       alibi_slopes)
+                                       alibi_slopes, dropout)
     _launch.plans["backward"] = "fake deterministic backward" if deterministic else \
         "fake backward"
     # Into tensors allocated as the launch allocates them (`empty_like` its input), so the
@@ -59,7 +75,7 @@ def fake_backward(q, k, v, o, lse, d_o, layout, dtype, softmax_scale, causal, wi
 
 
 def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype, softmax_scale,
-                        causal, algorithm, window, softcap, alibi_slopes=None):
+                        causal, algorithm, window, softcap, alibi_slopes=None, dropout=None):
     """The packed launch's contract: the native forward's real checks on what the real launch
     passes it (the same keywords and statistics; without a device nothing launches), then float64
     math sequence by sequence: O in q's shape and dtype, L f32 (heads, total_q)."""
@@ -70,12 +86,13 @@ def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
     packed = (cu_seqlens_q, cu_seqlens_k, max_seqlens)
     arguments = _launch.forward_arguments(q, k, v, o, stats, _checks.PACKED, dtype, softmax_scale,
                                           causal, algorithm, window, softcap, packed,
-                                          alibi_slopes)
+                                          alibi_slopes, dropout)
     assert _native.forward(**arguments) is None
     scale = d**-0.5 if softmax_scale is None else softmax_scale
     o64, lse64 = ref.packed_attention64(
         *(t.detach().double() for t in (q, k, v)), arguments["cu_seqlens_q"],
         arguments["cu_seqlens_k"], causal, scale, window, softcap, alibi_slopes,
+        dropout=lambda b, sq, sk: dropout_of(dropout, 1, heads, sq, sk, first_sequence=b),
     )
     _launch.plans["forward"] = f"fake packed {algorithm}"
     return o64.to(q.dtype), lse64.float()
@@ -83,7 +100,7 @@ def fake_forward_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
 
 def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
                          softmax_scale, causal, window=None, softcap=0.0, deterministic=False,
-                         alibi_slopes=None):
+                         alibi_slopes=None, dropout=None):
     """The packed backward launch's contract: the native backward's real checks on what the real
     launch passes it (without a device nothing launches), then float64 gradients by formula
     sequence by sequence into tensors allocated as the launch allocates them; zeros for a
@@ -91,7 +108,7 @@ def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_s
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     arguments = _launch.varlen_backward_arguments(
         q, k, v, o, lse, d_o, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlens, dtype,
-        softmax_scale, causal, window, softcap, deterministic, alibi_slopes)
+        softmax_scale, causal, window, softcap, deterministic, alibi_slopes, dropout)
     assert _native.backward(**arguments) is None
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     for grad in (dq, dk, dv):
@@ -104,7 +121,9 @@ def fake_varlen_backward(q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_s
                  zip((q, k, v, d_o), ((q0, q1), (k0, k1), (k0, k1), (q0, q1)))]
         slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 \
             else alibi_slopes[sequence]
-        grads = ref.gradients64_by_formula(*parts, causal, scale, window, softcap, slopes)
+        grads = ref.gradients64_by_formula(
+            *parts, causal, scale, window, softcap, slopes,
+            dropout_of(dropout, 1, q.shape[1], q1 - q0, k1 - k0, first_sequence=sequence))
         for whole, part, (a, b) in zip((dq, dk, dv), grads, ((q0, q1), (k0, k1), (k0, k1))):
             whole[a:b] = part[0].transpose(0, 1).to(whole.dtype)
     _launch.plans["backward"] = "fake packed deterministic backward" if deterministic else \
@@ -749,20 +768,25 @@ def test_operators_pass_opcheck(cpu_launches):
     slopes = alibi_slopes(2)
     for alibi in (None, slopes):
         torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0,
-                                        alibi, False))
-    o, lse = forward(q, k, v, flash, "f32", None, True, None, None, 0.0, slopes, False)
+                                        alibi, 0.0, False))
+    # With dropout each run draws a new mask: the schema and the fake implementation only.
+    torch.library.opcheck(forward, (q, k, v, flash, "f32", None, True, None, None, 0.0, slopes,
+                                    0.25, False), test_utils=("test_schema", "test_faketensor"))
+    o, lse, rng_state = forward(q, k, v, flash, "f32", None, True, None, None, 0.0, slopes, 0.25,
+                                False)
+    assert rng_state.shape == (2,) and rng_state.device.type == "cpu"
     torch.library.opcheck(backward, (q.detach(), k.detach(), v.detach(), o.detach(), lse,
                                      torch.randn_like(o), flash, "f32", None, True, None, 0.0,
-                                     slopes, False))
+                                     slopes, False, 0.25, rng_state))
     pq, pk, pv, cu_q, cu_k, max_q, max_k = packed_batch(heads=2, heads_kv=2)
     torch.library.opcheck(varlen_forward, (pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None,
-                                           True, None, None, 0.0, slopes, False),
+                                           True, None, None, 0.0, slopes, 0.0, False),
                           test_utils=("test_schema", "test_faketensor"))
-    po, plse = varlen_forward(pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None, True, None,
-                              None, 0.0, None, False)
+    po, plse, prng = varlen_forward(pq, pk, pv, cu_q, cu_k, max_q, max_k, "bf16", None, True,
+                                    None, None, 0.0, None, 0.1, False)
     torch.library.opcheck(varlen_backward, (pq, pk, pv, po, plse, torch.randn_like(po), cu_q,
                                             cu_k, max_q, max_k, "bf16", None, True, None, 0.0,
-                                            None, False),
+                                            None, False, 0.1, prng),
                           test_utils=("test_schema", "test_faketensor"))
 
 

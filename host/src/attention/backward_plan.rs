@@ -192,8 +192,8 @@ impl BackwardPlan {
                 return Err(Error::invalid(
                     name,
                     value,
-                    "the standard backward takes no window, soft-capping or ALiBi; fa3 and \
-                     fa2-tc do (f16/bf16, head dims that are multiples of 8 up to 256)",
+                    "the standard backward takes no window, soft-capping, ALiBi or dropout; fa3 \
+                     and fa2-tc do (f16/bf16, head dims that are multiples of 8 up to 256)",
                 ));
             }
             return Self::standard(limits, dtype, problem, options);
@@ -234,75 +234,77 @@ impl BackwardPlan {
             }
         }
         let fallback = (!fallbacks.is_empty()).then(|| fallbacks.join("; "));
-        let (algorithm, main, block_rows, block_cols, threads, shared_bytes, tiling) =
-            match (hopper, tensor_core) {
-                (Some(kernel), _) => {
-                    let head_dim = kernel.head_dim_capacity().expect("a head dim");
-                    let tiling = Fa3BackwardTiling::for_head_dim(head_dim);
-                    let name = format!("fa3 backward {tiling} (head dim {head_dim})");
-                    (
-                        BackwardAlgorithm::Fa3,
-                        kernel,
-                        tiling.block_rows(),
-                        tiling.block_cols(),
-                        tiling.threads(),
-                        tiling.shared_bytes(head_dim),
-                        name,
-                    )
+        let (algorithm, main, block_rows, block_cols, threads, shared_bytes, tiling) = match (
+            hopper,
+            tensor_core,
+        ) {
+            (Some(kernel), _) => {
+                let head_dim = kernel.head_dim_capacity().expect("a head dim");
+                let tiling = Fa3BackwardTiling::for_head_dim(head_dim);
+                let name = format!("fa3 backward {tiling} (head dim {head_dim})");
+                (
+                    BackwardAlgorithm::Fa3,
+                    kernel,
+                    tiling.block_rows(),
+                    tiling.block_cols(),
+                    tiling.threads(),
+                    tiling.shared_bytes(head_dim),
+                    name,
+                )
+            }
+            (None, Some(kernel)) => {
+                let capacity = kernel.head_dim_capacity().expect("a capacity");
+                let tiling = Fa2TcBackwardTiling::for_capacity(capacity);
+                let name = format!("fa2-tc backward {tiling} (capacity {capacity})");
+                (
+                    BackwardAlgorithm::Fa2Tc,
+                    kernel,
+                    tiling.block_rows,
+                    tiling.block_cols(),
+                    tiling.threads(),
+                    tiling.shared_bytes(capacity),
+                    name,
+                )
+            }
+            (None, None) => {
+                if problem.is_packed() {
+                    return Err(packed_refused(
+                        fallback
+                            .as_deref()
+                            .unwrap_or("the scalar fa2 was asked for"),
+                    ));
                 }
-                (None, Some(kernel)) => {
-                    let capacity = kernel.head_dim_capacity().expect("a capacity");
-                    let tiling = Fa2TcBackwardTiling::for_capacity(capacity);
-                    let name = format!("fa2-tc backward {tiling} (capacity {capacity})");
-                    (
-                        BackwardAlgorithm::Fa2Tc,
-                        kernel,
-                        tiling.block_rows,
-                        tiling.block_cols(),
-                        tiling.threads(),
-                        tiling.shared_bytes(capacity),
+                if let Some((name, value)) = problem.local_option() {
+                    return Err(Error::invalid(
                         name,
-                    )
-                }
-                (None, None) => {
-                    if problem.is_packed() {
-                        return Err(packed_refused(
-                            fallback
-                                .as_deref()
-                                .unwrap_or("the scalar fa2 was asked for"),
-                        ));
-                    }
-                    if let Some((name, value)) = problem.local_option() {
-                        return Err(Error::invalid(
-                            name,
-                            value,
-                            format!(
-                                "the backward with a window, soft-capping or ALiBi runs on the \
+                        value,
+                        format!(
+                            "the backward with a window, soft-capping, ALiBi or dropout runs on the \
                                  tensor-core kernels only (fa3, fa2-tc: f16/bf16, head dims that \
                                  are multiples of 8 up to 256, 16-byte-aligned rows); here {}",
-                                fallback
-                                    .as_deref()
-                                    .unwrap_or("the scalar fa2 was asked for")
-                            ),
-                        ));
-                    }
-                    let kernel = main_kernel(element, d, grouped).ok_or_else(|| {
-                        Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
-                    })?;
-                    let capacity = kernel.head_dim_capacity().expect("a capacity");
-                    let block_rows = fa2_backward::block_rows(capacity);
-                    let block_cols = fa2_backward::BLOCK_COLS;
-                    (
-                        BackwardAlgorithm::Fa2,
-                        kernel,
-                        block_rows,
-                        block_cols,
-                        fa2_backward::main_threads(),
-                        fa2_backward::shared_bytes(block_rows, d) as u32,
-                        format!("fa2-backward B_r = {block_rows}, B_c = {block_cols}"),
-                    )
+                            fallback
+                                .as_deref()
+                                .unwrap_or("the scalar fa2 was asked for")
+                        ),
+                    ));
                 }
-            };
+                let kernel = main_kernel(element, d, grouped).ok_or_else(|| {
+                    Error::invalid("head_dim", d, format!("allowed: 1 to {MAX_HEAD_DIM}"))
+                })?;
+                let capacity = kernel.head_dim_capacity().expect("a capacity");
+                let block_rows = fa2_backward::block_rows(capacity);
+                let block_cols = fa2_backward::BLOCK_COLS;
+                (
+                    BackwardAlgorithm::Fa2,
+                    kernel,
+                    block_rows,
+                    block_cols,
+                    fa2_backward::main_threads(),
+                    fa2_backward::shared_bytes(block_rows, d) as u32,
+                    format!("fa2-backward B_r = {block_rows}, B_c = {block_cols}"),
+                )
+            }
+        };
         let orders_dq_adds = matches!(algorithm, BackwardAlgorithm::Fa2Tc | BackwardAlgorithm::Fa3);
         if options.deterministic && !orders_dq_adds {
             return Err(Error::invalid(

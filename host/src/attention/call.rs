@@ -18,6 +18,7 @@ use flash_kernels::common::params::Operands;
 
 use super::alibi::AlibiSlopes;
 use super::decode::{BlockTable, CacheSeqlens, DecodeOptions, DecodeProblem, DecodeShapes};
+use super::dropout::Dropout;
 use super::packed::{DeviceOffsets, PackedBatch, PackedOffsets};
 use super::problem::{Algorithm, AttentionOptions, Problem};
 use crate::dtype::Element;
@@ -103,6 +104,13 @@ impl<'a, T: Element> Attention<'a, T> {
         self
     }
 
+    /// Dropout on the probabilities (`Dropout::new`: p and Philox's seed and offset; the
+    /// backward takes the forward's).
+    pub fn dropout(mut self, dropout: Option<Dropout>) -> Self {
+        self.options.dropout = dropout;
+        self
+    }
+
     /// Multiplies Q·Kᵀ instead of 1/√head_dim.
     pub fn softmax_scale(mut self, scale: f32) -> Self {
         self.options.softmax_scale = Some(scale);
@@ -176,7 +184,7 @@ impl<'a, T: Element> Attention<'a, T> {
                     return Err(Error::invalid(
                         name,
                         value,
-                        "decoding takes no window, soft-capping or ALiBi yet",
+                        "decoding takes no window, soft-capping, ALiBi or dropout yet",
                     ));
                 }
                 let shapes = DecodeShapes {
@@ -202,18 +210,22 @@ impl<'a, T: Element> Attention<'a, T> {
         })
     }
 
-    /// The window, softcap or ALiBi slopes a call asks for, named for a refusal.
+    /// The window, softcap, ALiBi slopes or dropout a call asks for, named for a refusal.
     fn local_option(&self) -> Option<(&'static str, String)> {
         match (
             self.options.window,
             self.options.softcap,
             self.options.alibi,
+            self.options.dropout,
         ) {
-            (Some((left, right)), _, _) if (left, right) != (-1, -1) => {
+            (Some((left, right)), _, _, _) if (left, right) != (-1, -1) => {
                 Some(("window", format!("({left}, {right})")))
             }
-            (_, softcap, _) if softcap != 0.0 => Some(("softcap", softcap.to_string())),
-            (_, _, Some(slopes)) => Some(("alibi_slopes", format!("of shape {:?}", slopes.dims()))),
+            (_, softcap, _, _) if softcap != 0.0 => Some(("softcap", softcap.to_string())),
+            (_, _, Some(slopes), _) => {
+                Some(("alibi_slopes", format!("of shape {:?}", slopes.dims())))
+            }
+            (_, _, _, Some(dropout)) => Some(("dropout_p", dropout.p().to_string())),
             _ => None,
         }
     }

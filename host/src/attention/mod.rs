@@ -10,6 +10,7 @@
 //! - [`plan`]: the forward's kernels and launches, checked against the device;
 //! - [`backward_plan`], [`backward`], [`backward_gpu`]: the backward's plan, checks, launches;
 //! - [`alibi`]: ALiBi's slopes;
+//! - [`dropout`]: dropout's probability and generator state;
 //! - [`packed`]: packed batches of sequences of different lengths (flash-attn's varlen call);
 //! - [`decode`]: decoding against a (paged) KV cache (split-KV, GQA, appended keys);
 //! - this file: the forward's parameter blocks and launches.
@@ -22,6 +23,7 @@ pub mod backward_plan;
 pub mod call;
 pub mod call_plan;
 pub mod decode;
+pub mod dropout;
 pub mod packed;
 pub mod plan;
 pub mod problem;
@@ -39,6 +41,7 @@ pub use backward_plan::{BackwardAlgorithm, BackwardPlan};
 pub use call::{Attention, Form, KvCache};
 pub use call_plan::{PassPlan, Plan};
 pub use decode::{BlockTable, CacheSeqlens, DecodePlan};
+pub use dropout::Dropout;
 pub use packed::{DeviceOffsets, PackedBatch, PackedOffsets};
 pub use plan::{
     Blocks, CompiledLimits, ForwardPlan, H200_MULTIPROCESSORS, H200_SHARED_MEMORY_PER_BLOCK,

@@ -9,6 +9,7 @@ use flash_kernels::fwd::standard::config::MATMUL_TILE;
 use flash_kernels::registry::KernelForm;
 
 use super::alibi::{self, AlibiSlopes};
+use super::dropout::{self, Dropout};
 use crate::error::{Error, Result};
 use crate::scoring::Scoring;
 
@@ -131,6 +132,10 @@ pub struct AttentionOptions {
     /// `None` (the default) is off. Taken by `fa3` and `fa2-tc`, forward and backward, and
     /// `standard`'s forward.
     pub alibi: Option<AlibiSlopes>,
+    /// Dropout on the probabilities (flash-attn's `dropout_p`, with Philox's seed and offset;
+    /// `None`, the default, is off). Taken by `fa3` and `fa2-tc`, forward and backward; the
+    /// backward must get the forward's.
+    pub dropout: Option<Dropout>,
     /// Multiplies Q·Kᵀ; default 1/√head_dim.
     pub softmax_scale: Option<f32>,
     /// FA1's SRAM budget M in f32 elements (B_c = ⌈M/4d⌉, B_r = min(B_c, d)); default: the largest
@@ -172,6 +177,8 @@ pub struct Problem {
     pub softcap: f32,
     /// ALiBi's slopes, checked against the batch and the query heads.
     pub alibi: Option<AlibiSlopes>,
+    /// Dropout: its probability and generator state.
+    pub dropout: Option<Dropout>,
     /// A packed batch of sequences of different lengths (`attention::packed`): `batch` counts
     /// the sequences and the seqlens are the longest ones; each sequence's own lengths reach
     /// the kernels through `PackedSequences`. The tensors' rows in all.
@@ -265,6 +272,7 @@ impl Problem {
                 .alibi
                 .map(|slopes| slopes.checked(q[0], q[1]))
                 .transpose()?,
+            dropout: options.dropout,
             packed: None,
         };
         problem.check_index_ranges()?;
@@ -442,23 +450,25 @@ impl Problem {
         }
     }
 
-    /// Whether the call asks for a window, soft-capping or ALiBi, which only `fa2-tc`, `fa3`
-    /// and `standard` run (their `local` forms): the argument and its value to name in the
-    /// others' refusal.
+    /// Whether the call asks for a window, soft-capping, ALiBi or dropout, which only `fa2-tc`
+    /// and `fa3` (their `local` forms) and, but for dropout, `standard` run: the argument and
+    /// its value to name in the others' refusal.
     pub fn local_option(&self) -> Option<(&'static str, String)> {
         if self.window.is_bounded() {
             let (left, right) = self.window_size();
             Some(("window", format!("({left}, {right})")))
         } else if self.softcap > 0.0 {
             Some(("softcap", self.softcap.to_string()))
+        } else if let Some(slopes) = self.alibi {
+            Some(("alibi_slopes", format!("of shape {:?}", slopes.dims())))
         } else {
-            self.alibi
-                .map(|slopes| ("alibi_slopes", format!("of shape {:?}", slopes.dims())))
+            self.dropout
+                .map(|dropout| ("dropout_p", dropout.p().to_string()))
         }
     }
 
     /// Which form of the tensor-core forward kernels serves this call: a packed batch's, a
-    /// window's, soft-capping's or ALiBi's (`local`), both, or the dense one, which has none
+    /// window's, soft-capping's, ALiBi's or dropout's (`local`), both, or the dense one, which has none
     /// compiled in.
     pub fn kernel_form(&self) -> KernelForm {
         KernelForm::of(self.is_packed(), self.local_option().is_some())
@@ -471,6 +481,8 @@ impl Problem {
         let side = |bound: Option<u32>| bound.map_or(-1, |n| (n as usize).min(widest) as i32);
         let softcap = Softcap::new(self.softmax_scale, self.softcap);
         let (alibi_slopes, alibi_batch_stride) = alibi::kernel_fields(self.alibi, 0);
+        let (dropout_seed, dropout_offset, dropout_first_head, dropout_drop_below) =
+            dropout::kernel_fields(self.dropout, 0);
         AttentionShape {
             batch: self.batch as u32,
             heads: self.heads as u32,
@@ -487,11 +499,16 @@ impl Problem {
             alibi_slopes,
             alibi_batch_stride,
             _pad: 0,
+            dropout_seed,
+            dropout_offset,
+            dropout_first_head,
+            dropout_drop_below,
         }
     }
 
     /// `shape` (this problem's) for a packed launch of `sequences` sequences from
-    /// `first_sequence` on: its batch, and ALiBi's slopes from the launch's first row.
+    /// `first_sequence` on: its batch, ALiBi's slopes from the launch's first row, and
+    /// dropout's global heads from the launch's first sequence.
     pub(crate) fn shape_for_launch(
         &self,
         shape: &mut AttentionShape,
@@ -501,6 +518,7 @@ impl Problem {
         shape.batch = sequences;
         (shape.alibi_slopes, shape.alibi_batch_stride) =
             alibi::kernel_fields(self.alibi, first_sequence as usize);
+        shape.dropout_first_head = first_sequence * self.heads as u32;
     }
 
     /// Elements of a per-row statistics vector: batch·heads·seqlen_q.

@@ -5,6 +5,7 @@ use half::{bf16, f16};
 
 use super::*;
 use crate::attention::alibi::AlibiSlopes;
+use crate::attention::dropout::Dropout;
 use crate::attention::packed::PackedBatch;
 use crate::attention::problem::AttentionOptions;
 use crate::error::Error;
@@ -537,6 +538,52 @@ fn alibi_runs_the_local_kernels_forward_and_backward_and_is_checked_against_the_
     assert!(packed_backward(&call, &batch).is_ok());
     call.options.alibi = Some(slopes(&[1, 4]));
     assert_eq!(named(packed(&call)), "alibi_slopes");
+}
+
+#[test]
+fn dropout_runs_the_local_kernels_forward_and_backward_and_is_refused_elsewhere_by_name() {
+    let dropout = Dropout::new(0.17, 0x5eed, 8).unwrap();
+    let mut call = Forward::<bf16>::new([2, 8, 100, 64]);
+    call.options.dropout = dropout;
+    let plan = call.check().expect("valid");
+    assert!(plan.kernel_names().contains("_local"), "{plan}");
+    call.options.algorithm = Algorithm::Fa2Tc;
+    let plan = call.check().expect("valid");
+    assert!(plan.kernel_names().contains("_local"), "{plan}");
+    // The faithful kernels and standard refuse it by name (standard takes windows, softcap and
+    // ALiBi, not dropout).
+    for algorithm in [Algorithm::Fa2, Algorithm::Fa1, Algorithm::Standard] {
+        call.options.algorithm = algorithm;
+        assert_eq!(named(call.check()), "dropout_p", "{algorithm}");
+    }
+    // f32 falls back to the scalar fa2, which refuses it.
+    let mut call = Forward::<f32>::new([2, 8, 100, 64]);
+    call.options.dropout = dropout;
+    assert_eq!(named(call.check()), "dropout_p");
+    // Backward: the local kernels; the standard backward refuses it.
+    let mut call = Backward::<bf16>::new();
+    call.forward.options.dropout = dropout;
+    assert!(main_form(&backward_plan(&call)) == KernelForm::Local);
+    call.forward.options.deterministic = true;
+    assert!(main_form(&backward_plan(&call)) == KernelForm::Local);
+    call.forward.options.deterministic = false;
+    call.forward.options.backward_algorithm = Algorithm::Standard;
+    assert_eq!(named(call.check()), "dropout_p");
+    // Packed: the varlen local kernels, forward and backward.
+    let (mut call, batch) = packed_call();
+    call.options.dropout = dropout;
+    let plan = Attention::new(call.q, call.k, call.v)
+        .options(call.options)
+        .packed(&batch)
+        .check_forward(ForwardTensors {
+            o: call.o,
+            stats: Statistics::LogSumExp(call.lse),
+        })
+        .expect("valid");
+    assert!(plan.kernel_names().contains("_varlen_local"), "{plan}");
+    assert!(packed_backward(&call, &batch).is_ok());
+    // A probability outside [0, 1) never reaches a call.
+    assert!(Dropout::new(1.0, 0, 0).is_err());
 }
 
 /// The form of a backward plan's main kernel.

@@ -6,6 +6,7 @@
 pub mod alibi;
 pub mod block;
 pub mod decode_block;
+pub mod dropout;
 pub mod form;
 pub mod limits;
 pub mod mask;

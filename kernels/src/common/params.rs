@@ -22,10 +22,10 @@ impl TensorView {
     }
 }
 
-/// The problem every attention kernel solves: O = softmax(mask(cap(scale·Q·Kᵀ) + bias))·V for
-/// each of `batch × heads` query heads, each against its K/V head (`kv_group` query heads share
-/// one), where cap is the optional soft-capping, bias the optional ALiBi and mask the causal or
-/// sliding-window mask.
+/// The problem every attention kernel solves: O = drop(softmax(mask(cap(scale·Q·Kᵀ) + bias)))·V
+/// for each of `batch × heads` query heads, each against its K/V head (`kv_group` query heads
+/// share one), where cap is the optional soft-capping, bias the optional ALiBi, mask the causal or
+/// sliding-window mask and drop the optional dropout.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
@@ -58,6 +58,14 @@ pub struct AttentionShape {
     pub alibi_slopes: u64,
     pub alibi_batch_stride: u32,
     pub _pad: u32,
+    /// Dropout (`common::dropout`): Philox's seed and offset, the global head of the launch's
+    /// first sequence (a packed launch's first sequence times heads; 0 otherwise), and the
+    /// smallest kept 16-bit value (p rounded to 1/65536; 0 when dropout is off). Read by the
+    /// `local` forms only.
+    pub dropout_seed: u64,
+    pub dropout_offset: u64,
+    pub dropout_first_head: u32,
+    pub dropout_drop_below: u32,
 }
 
 impl Default for AttentionShape {
@@ -80,6 +88,10 @@ impl Default for AttentionShape {
             alibi_slopes: 0,
             alibi_batch_stride: 0,
             _pad: 0,
+            dropout_seed: 0,
+            dropout_offset: 0,
+            dropout_first_head: 0,
+            dropout_drop_below: 0,
         }
     }
 }

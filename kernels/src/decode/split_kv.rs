@@ -226,6 +226,7 @@ fn step<T: TensorCoreElement, C: DecodeConfig, const MASK: bool>(
         rescale,
         &mut state.stats,
         &mut state.acc,
+        None,
     );
     for (pass, rows) in v.iter().enumerate() {
         for j in 0..8 {

@@ -11,6 +11,7 @@
 
 use crate::arch;
 use crate::common::alibi::Alibi;
+use crate::common::dropout::Dropout;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::softcap::Softcap;
@@ -142,7 +143,8 @@ impl ScoreBlock {
     /// decided that no row's P̃ would pass 2^`RESCALE_THRESHOLD`). Overwrites `scores` with
     /// P̃ = exp2(S·scale·log2 e − m), adds its f32 row sums into the lane's partial ℓ, and returns
     /// P̃ packed to 16 bits as the A fragments of P̃·V, one per 16 keys ([`pack_row`];
-    /// mma.m16n8k16's A layout, which wgmma's register A shares).
+    /// mma.m16n8k16's A layout, which wgmma's register A shares), with dropout's zeros where
+    /// `kept` ([`forward_keep_bits`]) has them.
     #[inline(always)]
     pub fn online_softmax<
         T: TensorCoreElement,
@@ -156,15 +158,23 @@ impl ScoreBlock {
         rescale: bool,
         stats: &mut [RowStats; 2],
         acc: &mut [[f32; 4]; O_TILES],
+        kept: Option<u128>,
     ) -> [[u32; 4]; CHUNKS] {
         let mut fragments = [[0u32; 4]; CHUNKS];
+        // One softmax either way (a second copy of it made the row-tile loops of FA2-TC too
+        // large to unroll, and its arrays went to local memory); only the packing differs.
         self.softmax_rows(
             scores,
             block_max,
             rescale,
             stats,
             |h, alpha| scale_row(acc, h, alpha),
-            |h, probabilities| pack_row::<T, TILES, CHUNKS>(probabilities, h, &mut fragments),
+            |h, probabilities| match kept {
+                Some(bits) => {
+                    pack_kept_row::<T, TILES, CHUNKS>(probabilities, h, bits, &mut fragments)
+                }
+                None => pack_row::<T, TILES, CHUNKS>(probabilities, h, &mut fragments),
+            },
         );
         fragments
     }
@@ -235,6 +245,84 @@ pub fn pack_row<T: TensorCoreElement, const TILES: usize, const CHUNKS: usize>(
 ) {
     for (tile, values) in probabilities.iter().enumerate() {
         fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(values[2 * h], values[2 * h + 1]);
+    }
+}
+
+/// Dropout on one warp's P̃: the probabilities whose bit in `kept` ([`forward_keep_bits`]) is 0
+/// become 0, after ℓ took them (ℓ normalizes the softmax before dropout) and before P̃·V. The
+/// 1 / (1 − p) of the kept ones is applied to O at the end ([`scale_rows`]).
+#[inline(always)]
+pub fn drop_probabilities<const TILES: usize>(probabilities: &mut [[f32; 4]; TILES], kept: u128) {
+    for (t, values) in probabilities.iter_mut().enumerate() {
+        for (e, value) in values.iter_mut().enumerate() {
+            if kept >> (4 * t + e) & 1 == 0 {
+                *value = 0.0;
+            }
+        }
+    }
+}
+
+/// Which of one warp's scores dropout keeps in the forward's layout (16 rows from sequence row
+/// `first_row`, the block's keys from `key_start`, both multiples of 16), bit 4·tile + element
+/// (`common::dropout`): lane l's scores of a pair of key tiles are draw l of their 16 × 16 tile,
+/// all eight its own. `None` without dropout. The kernels compute it while the block's S runs
+/// on the tensor cores, before the arrays of the softmax are live. The draws' loop may stay
+/// rolled (each step is a Philox call): it indexes no array by its counter, only shifts its
+/// eight bits into place.
+#[inline(always)]
+pub fn forward_keep_bits<const TILES: usize>(
+    dropout: &Dropout,
+    first_row: u32,
+    key_start: u32,
+) -> Option<u128> {
+    if !dropout.is_on() {
+        return None;
+    }
+    const { assert!(TILES.is_multiple_of(2) && TILES * 4 <= 128) };
+    let lane = arch::lane_idx();
+    let mut bits = 0u128;
+    for pair in 0..TILES / 2 {
+        let words = dropout.draw(first_row / 16, key_start / 16 + pair as u32, lane);
+        let mut pair_bits = 0u32;
+        for tile in 0..2 {
+            for e in 0..4 {
+                // Element e: row +8·(e/2) (the word pair), key +e%2 (the half); the tile's
+                // place in its pair picks the word within the pair.
+                if dropout.keeps(words[2 * (e / 2) + tile], e as u32 % 2) {
+                    pair_bits |= 1 << (4 * tile + e);
+                }
+            }
+        }
+        bits |= (pair_bits as u128) << (8 * pair);
+    }
+    Some(bits)
+}
+
+/// Both of the lane's rows of Õ times `factor` (dropout's 1 / (1 − p) before O is stored).
+#[inline(always)]
+pub fn scale_rows<const O_TILES: usize>(acc: &mut [[f32; 4]; O_TILES], factor: f32) {
+    scale_row(acc, 0, factor);
+    scale_row(acc, 1, factor);
+}
+
+/// [`pack_row`] with dropout: the probabilities whose bit in `kept` ([`forward_keep_bits`]) is 0
+/// packed as 0.
+#[inline(always)]
+pub fn pack_kept_row<T: TensorCoreElement, const TILES: usize, const CHUNKS: usize>(
+    probabilities: &[[f32; 4]; TILES],
+    h: usize,
+    kept: u128,
+    fragments: &mut [[u32; 4]; CHUNKS],
+) {
+    for (tile, values) in probabilities.iter().enumerate() {
+        let kept_value = |e: usize| {
+            if kept >> (4 * tile + e) & 1 != 0 {
+                values[e]
+            } else {
+                0.0
+            }
+        };
+        fragments[tile / 2][tile % 2 * 2 + h] = T::pack2(kept_value(2 * h), kept_value(2 * h + 1));
     }
 }
 
@@ -347,6 +435,8 @@ pub struct TransposedScores {
     pub softcap: Softcap,
     /// ALiBi's bias ([`Alibi::OFF`] as a constant in the kernels compiled without it).
     pub alibi: Alibi,
+    /// Dropout ([`Dropout::OFF`] as a constant in the kernels compiled without it).
+    pub dropout: Dropout,
     /// The mask as two query ends per key of the lane (each element one compare of its constant
     /// column against them, as [`ScoreBlock::apply_mask_by_row_ends`]), or element by element
     /// from the query and key indices. A constant at each call site: FA3's backward takes the
@@ -392,17 +482,88 @@ impl TransposedScores {
         logsumexp: impl Fn(u32) -> f32,
         delta: impl Fn(u32) -> f32,
     ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
-        let p = self.probabilities::<TILES, MASK>(scores, logsumexp);
+        let kept = self.dropout_keep::<TILES>();
+        let p = self.probabilities::<TILES, MASK>(scores, logsumexp, kept);
         Self::score_gradients::<T, TILES, CHUNKS>(&p, d_probs, delta)
     }
 
     /// Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) (the article's P = exp(S − L)), 0 where `MASK` hides
     /// the pair (past seqlen_q or seqlen_k, or outside the window); `logsumexp(r)` gives L of
     /// the block's query r. With soft-capping Sᵀ is the capped product, and the cap's slope at
-    /// each pair is kept for dSᵀ. Needs only Sᵀ, so it can run while dPᵀ is still being
-    /// computed.
+    /// each pair is kept for dSᵀ, and dropout's `kept` ([`Self::dropout_keep`]). Needs only
+    /// Sᵀ, so it can run while dPᵀ is still being computed.
     #[inline(always)]
     pub fn probabilities<const TILES: usize, const MASK: bool>(
+        &self,
+        scores: &[[f32; 4]; TILES],
+        logsumexp: impl Fn(u32) -> f32,
+        kept: Option<(u64, f32)>,
+    ) -> Probabilities<TILES> {
+        Probabilities {
+            kept,
+            ..self.probabilities_of::<TILES, MASK>(scores, logsumexp)
+        }
+    }
+
+    /// Which of the lane's scores dropout keeps ([`Self::keep_bits`]) and 1 / (1 − p), for
+    /// [`Self::probabilities`]; `None` without dropout. FA3's backward computes it while Sᵀ and
+    /// dPᵀ run on the tensor cores.
+    #[inline(always)]
+    pub fn dropout_keep<const TILES: usize>(&self) -> Option<(u64, f32)> {
+        self.dropout
+            .is_on()
+            .then(|| (self.keep_bits::<TILES>(), self.dropout.keep_scale()))
+    }
+
+    /// Which of the lane's scores dropout keeps, bit 4·tile + element (`common::dropout`): for
+    /// each pair of query tiles, lanes l and l ^ 4 (keys l/4 and l/4 ^ 1, which share their draws)
+    /// each compute the draw of the queries 2·(l%4) + (l/4)%2 (+8) and hand the other the half it
+    /// needs, so each score costs an eighth of a Philox call, as in the forward.
+    #[inline(always)]
+    fn keep_bits<const TILES: usize>(&self) -> u64 {
+        const { assert!(TILES.is_multiple_of(2) && TILES * 4 <= 64) };
+        let lane = arch::lane_idx();
+        let (key_class, query_pair) = (accumulator_row(lane), lane % 4);
+        let own_half = key_class % 2;
+        // The draw of rows {x, x + 8} and this lane's key pair: x = 2·(l%4) + own_half.
+        let draw = 4 * (2 * query_pair + own_half) + key_class / 2;
+        let half = |word: u32, which: u32| (word >> (16 * which)) & 0xFFFF;
+        let mut bits = 0u64;
+        // As the forward's: the loop over pairs indexes no array by its counter.
+        for pair in 0..TILES / 2 {
+            let own =
+                self.dropout
+                    .draw(self.row_start / 16 + pair as u32, self.lane_key / 16, draw);
+            let sent = |w: usize| half(own[w], 1 - own_half) | half(own[w + 1], 1 - own_half) << 16;
+            let received = [
+                arch::shuffle_xor(f32::from_bits(sent(0)), 4).to_bits(),
+                arch::shuffle_xor(f32::from_bits(sent(2)), 4).to_bits(),
+            ];
+            let mut pair_bits = 0u32;
+            for tile in 0..2 {
+                for e in 0..4 {
+                    // Element e: query +e%2 (this lane's draw when it is the draw's row class),
+                    // key +8·(e/2) (the word within the pair); the tile's place in its pair
+                    // picks the pair of words.
+                    let w = 2 * tile + e / 2;
+                    let value = if e as u32 % 2 == own_half {
+                        half(own[w], own_half)
+                    } else {
+                        half(received[w / 2], w as u32 % 2)
+                    };
+                    if value >= self.dropout.drop_below {
+                        pair_bits |= 1 << (4 * tile + e);
+                    }
+                }
+            }
+            bits |= (pair_bits as u64) << (8 * pair);
+        }
+        bits
+    }
+
+    /// [`Self::probabilities`] before dropout.
+    #[inline(always)]
+    fn probabilities_of<const TILES: usize, const MASK: bool>(
         &self,
         scores: &[[f32; 4]; TILES],
         logsumexp: impl Fn(u32) -> f32,
@@ -472,33 +633,79 @@ impl TransposedScores {
                 cap_slope[t][e] = slope;
             }
         }
-        Probabilities { p, cap_slope }
+        Probabilities {
+            p,
+            cap_slope,
+            kept: None,
+        }
     }
 
     /// dSᵀ = Pᵀ ∘ (dPᵀ − D) from [`Self::probabilities`]' Pᵀ, times the cap's slope 1 − tanh²
     /// with soft-capping (the gradient with respect to the raw product, which dQ and dK take);
-    /// `delta(r)` gives D of the block's query r. Returns Pᵀ and dSᵀ packed to 16 bits as the A
-    /// fragments of Pᵀ·dO_i and dSᵀ·Q_i: the accumulator layout of a 16 × 16 pair of tiles is
-    /// the A layout ([`pack_row`]).
+    /// `delta(r)` gives D of the block's query r. With dropout, the forward multiplied V by
+    /// P̃ = Z ∘ P / (1 − p), so dV takes P̃ᵀ and dS = P ∘ (Z ∘ dP / (1 − p) − D), with D = rowsum(dO ∘ O)
+    /// as before (FlashAttention-2, Algorithm 2 with Z). Returns Pᵀ (P̃ᵀ) and dSᵀ packed to 16
+    /// bits as the A fragments of Pᵀ·dO_i and dSᵀ·Q_i: the accumulator layout of a 16 × 16 pair of
+    /// tiles is the A layout ([`pack_row`]).
     #[inline(always)]
     pub fn score_gradients<T: TensorCoreElement, const TILES: usize, const CHUNKS: usize>(
         probabilities: &Probabilities<TILES>,
         d_probs: &[[f32; 4]; TILES],
         delta: impl Fn(u32) -> f32,
     ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
+        // A uniform branch: the kernels without dropout compile the first arm alone.
+        match probabilities.kept {
+            None => Self::score_gradients_kept::<T, TILES, CHUNKS, false>(
+                probabilities,
+                (0, 1.0),
+                d_probs,
+                delta,
+            ),
+            Some(kept) => Self::score_gradients_kept::<T, TILES, CHUNKS, true>(
+                probabilities,
+                kept,
+                d_probs,
+                delta,
+            ),
+        }
+    }
+
+    /// [`Self::score_gradients`] with dropout's keep bits and 1 / (1 − p) (`DROPPED`) or without.
+    #[inline(always)]
+    fn score_gradients_kept<
+        T: TensorCoreElement,
+        const TILES: usize,
+        const CHUNKS: usize,
+        const DROPPED: bool,
+    >(
+        probabilities: &Probabilities<TILES>,
+        (keep_bits, keep_scale): (u64, f32),
+        d_probs: &[[f32; 4]; TILES],
+        delta: impl Fn(u32) -> f32,
+    ) -> ([[u32; 4]; CHUNKS], [[u32; 4]; CHUNKS]) {
         let lane = arch::lane_idx();
-        let Probabilities { p, cap_slope } = probabilities;
+        let Probabilities { p, cap_slope, .. } = probabilities;
+        let mut kept = *p;
         let mut ds = [[0.0f32; 4]; TILES];
         for t in 0..TILES {
             for e in 0..4 {
                 let local_row = t as u32 * MMA_N + e as u32 % 2 + accumulator_col(lane);
-                ds[t][e] = p[t][e] * (d_probs[t][e] - delta(local_row)) * cap_slope[t][e];
+                ds[t][e] = if DROPPED {
+                    kept[t][e] = if keep_bits >> (4 * t + e) & 1 != 0 {
+                        p[t][e] * keep_scale
+                    } else {
+                        0.0
+                    };
+                    (kept[t][e] * d_probs[t][e] - p[t][e] * delta(local_row)) * cap_slope[t][e]
+                } else {
+                    p[t][e] * (d_probs[t][e] - delta(local_row)) * cap_slope[t][e]
+                };
             }
         }
         let mut p_fragments = [[0u32; 4]; CHUNKS];
         let mut ds_fragments = [[0u32; 4]; CHUNKS];
         for h in 0..2 {
-            pack_row::<T, _, _>(p, h, &mut p_fragments);
+            pack_row::<T, _, _>(&kept, h, &mut p_fragments);
             pack_row::<T, _, _>(&ds, h, &mut ds_fragments);
         }
         (p_fragments, ds_fragments)
@@ -512,6 +719,8 @@ impl TransposedScores {
 pub struct Probabilities<const TILES: usize> {
     pub p: [[f32; 4]; TILES],
     pub cap_slope: [[f32; 4]; TILES],
+    /// With dropout: which scores it keeps (bit 4·tile + element) and 1 / (1 − p).
+    pub kept: Option<(u64, f32)>,
 }
 
 /// Calls `store(row, col, packed)` for each 4-byte register of A fragments packed by

@@ -173,7 +173,17 @@ impl ForwardPlan {
             ));
         }
         match algorithm {
-            Algorithm::Standard => plan.launches = standard_launches(problem, element),
+            Algorithm::Standard => {
+                if let Some(dropout) = problem.dropout {
+                    return Err(Error::invalid(
+                        "dropout_p",
+                        dropout.p(),
+                        "`standard` takes no dropout; `fa2-tc` and `fa3` (f16/bf16 at their \
+                         compiled head dims) do",
+                    ));
+                }
+                plan.launches = standard_launches(problem, element)
+            }
             Algorithm::Fa1 => {
                 plan.refuse_local_options(Algorithm::Fa1)?;
                 let (sram_floats, blocks) =
@@ -327,7 +337,8 @@ impl ForwardPlan {
     }
 
     /// The faithful kernels (`fa1`, `fa2`) run the articles' algorithms as written: no window,
-    /// no soft-capping, no ALiBi. An error naming the option, and the fallback that led here if one did.
+    /// no soft-capping, no ALiBi, no dropout. An error naming the option, and the fallback that
+    /// led here if one did.
     fn refuse_local_options(&self, family: Algorithm) -> Result<()> {
         let Some((name, value)) = self.problem.local_option() else {
             return Ok(());
@@ -339,8 +350,9 @@ impl ForwardPlan {
             name,
             value,
             format!(
-                "`{family}` takes no window, soft-capping or ALiBi{route}; `fa2-tc` and `fa3` \
-                 (f16/bf16 at their compiled head dims) and `standard` take all three"
+                "`{family}` takes no window, soft-capping, ALiBi or dropout{route}; `fa2-tc` and \
+                 `fa3` (f16/bf16 at their compiled head dims) take all four, and `standard` all \
+                 but dropout"
             ),
         ))
     }

@@ -35,6 +35,7 @@ use super::config::{Fa2TcBackwardConfig, ds_row_stride, shared_row_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
 use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
+use crate::common::dropout::Dropout;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2TcBackwardParams;
@@ -130,6 +131,7 @@ struct BackwardTcBlock {
     mask: AttentionMask,
     softcap: Softcap,
     alibi: Alibi,
+    dropout: Dropout,
     key_block: u32,
     key_start: u32,
     head_dim: u32,
@@ -192,6 +194,7 @@ pub fn backward<T: TensorCoreElement, C: Fa2TcBackwardConfig>(
         mask: info.mask(),
         softcap: Softcap::of_form(shape, C::LOCAL),
         alibi: Alibi::of_block(shape, &info, C::LOCAL),
+        dropout: Dropout::of_block(shape, info.batch_head, C::LOCAL),
         key_block,
         key_start,
         head_dim: shape.head_dim,
@@ -379,6 +382,7 @@ impl BackwardTcBlock {
             score_scale: self.score_scale,
             softcap: self.softcap,
             alibi: self.alibi,
+            dropout: self.dropout,
             mask_by_key_ends: false,
         };
         block.gradients::<T, _, _, MASK>(

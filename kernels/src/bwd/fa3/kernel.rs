@@ -54,6 +54,7 @@ use super::sram::Fa3BackwardSram;
 use crate::arch::{self, L2Priority};
 use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
+use crate::common::dropout::Dropout;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3BackwardParams;
 use crate::common::softcap::Softcap;
@@ -169,6 +170,7 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
         key_start: block.key_start,
         info,
         alibi: Alibi::of_block(shape, &info, C::LOCAL),
+        dropout: Dropout::of_block(shape, info.batch_head, C::LOCAL),
         score_scale: shape.softmax_scale * LOG2_E,
         logsumexp: block.statistics::<C>(p.base.logsumexp),
         delta: block.statistics::<C>(p.base.delta),
@@ -299,6 +301,8 @@ struct Consumer<'a> {
     info: BlockInfo,
     /// ALiBi's bias of the block's head (read once: `Alibi::of_block` loads its slope).
     alibi: Alibi,
+    /// Dropout's generator and threshold for the block's head.
+    dropout: Dropout,
     score_scale: f32,
     logsumexp: HeadVector,
     delta: HeadVector,
@@ -356,13 +360,6 @@ impl Consumer<'_> {
         let mut d_probs = [[0.0f32; 4]; C::ROW_TILES];
         self.issue_transposed::<T, C>(sram.k, sram.q(stage), &mut scores);
         self.issue_transposed::<T, C>(sram.v, sram.d_o(stage), &mut d_probs);
-        self.write_statistic::<C>(sram, statistic);
-        self.sync_warpgroup();
-        // Sᵀ has landed (dPᵀ, the younger group, may still run): Pᵀ's exponentials under dPᵀ's
-        // products, FlashAttention-3's order.
-        arch::wgmma_wait::<1>();
-        arch::wgmma_fence_accumulator(&mut scores);
-
         let lane = arch::lane_idx();
         let block = TransposedScores {
             lane_key: self.key_start + self.warp_key + accumulator_row(lane),
@@ -373,13 +370,24 @@ impl Consumer<'_> {
             score_scale: self.score_scale,
             softcap: Softcap::of_form(&self.params.base.shape, C::LOCAL),
             alibi: self.alibi,
+            dropout: self.dropout,
             mask_by_key_ends: true,
         };
+        // Dropout's keep bits while both products run (their Philox calls on the ALU under the
+        // tensor cores' work, before Pᵀ's registers are live).
+        let kept = block.dropout_keep::<{ C::ROW_TILES }>();
+        self.write_statistic::<C>(sram, statistic);
+        self.sync_warpgroup();
+        // Sᵀ has landed (dPᵀ, the younger group, may still run): Pᵀ's exponentials under dPᵀ's
+        // products, FlashAttention-3's order.
+        arch::wgmma_wait::<1>();
+        arch::wgmma_fence_accumulator(&mut scores);
+
         let (logsumexp, delta) = (
             sram.statistics(self.consumer, 0),
             sram.statistics(self.consumer, 1),
         );
-        let probabilities = block.probabilities::<_, MASK>(&scores, |r| logsumexp.get(r));
+        let probabilities = block.probabilities::<_, MASK>(&scores, |r| logsumexp.get(r), kept);
         arch::wgmma_wait::<0>();
         arch::wgmma_fence_accumulator(&mut d_probs);
         let (mut p, mut ds) = TransposedScores::score_gradients::<T, _, { C::ROW_CHUNKS }>(

@@ -39,12 +39,13 @@ use super::config::{Fa2TcConfig, shared_row_stride as fa2_tc_stride};
 use crate::arch::{self, SharedAddress, WARP_SIZE};
 use crate::common::alibi::Alibi;
 use crate::common::block::BlockInfo;
+use crate::common::dropout::Dropout;
 use crate::common::element::TensorCoreElement;
 use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2Params;
 use crate::common::softcap::Softcap;
 use crate::common::softmax::{Exp2Split, LOG2_E, RowStats, needs_rescale};
-use crate::tile::accumulator::{ScoreBlock, store_rows};
+use crate::tile::accumulator::{ScoreBlock, forward_keep_bits, scale_rows, store_rows};
 use crate::tile::copy::copy_rows_async;
 use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, key_pair_col,
@@ -191,6 +192,7 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
         mask: blocks.mask(),
         softcap: Softcap::of_form(shape, LOCAL),
         alibi: Alibi::of_block(shape, &info, LOCAL),
+        dropout: Dropout::of_block(shape, info.batch_head, LOCAL),
         seqlen_k: info.seqlen_k,
         score_scale: shape.softmax_scale * LOG2_E,
     };
@@ -259,6 +261,11 @@ pub fn forward<T: TensorCoreElement, C: Fa2TcConfig, const PACKED: bool, const L
         }
     }
     arch::copy_async_wait_all(); // Nothing may be in flight when the block exits.
+    if step_base.dropout.is_on() {
+        for tile_state in state.iter_mut() {
+            scale_rows(&mut tile_state.acc, step_base.dropout.keep_scale());
+        }
+    }
     for (tile, tile_state) in state.iter_mut().enumerate() {
         store_output::<T, C, PACKED>(
             p,
@@ -293,6 +300,7 @@ struct BlockStep<'a> {
     mask: AttentionMask,
     softcap: Softcap,
     alibi: Alibi,
+    dropout: Dropout,
     seqlen_k: u32,
     score_scale: f32,
 }
@@ -301,7 +309,7 @@ impl BlockStep<'_> {
     /// S = Q_i·K_jᵀ; m^(j) = max(m^(j−1), rowmax S) when the max jumps by more than
     /// `RESCALE_THRESHOLD` for some row of the warp (else m^(j) = m^(j−1)); P̃ = exp2(S − m^(j));
     /// ℓ = α·ℓ + rowsum P̃; Õ = α·Õ + P̃·V_j, for each of the warp's row tiles, S soft-capped first
-    /// when capping is on, then ALiBi's bias. `MASK`: apply the mask (causal or a window) and the seqlen_k tail
+    /// when capping is on, then ALiBi's bias; dropout zeroes P̃'s dropped values after ℓ took them. `MASK`: apply the mask (causal or a window) and the seqlen_k tail
     /// element-wise. `before_pv` runs between the softmax and P̃·V_j: the
     /// one-stage pipeline waits for V_j and refills K there.
     #[inline(always)]
@@ -312,6 +320,11 @@ impl BlockStep<'_> {
         state: &mut [RowTileState<C>; C::ROW_TILES],
         before_pv: impl FnOnce(),
     ) {
+        // Dropout's keep bits of each row tile first, before S's registers are live.
+        let kept: [Option<u128>; C::ROW_TILES] = core::array::from_fn(|tile| {
+            let first_row = self.row_start + rows.tile_row(tile);
+            forward_keep_bits::<{ C::KEY_TILES }>(&self.dropout, first_row, self.key_start)
+        });
         let mut scores = self.scores::<T, C>(rows, q_registers);
         let block = ScoreBlock {
             key_start: self.key_start,
@@ -350,6 +363,7 @@ impl BlockStep<'_> {
                 rescale,
                 stats,
                 acc,
+                kept[tile],
             );
         }
         before_pv();

@@ -33,6 +33,7 @@ use super::turns::GemmTurns;
 use crate::arch::{self, L2Priority, MBarrier};
 use crate::common::alibi::Alibi;
 use crate::common::block::{BlockInfo, KeyBlocks};
+use crate::common::dropout::Dropout;
 use crate::common::element::TensorCoreElement;
 use crate::common::params::Fa3Params;
 use crate::common::softcap::Softcap;
@@ -40,7 +41,10 @@ use crate::common::softmax::{
     LOG2_E, RESCALE_THRESHOLD, RowStats, needs_rescale, needs_rescale_past, rescale_threshold,
 };
 use crate::fwd::fa2_tc::config::conditional_rescale;
-use crate::tile::accumulator::{ScoreBlock, finish_rows, pack_row, scale_row, store_rows};
+use crate::tile::accumulator::{
+    ScoreBlock, drop_probabilities, finish_rows, forward_keep_bits, pack_row, scale_row,
+    scale_rows, store_rows,
+};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector, TileCounters};
 use crate::tile::sequences::Sequences;
@@ -281,6 +285,7 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         seqlen_k: info.seqlen_k,
         softcap: Softcap::of_form(&p.shape, C::LOCAL),
         alibi: Alibi::of_block(&p.shape, &info, C::LOCAL),
+        dropout: Dropout::of_block(&p.shape, info.batch_head, C::LOCAL),
         score_scale: p.shape.softmax_scale * LOG2_E,
         turns,
         ring_base: walk.ring_base,
@@ -311,8 +316,9 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
         warpgroup.wait_operands(Some(0), None);
         warpgroup.issue_scores::<T, C>(0, &mut scores);
         warpgroup.turns.pass();
+        let kept = warpgroup.keep_bits::<C>(0);
         warpgroup.land_scores::<0, _>(0, &mut scores);
-        let (probabilities, _) = warpgroup.softmax::<C>(0, &scores, &mut stats);
+        let (probabilities, _) = warpgroup.softmax::<C>(0, &scores, &mut stats, kept);
         let mut p_tilde = pack::<T, C>(&probabilities);
         // α of the last softmax, for Õ before the next product adds to it.
         let mut pending_alpha = None;
@@ -328,8 +334,10 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
             arch::wgmma_fence();
             warpgroup.issue_pv::<T, C>(j - 1, &p_tilde, &mut acc);
             warpgroup.turns.pass();
+            // Dropout's keep bits while S_j runs: Philox on the ALU under the tensor cores.
+            let kept = warpgroup.keep_bits::<C>(j);
             warpgroup.land_scores::<1, _>(j, &mut scores);
-            let (probabilities, alpha) = warpgroup.softmax::<C>(j, &scores, &mut stats);
+            let (probabilities, alpha) = warpgroup.softmax::<C>(j, &scores, &mut stats, kept);
             warpgroup.land_pv(j - 1, &mut acc, &mut p_tilde);
             pending_alpha = alpha;
             // Packed only now: P̃_j's 16-bit fragments must not be written while P̃_{j−1}·V_{j−1},
@@ -346,6 +354,9 @@ fn consume<T: TensorCoreElement, C: Fa3Config>(
     }
     for j in count..blocks.count() {
         warpgroup.skip_block(j);
+    }
+    if warpgroup.dropout.is_on() {
+        scale_rows(&mut acc, warpgroup.dropout.keep_scale());
     }
     if C::O_BY_TMA {
         warpgroup.store_o_by_tma::<T, C>(p, &info, &stats, &acc);
@@ -403,6 +414,7 @@ struct Consumer<'a> {
     seqlen_k: u32,
     softcap: Softcap,
     alibi: Alibi,
+    dropout: Dropout,
     score_scale: f32,
     turns: GemmTurns,
     /// The ring blocks of earlier tiles: block j of this tile is ring block `ring_base + j`.
@@ -544,6 +556,13 @@ impl Consumer<'_> {
         release(self.sram.v_empty(ring(self.ring_base + j).0));
     }
 
+    /// Which of the warp's scores of the tile's block j dropout keeps (`forward_keep_bits`),
+    /// `None` without dropout.
+    #[inline(always)]
+    fn keep_bits<C: Fa3Config>(&self, j: u32) -> Option<u128> {
+        forward_keep_bits::<{ C::S_TILES }>(&self.dropout, self.warp_row, self.blocks.key_start(j))
+    }
+
     /// The softmax of the tile's block j (the j-th its window reaches): the mask where the block needs it, m and ℓ updated as in FA2 (the
     /// max moved only when it jumps, at d ≤ 128). Returns P̃_j in f32, and α for Õ's two rows of
     /// the lane when the max moved.
@@ -553,6 +572,7 @@ impl Consumer<'_> {
         j: u32,
         scores: &[[f32; 4]; C::S_TILES],
         stats: &mut [RowStats; 2],
+        kept: Option<u128>,
     ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
         let block = ScoreBlock {
             key_start: self.blocks.key_start(j),
@@ -569,14 +589,15 @@ impl Consumer<'_> {
             .blocks
             .needs_mask_for_rows(block.key_start, self.group_first_row, WARPGROUP_ROWS)
         {
-            self.block_softmax::<C, true>(&block, scores, stats)
+            self.block_softmax::<C, true>(&block, scores, stats, kept)
         } else {
-            self.block_softmax::<C, false>(&block, scores, stats)
+            self.block_softmax::<C, false>(&block, scores, stats, kept)
         }
     }
 
     /// [`Consumer::softmax`] for one `MASK`: apply the mask (causal or a window) and the
-    /// seqlen_k tail element-wise, or not; soft-capping and ALiBi first when they are on. S's registers are only read: the next block's S = Q_i·K_jᵀ
+    /// seqlen_k tail element-wise, or not; soft-capping and ALiBi first when they are on, and
+    /// dropout last (after ℓ took the probabilities). S's registers are only read: the next block's S = Q_i·K_jᵀ
     /// accumulates into them while this block's P̃·V runs, and ptxas serializes the products when
     /// other instructions write a wgmma's accumulators inside its pipeline stage.
     #[inline(always)]
@@ -585,6 +606,7 @@ impl Consumer<'_> {
         block: &ScoreBlock,
         scores: &[[f32; 4]; C::S_TILES],
         stats: &mut [RowStats; 2],
+        kept: Option<u128>,
     ) -> ([[f32; 4]; C::S_TILES], Option<[f32; 2]>) {
         let mut probabilities = *scores;
         block.apply_softcap(&mut probabilities);
@@ -606,6 +628,9 @@ impl Consumer<'_> {
             |h, a| alpha[h] = a,
             |_, _| {},
         );
+        if let Some(bits) = kept {
+            drop_probabilities(&mut probabilities, bits);
+        }
         (probabilities, rescale.then_some(alpha))
     }
 }
