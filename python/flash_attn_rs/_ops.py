@@ -57,7 +57,14 @@ def _define():
         rows = dims_and_strides(q, layout)[0][:3]
         return q.new_empty(rows[1:] if layout == PACKED else rows, dtype=torch.float32)
 
-    @torch.library.custom_op("flash_attn_rs::forward", mutates_args=())
+    # The forwards draw dropout's seed and offset when they run: never merged or reordered as
+    # pure functions of their inputs (`tags`, where this PyTorch's custom_op takes them).
+    import inspect
+
+    seeded = ({"tags": (torch.Tag.nondeterministic_seeded,)}
+              if "tags" in inspect.signature(torch.library.custom_op).parameters else {})
+
+    @torch.library.custom_op("flash_attn_rs::forward", mutates_args=(), **seeded)
     def forward(q: Tensor, k: Tensor, v: Tensor, layout: str, dtype: str,
                 softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],
                 window: Optional[List[int]], softcap: float, alibi_slopes: Optional[Tensor],
@@ -77,7 +84,7 @@ def _define():
           alibi_slopes, dropout_p, deterministic):
         return q.new_empty(q.shape), statistics_like(q, layout), rng_state_like(dropout_p)
 
-    @torch.library.custom_op("flash_attn_rs::varlen_forward", mutates_args=())
+    @torch.library.custom_op("flash_attn_rs::varlen_forward", mutates_args=(), **seeded)
     def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                        cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, dtype: str,
                        softmax_scale: Optional[float], causal: bool, algorithm: Optional[str],

@@ -219,3 +219,21 @@ def test_transformers_dropout_reaches_the_call(cpu_launches, monkeypatch):
     x = torch.randn(1, 2, 4, 8)
     forward(torch.nn.Module(), x, x, x, None, dropout=0.1)
     assert seen["dropout_p"] == 0.1
+
+
+def test_torch_compile_traces_dropout_and_keeps_each_calls_mask(cpu_launches):
+    """fullgraph=True through the custom operators with dropout: the forward operator draws its
+    seed and offset when it runs (tagged nondeterministic_seeded where PyTorch takes tags), so two
+    identical calls in one compiled function are not merged and draw different masks, and the
+    gradients come back."""
+    q = torch.randn(1, 16, 2, 8, requires_grad=True)
+
+    def twice(q):
+        a = flash_attn_rs.flash_attn_func(q, q, q, 0.5)
+        b = flash_attn_rs.flash_attn_func(q, q, q, 0.5)
+        return a, b
+
+    a, b = torch.compile(twice, backend="aot_eager", fullgraph=True)(q)
+    assert not torch.equal(a, b)
+    (a.sum() + b.sum()).backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
