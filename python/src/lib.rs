@@ -17,8 +17,8 @@ use std::sync::{LazyLock, Mutex};
 use flash_attn::device::{GRAPH_CAPTURE_UNSUPPORTED, RawStream};
 use flash_attn::{
     Algorithm, AlibiSlopes, Attention, AttentionOptions, BackwardTensors, BlockTable, CacheSeqlens,
-    CompiledLimits, DType, DeviceOffsets, Dropout, Element, Error, ForwardTensors, Gpu, Gradients, KvCache,
-    PackedBatch, Plan, RowsRef, Statistics, TensorRef,
+    CompiledLimits, DType, DeviceOffsets, Dropout, Element, Error, ForwardTensors, Gpu, Gradients,
+    KvCache, PackedBatch, Plan, RowsRef, Statistics, TensorRef,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -752,8 +752,15 @@ fn forward(
         k_new,
         v_new,
     };
-    let scores =
-        Scores::of(softmax_scale, causal, window, softcap, alibi_slopes, dropout).map_err(to_py)?;
+    let scores = Scores::of(
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+        alibi_slopes,
+        dropout,
+    )
+    .map_err(to_py)?;
     let mut call =
         ForwardCall::parse(dtype, [q, k, v, o], &stats, algorithm, scores, &form).map_err(to_py)?;
     // flash-attn's `num_splits`: 0 (or None) lets the plan choose the split-KV count.
@@ -825,7 +832,15 @@ fn backward(
         lse,
         d_o,
         [dq, dk, dv],
-        Scores::of(softmax_scale, causal, window, softcap, alibi_slopes, dropout).map_err(to_py)?,
+        Scores::of(
+            softmax_scale,
+            causal,
+            window,
+            softcap,
+            alibi_slopes,
+            dropout,
+        )
+        .map_err(to_py)?,
         algorithm,
         deterministic,
         &form,
