@@ -13,7 +13,9 @@
 //! - `register`: one thread's 4 × 4 register blocks of a matrix product;
 //! - `warp`: reductions across a warp, or across an aligned group of its lanes;
 //! - `accumulator`: a warp's rows of an f32 accumulator in the mma.m16n8 layout (mask, row
-//!   reductions, the online-softmax update, the output store), shared by FA2-TC and FA3;
+//!   reductions, the online-softmax update, dropout's keep bits, the output store), shared by
+//!   FA2-TC and FA3;
+//! - `transposed_scores`: the backward's Sᵀ and dPᵀ becoming Pᵀ and dSᵀ (FA2-TC's and FA3's);
 //! - `kv_cache`: a KV cache's rows (contiguous or paged) and the decode kernels' mma fragments
 //!   loaded straight from them;
 //! - `partials`: the split-KV workspace (each split's Õ, m and ℓ);
@@ -41,5 +43,7 @@ pub mod sequences;
 pub mod shared;
 #[cfg(all(target_arch = "nvptx64", feature = "hopper"))]
 pub mod swizzled;
+#[cfg(target_arch = "nvptx64")]
+pub mod transposed_scores;
 #[cfg(target_arch = "nvptx64")]
 pub mod warp;

@@ -41,7 +41,7 @@ use crate::common::mask::AttentionMask;
 use crate::common::params::Fa2TcBackwardParams;
 use crate::common::softcap::Softcap;
 use crate::common::softmax::LOG2_E;
-use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
+use crate::tile::accumulator::{for_each_fragment_pair, store_key_rows};
 use crate::tile::copy::copy_rows_async_padded;
 use crate::tile::fragment::{
     LDMATRIX_SIDE, MMA_K, MMA_M, MMA_N, TILE_PAIR, a_fragment_col, a_fragment_row, accumulator_col,
@@ -50,6 +50,7 @@ use crate::tile::fragment::{
 use crate::tile::global::{HeadAccumulator, HeadRows16, HeadVector, RowBlockFlags};
 use crate::tile::sequences::Sequences;
 use crate::tile::shared::{SharedTile16, SharedVector};
+use crate::tile::transposed_scores::TransposedScores;
 
 /// One stage of the row-block pipeline: Q_i, dO_i, and the rows' L_i and D_i.
 #[derive(Clone, Copy)]

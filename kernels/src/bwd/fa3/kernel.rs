@@ -61,12 +61,13 @@ use crate::common::softcap::Softcap;
 use crate::common::softmax::LOG2_E;
 use crate::fwd::fa3::config::{KV_STAGES, PANEL_COLS, WARPGROUP_ROWS, WARPGROUP_THREADS, WGMMA_K};
 use crate::fwd::fa3::roles::{TENSOR_MAP_BYTES, release, ring, split_roles};
-use crate::tile::accumulator::{TransposedScores, for_each_fragment_pair, store_key_rows};
+use crate::tile::accumulator::{for_each_fragment_pair, store_key_rows};
 use crate::tile::fragment::{LDMATRIX_SIDE, MMA_M, MMA_N, accumulator_col, accumulator_row};
 use crate::tile::global::{HeadRows16, HeadVector};
 use crate::tile::layout::swizzled_pair_side;
 use crate::tile::sequences::Sequences;
 use crate::tile::swizzled::{HeadTensorMap, SwizzledF32Tile, SwizzledTile};
+use crate::tile::transposed_scores::TransposedScores;
 
 // The forward's two-stage ring arithmetic (`ring`) serves the Q_i/dO_i ring.
 const _: () = assert!(ROW_STAGES == KV_STAGES);
