@@ -189,10 +189,15 @@ fn consume<T: TensorCoreElement, C: Fa3BackwardConfig>(
                 n: i - first,
                 count: end - first,
             };
-            if rows.needs_mask(i * C::BLOCK_ROWS) {
-                warpgroup.step::<T, C, true>(step, &mut dk, &mut dv);
-            } else {
-                warpgroup.step::<T, C, false>(step, &mut dk, &mut dv);
+            // Dropout's steps are compiled apart, so the `local` calls without it carry none of
+            // its registers (with them in every step, ptxas's spills at d = 128 grew from
+            // 364/528 to 572/908 B and the window backward lost ~12%: docs/perf/dropout.md).
+            let masked = rows.needs_mask(i * C::BLOCK_ROWS);
+            match (C::LOCAL && warpgroup.dropout.is_on(), masked) {
+                (true, true) => warpgroup.step::<T, C, true, true>(step, &mut dk, &mut dv),
+                (true, false) => warpgroup.step::<T, C, false, true>(step, &mut dk, &mut dv),
+                (false, true) => warpgroup.step::<T, C, true, false>(step, &mut dk, &mut dv),
+                (false, false) => warpgroup.step::<T, C, false, false>(step, &mut dk, &mut dv),
             }
         }
         // Without the writer: the last dQ_i reductions have read the staging tile (the block's
@@ -331,9 +336,10 @@ impl Consumer<'_> {
 
     /// One step: row block `step.i` against this warpgroup's keys, and dQ_i at the steps it
     /// owns (see the module's docs). `MASK`: the tile crosses the causal diagonal or runs past
-    /// seqlen_q or seqlen_k, so P is 0 at every pair the mask hides.
+    /// seqlen_q or seqlen_k, so P is 0 at every pair the mask hides. `DROPOUT`: the call drops
+    /// (`self.dropout`), else the step compiles no dropout at all.
     #[inline(always)]
-    fn step<T: TensorCoreElement, C: Fa3BackwardConfig, const MASK: bool>(
+    fn step<T: TensorCoreElement, C: Fa3BackwardConfig, const MASK: bool, const DROPOUT: bool>(
         &self,
         step: Step,
         dk: &mut [[f32; 4]; C::D_TILES],
@@ -371,7 +377,7 @@ impl Consumer<'_> {
             score_scale: self.score_scale,
             softcap: Softcap::of_form(&self.params.base.shape, C::LOCAL),
             alibi: self.alibi,
-            dropout: self.dropout,
+            dropout: if DROPOUT { self.dropout } else { Dropout::OFF },
             mask_by_key_ends: true,
         };
         // Dropout's keep bits while both products run (their Philox calls on the ALU under the
