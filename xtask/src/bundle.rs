@@ -1,7 +1,9 @@
 //! `cargo xtask bundle`: everything a GPU machine without a Rust toolchain needs, in one folder.
 //!
-//! `bundle/bin/` holds the release CLI, the GPU test binary (`test-gpu`: every suite with GPU work)
-//! and the benchmark binary (the PTX is embedded in each); `bundle/scripts/` the Python benchmark
+//! `bundle/bin/` holds the release CLI and the GPU test binary (`test-gpu`: every suite with GPU
+//! work), and with `--criterion` the criterion benchmark binary (the PTX is embedded in each, so
+//! three binaries and the wheel pass the transfer limit once the Hopper module has the d = 256
+//! backward; no script runs the benchmark binary); `bundle/scripts/` the Python benchmark
 //! scripts (`lab/scripts/`). Every file is listed first, and the bundle written only if it fits
 //! the GPU machine's transfer (`bundle_files`). Scripts:
 //! - `run.sh`: the CLI's checks and each GPU test suite with `FLASH_ATTN_REQUIRE_GPU=1` (a missing
@@ -225,7 +227,7 @@ echo "$passed passed, $failed failed"
 "#
 );
 
-pub fn run(out: &Path) -> Result {
+pub fn run(out: &Path, criterion: bool) -> Result {
     let out = if out.is_absolute() {
         out.to_path_buf()
     } else {
@@ -241,7 +243,10 @@ pub fn run(out: &Path) -> Result {
         ),
         (&["bench", "--benches", "--no-run"], "bench", "bench-"),
     ];
-    for (args, kind, prefix) in builds {
+    let builds = builds
+        .iter()
+        .filter(|(_, kind, _)| criterion || *kind != "bench");
+    for &(args, kind, prefix) in builds {
         for (path, name) in compiled(&[args, &["-p", LAB]].concat(), kind)? {
             files.push(BundleFile::copy(format!("bin/{prefix}{name}"), path));
         }

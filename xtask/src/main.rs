@@ -63,6 +63,10 @@ enum Command {
     Bundle {
         #[arg(long, default_value = "bundle")]
         out: PathBuf,
+        /// Also the criterion benchmark binary (`bin/bench-attention`, which no bundle script
+        /// runs); each binary embeds the PTX, so with it the bundle may pass the transfer limit.
+        #[arg(long)]
+        criterion: bool,
     },
 }
 
@@ -85,7 +89,7 @@ fn main() -> ExitCode {
             sass::report(arch, module, kernel.as_deref(), blocks).map(|_| ())
         }),
         Command::Test => test::run(),
-        Command::Bundle { out } => bundle::run(&out),
+        Command::Bundle { out, criterion } => bundle::run(&out, criterion),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
