@@ -360,11 +360,11 @@ fn bench_without_a_gpu_prints_the_predicted_traffic() {
 }
 
 #[test]
-fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
-    use flash_attn::device::{Module, module_source, ptx};
+fn a_module_override_is_read_from_its_file_as_ptx_or_cubin_and_a_bad_one_is_named() {
+    use flash_attn::device::{Module, ModuleSource, module_source, ptx};
     assert_eq!(
         module_source(Module::Main, None).unwrap(),
-        ptx(Module::Main)
+        ModuleSource::Ptx(ptx(Module::Main).to_string())
     );
     assert!(ptx(Module::Main).contains(".visible .entry fa2tc_forward_bf16_d128_w4r2s2c64("));
     assert!(ptx(Module::Hopper).contains(".visible .entry fa3_forward_bf16_d128_w2c128("));
@@ -375,7 +375,20 @@ fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
     std::fs::write(&variant, ".version 8.0\n.target sm_90\n").unwrap();
     assert_eq!(
         module_source(Module::Main, Some(variant.clone().into())).unwrap(),
-        ".version 8.0\n.target sm_90\n"
+        ModuleSource::Ptx(".version 8.0\n.target sm_90\n".into())
+    );
+    // A cubin is recognised by its ELF header and passed on as bytes.
+    let cubin = dir.join("hopper.cubin");
+    let elf = b"\x7fELF\x02\x01\x01\x33\x00\xff".to_vec();
+    std::fs::write(&cubin, &elf).unwrap();
+    assert_eq!(
+        module_source(Module::Hopper, Some(cubin.into())).unwrap(),
+        ModuleSource::Cubin(elf)
+    );
+    // An empty value is unset.
+    assert_eq!(
+        module_source(Module::Hopper, Some("".into())).unwrap(),
+        ModuleSource::Ptx(ptx(Module::Hopper).to_string())
     );
     let missing = dir.join("missing.ptx");
     let err = module_source(Module::Hopper, Some(missing.clone().into()))
@@ -385,6 +398,15 @@ fn a_ptx_override_is_read_from_its_file_and_a_missing_one_is_named() {
         err.contains("FLASH_ATTN_HOPPER_PTX")
             && err.contains("missing.ptx")
             && err.contains("readable"),
+        "{err}"
+    );
+    let garbage = dir.join("garbage.bin");
+    std::fs::write(&garbage, [0xffu8, 0xfe, 0x00]).unwrap();
+    let err = module_source(Module::Main, Some(garbage.into()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("FLASH_ATTN_PTX") && err.contains("neither an ELF cubin"),
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

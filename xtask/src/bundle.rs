@@ -3,8 +3,10 @@
 //! `bundle/bin/` holds the release CLI and the GPU test binary (`test-gpu`: every suite with GPU
 //! work), and with `--criterion` the criterion benchmark binary (the PTX is embedded in each, so
 //! three binaries and the wheel pass the transfer limit once the Hopper module has the d = 256
-//! backward; no script runs the benchmark binary); `bundle/scripts/` the Python benchmark
-//! scripts (`lab/scripts/`). Every file is listed first, and the bundle written only if it fits
+//! backward; no script runs the benchmark binary); `bundle/cubin/` both PTX modules assembled by
+//! ptxas for compute capability 9.0 (`bundle_cubin`), which every run script loads there instead
+//! of the PTX (`use_cubins`: no JIT of minutes per process); `bundle/scripts/` the Python
+//! benchmark scripts (`lab/scripts/`). Every file is listed first, and the bundle written only if it fits
 //! the GPU machine's transfer (`bundle_files`). Scripts:
 //! - `run.sh`: the CLI's checks and each GPU test suite with `FLASH_ATTN_REQUIRE_GPU=1` (a missing
 //!   GPU fails instead of skipping); ends with "N passed, N failed";
@@ -20,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::bundle_files::{
-    BundleFile, check_size, install_wheel_function, mib, step_function, write,
+    BundleFile, check_size, install_wheel_function, mib, step_function, use_cubins_function, write,
 };
 use crate::{Result, cargo, root};
 
@@ -74,6 +76,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 "#,
     step_function!(),
+    use_cubins_function!(),
     install_wheel_function!(),
     r#"step install install_wheel
 # shellcheck disable=SC2086
@@ -114,7 +117,8 @@ echo "$passed passed, $failed failed"
 "#
 );
 
-const SANITIZER_SCRIPT: &str = r#"#!/usr/bin/env bash
+const SANITIZER_SCRIPT: &str = concat!(
+    r#"#!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every forward kernel at odd
 # shapes: seqlen 1, 17, 1000; head dims 8, 40, 64, 96, 128, 192, 256; 2 x 40 heads at seqlen 300 where
 # FA3's persistent grid takes several tiles a block; causal off and on; every dtype and algorithm;
@@ -132,7 +136,9 @@ set -u
 cd "$(dirname "$0")"
 logs=${1:-sanitizer-logs}
 mkdir -p "$logs"
-passed=0; failed=0
+"#,
+    use_cubins_function!(),
+    r#"passed=0; failed=0
 # SANITIZER_TOOLS picks a subset (e.g. to run the tools as parallel processes).
 for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
   # SANITIZER_TIMEOUT (seconds per tool) bounds a slow tool; unset or 0: no bound.
@@ -197,7 +203,8 @@ if [ "${SANITIZER_TESTS:-1}" != 0 ]; then
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
-"#;
+"#
+);
 
 const RUN_SCRIPT: &str = concat!(
     r#"#!/usr/bin/env bash
@@ -208,6 +215,7 @@ cd "$(dirname "$0")"
 export FLASH_ATTN_REQUIRE_GPU=1
 "#,
     step_function!(),
+    use_cubins_function!(),
     r#"step info bin/flash-attn info
 step check bin/flash-attn check --require-gpu --backward
 step check-decode bin/flash-attn check --require-gpu --decode
@@ -246,12 +254,18 @@ pub fn run(out: &Path, criterion: bool) -> Result {
     let builds = builds
         .iter()
         .filter(|(_, kind, _)| criterion || *kind != "bench");
+    let mut embedded_ptx = Vec::new();
     for &(args, kind, prefix) in builds {
-        for (path, name) in compiled(&[args, &["-p", LAB]].concat(), kind)? {
+        let (executables, messages) = compiled(&[args, &["-p", LAB]].concat(), kind)?;
+        for (path, name) in executables {
             files.push(BundleFile::copy(format!("bin/{prefix}{name}"), path));
         }
+        embedded_ptx.extend(crate::bundle_cubin::embedded_ptx(&messages));
     }
     let binaries = files.len();
+    embedded_ptx.sort();
+    embedded_ptx.dedup();
+    files.extend(crate::bundle_cubin::files(&embedded_ptx)?);
     files.extend([
         BundleFile::script("run.sh", RUN_SCRIPT),
         BundleFile::script("run-bench.sh", BENCH_SCRIPT),
@@ -283,8 +297,8 @@ pub fn run(out: &Path, criterion: bool) -> Result {
 }
 
 /// Runs a cargo command with JSON messages and returns each executable it built for a target of
-/// `kind` (bin, test or bench), with the target's name.
-fn compiled(args: &[&str], kind: &str) -> Result<Vec<(PathBuf, String)>> {
+/// `kind` (bin, test or bench), with the target's name, and the messages.
+fn compiled(args: &[&str], kind: &str) -> Result<(Vec<(PathBuf, String)>, String)> {
     let output = Command::new(cargo())
         .current_dir(root())
         .args(args)
@@ -295,8 +309,9 @@ fn compiled(args: &[&str], kind: &str) -> Result<Vec<(PathBuf, String)>> {
     if !output.status.success() {
         return Err(format!("cargo {args:?} failed"));
     }
+    let messages = String::from_utf8_lossy(&output.stdout).into_owned();
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
+    for line in messages.lines() {
         let Some(exe) = field(line, "\"executable\":\"") else {
             continue;
         };
@@ -308,11 +323,11 @@ fn compiled(args: &[&str], kind: &str) -> Result<Vec<(PathBuf, String)>> {
         }
         found.push((PathBuf::from(exe), name.to_string()));
     }
-    Ok(found)
+    Ok((found, messages))
 }
 
 /// The string value following `key` in a JSON line (cargo's messages need no full parser here).
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let start = line.find(key)? + key.len();
     line[start..].split('"').next()
 }

@@ -144,6 +144,30 @@ macro_rules! install_wheel_function {
 }
 pub(crate) use install_wheel_function;
 
+/// The scripts' `use_cubins`: on a compute capability 9.0 GPU, unpacks the bundle's cubins
+/// (`bundle_cubin`) and names them in `FLASH_ATTN_PTX` / `FLASH_ATTN_HOPPER_PTX`, so no process
+/// JIT-compiles the PTX (minutes per process where the driver's cache is cold). `CUBINS=0`, a
+/// bundle without them, or another GPU: the embedded PTX, compiled by the driver. Run in the
+/// script's shell, so the exports stay.
+macro_rules! use_cubins_function {
+    () => {
+        r#"use_cubins() {
+  [ "${CUBINS:-1}" != 0 ] && [ -f cubin/main.cubin.xz ] && [ -f cubin/hopper.cubin.xz ] || return 0
+  [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" = 9.0 ] || return 0
+  local dir m; dir=$(mktemp -d)
+  for m in main hopper; do
+    python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+      "cubin/$m.cubin.xz" "$dir/$m.cubin" || return
+  done
+  export FLASH_ATTN_PTX="$dir/main.cubin" FLASH_ATTN_HOPPER_PTX="$dir/hopper.cubin"
+  echo "cubins: $FLASH_ATTN_PTX, $FLASH_ATTN_HOPPER_PTX"
+}
+use_cubins
+"#
+    };
+}
+pub(crate) use use_cubins_function;
+
 #[cfg(unix)]
 fn make_executable(path: &Path) -> Result {
     use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bundle_files::{BundleFile, install_wheel_function, step_function};
+use crate::bundle_files::{BundleFile, install_wheel_function, step_function, use_cubins_function};
 use crate::{Result, root, run_command};
 
 pub(crate) const PYTHON_TESTS_SCRIPT: &str = concat!(
@@ -24,6 +24,7 @@ out=$(mkdir -p "${1:-python-results}" && cd "${1:-python-results}" && pwd)
 export FLASH_ATTN_REQUIRE_GPU=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 "#,
     step_function!(),
+    use_cubins_function!(),
     install_wheel_function!(),
     r#"step install install_wheel
 step import python3 -c 'import sys, torch, transformers, flash_attn_rs

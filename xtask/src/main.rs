@@ -10,6 +10,7 @@
 //!   tests, for a GPU machine without Rust
 
 mod bundle;
+mod bundle_cubin;
 mod bundle_files;
 mod bundle_python;
 mod ptx;

@@ -13,15 +13,14 @@ use flash_kernels::registry::KernelId;
 
 pub use launch::ParamBlock;
 pub use module::{
-    HOPPER_PTX_ARCH, HOPPER_PTX_OVERRIDE_VAR, Module, PTX_ARCH, PTX_OVERRIDE_VAR, check_capability,
-    entry_names, module_source, ptx,
+    HOPPER_PTX_ARCH, HOPPER_PTX_OVERRIDE_VAR, Module, ModuleSource, PTX_ARCH, PTX_OVERRIDE_VAR,
+    check_capability, entry_names, module_source, ptx,
 };
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemPool_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
-use cudarc::nvrtc::Ptx;
 
 use crate::dtype::Element;
 use crate::error::{CudaContextExt, Error, Result};
@@ -104,7 +103,7 @@ impl Gpu {
         check_capability(ordinal, &info.name, info.compute_capability, PTX_ARCH)?;
         let load = |module: Module| {
             let source = module_source(module, std::env::var_os(module::override_var(module)))?;
-            ctx.load_module(Ptx::from_src(source))
+            ctx.load_module(source.into_loadable())
                 .map_err(|e| Error::ModuleLoad {
                     ordinal,
                     arch: module::arch(module),

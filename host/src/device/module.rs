@@ -1,4 +1,4 @@
-//! The kernel modules: the PTX of each embedded at build time (or a file named by
+//! The kernel modules: the PTX of each embedded at build time (or a PTX or cubin file named by
 //! `FLASH_ATTN_PTX` / `FLASH_ATTN_HOPPER_PTX`), the architecture it targets and which devices can
 //! run it, and the entry points it holds.
 
@@ -28,9 +28,10 @@ pub fn ptx(module: Module) -> &'static str {
     })
 }
 
-/// Environment variable naming a PTX file to load instead of the embedded main module: for A/B
-/// experiments on kernel variants with one host binary. The file must define the same kernels
-/// (same names and parameters) for the same architecture.
+/// Environment variable naming a PTX or cubin file to load instead of the embedded main module:
+/// for A/B experiments on kernel variants with one host binary, or a cubin assembled ahead of
+/// time so the driver has nothing to compile. The file must define the same kernels (same names
+/// and parameters) for the same architecture.
 pub const PTX_OVERRIDE_VAR: &str = "FLASH_ATTN_PTX";
 /// As [`PTX_OVERRIDE_VAR`], for the Hopper module.
 pub const HOPPER_PTX_OVERRIDE_VAR: &str = "FLASH_ATTN_HOPPER_PTX";
@@ -65,20 +66,53 @@ pub fn entry_names(module: Module) -> Vec<&'static str> {
         .collect()
 }
 
-/// The PTX to load for `module`: the embedded one, or the file `override_path` names (the value
-/// of its [`override_var`]).
-pub fn module_source(module: Module, override_path: Option<std::ffi::OsString>) -> Result<String> {
-    // An empty value means unset, so scripts can pass `VAR=` to use the embedded module.
-    match override_path.filter(|path| !path.is_empty()) {
-        None => Ok(ptx(module).to_string()),
-        Some(path) => std::fs::read_to_string(&path).map_err(|e| {
-            Error::invalid(
-                override_var(module),
-                path.to_string_lossy(),
-                format!("a readable PTX file, or unset to use the embedded module ({e})"),
-            )
-        }),
+/// What a module is loaded from: PTX text, which the driver compiles for the device on load (for
+/// a whole module, minutes on first use; the driver caches the result), or a cubin that ptxas
+/// already compiled for the device's architecture, which loads at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModuleSource {
+    Ptx(String),
+    Cubin(Vec<u8>),
+}
+
+impl ModuleSource {
+    /// The form `cudarc` loads (`cuModuleLoadData` takes either).
+    pub fn into_loadable(self) -> cudarc::nvrtc::Ptx {
+        match self {
+            Self::Ptx(text) => cudarc::nvrtc::Ptx::from_src(text),
+            Self::Cubin(bytes) => cudarc::nvrtc::Ptx::from_binary(bytes),
+        }
     }
+}
+
+/// The start of every ELF file, and so of every cubin.
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+
+/// What to load for `module`: the embedded PTX, or the file `override_path` names (the value of
+/// its [`override_var`]): a cubin (an ELF file, e.g. `ptxas -arch=sm_90a -o hopper.cubin`, which
+/// skips the driver's compile) or PTX text.
+pub fn module_source(
+    module: Module,
+    override_path: Option<std::ffi::OsString>,
+) -> Result<ModuleSource> {
+    // An empty value means unset, so scripts can pass `VAR=` to use the embedded module.
+    let Some(path) = override_path.filter(|path| !path.is_empty()) else {
+        return Ok(ModuleSource::Ptx(ptx(module).to_string()));
+    };
+    let unreadable = |detail: String| {
+        Error::invalid(
+            override_var(module),
+            path.to_string_lossy(),
+            format!("a readable PTX or cubin file, or unset to use the embedded module ({detail})"),
+        )
+    };
+    let bytes = std::fs::read(&path).map_err(|e| unreadable(e.to_string()))?;
+    if bytes.starts_with(ELF_MAGIC) {
+        return Ok(ModuleSource::Cubin(bytes));
+    }
+    String::from_utf8(bytes)
+        .map(ModuleSource::Ptx)
+        .map_err(|_| unreadable("neither an ELF cubin nor UTF-8 PTX text".into()))
 }
 
 /// Whether a device of `capability` runs `arch`'s PTX (see [`check_capability`]).
